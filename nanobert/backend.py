@@ -1,0 +1,80 @@
+"""The one place that chooses NumPy (CPU) or CuPy (GPU).
+
+Model and optimizer code never import numpy or cupy directly for array math: they ask
+`array_module(x)` for the namespace (`xp`) an array lives in, so the same code runs on both.
+Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings.
+"""
+import os
+
+import numpy
+
+DEVICES = ("cpu", "gpu")
+
+
+def resolve_device(device=None):
+    """`device` argument, else $NANOBERT_DEVICE, else "cpu"."""
+    device = device or os.environ.get("NANOBERT_DEVICE") or "cpu"
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r} "
+                         f"(from the argument or $NANOBERT_DEVICE)")
+    return device
+
+
+def get_xp(device=None):
+    """The array namespace for a device: numpy for "cpu", cupy for "gpu"."""
+    if resolve_device(device) == "cpu":
+        return numpy
+    try:
+        import cupy
+    except ImportError as e:
+        raise RuntimeError("device='gpu' needs CuPy: pip install 'nanobert[gpu]' "
+                           "(or the cupy-cudaXXx wheel matching your CUDA)") from e
+    if cupy.cuda.runtime.getDeviceCount() == 0:
+        raise RuntimeError("device='gpu' but CuPy sees no CUDA device")
+    return cupy
+
+
+def gpu_available():
+    """True when CuPy imports and sees at least one GPU (tests use this to skip)."""
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def array_module(x):
+    """numpy or cupy, whichever `x` belongs to (without importing cupy needlessly)."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return numpy
+
+
+def to_device(x, xp, dtype=None):
+    """Host (or device) array -> array of namespace `xp`, optionally cast."""
+    if xp is numpy:
+        return numpy.asarray(to_host(x), dtype=dtype)
+    return xp.asarray(x, dtype=dtype)
+
+
+def to_host(x):
+    """Any array (NumPy or CuPy) or scalar -> NumPy array."""
+    if hasattr(x, "get"):          # cupy.ndarray
+        return x.get()
+    return numpy.asarray(x)
+
+
+def default_rng(xp, seed):
+    """A seeded random Generator living on the same device as `xp` arrays."""
+    return xp.random.default_rng(seed)
+
+
+def scatter_add(table, ids, values):
+    """table[ids[i]] += values[i] with repeated ids accumulating (embedding backward)."""
+    xp = array_module(table)
+    if xp is numpy:
+        numpy.add.at(table, ids, values)
+    else:
+        import cupyx
+        cupyx.scatter_add(table, ids, values)

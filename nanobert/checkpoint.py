@@ -1,0 +1,103 @@
+"""Checkpoints in Hugging Face's layout: a folder with config.json and model.safetensors.
+
+Parameter names are HF state-dict names, so converting is renaming at most: a legacy
+LayerNorm gamma/beta, a `bert.` prefix present or absent, the tied MLM decoder (weight =
+word embeddings, bias = cls.predictions.bias) stored or not.
+"""
+import json
+import os
+import tempfile
+
+import numpy
+
+from .backend import to_host
+from .config import BertConfig
+from . import safetensors
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+TIED_DECODER = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def check_state_dict(expected_shapes, tensors, what="model"):
+    """Raise one ValueError listing every missing, unexpected and mis-shaped tensor."""
+    found = {name: tuple(numpy.shape(t)) for name, t in tensors.items()}
+    missing = sorted(set(expected_shapes) - set(found))
+    unexpected = sorted(set(found) - set(expected_shapes))
+    misshaped = sorted(f"{name}: checkpoint {found[name]}, config {tuple(shape)}"
+                       for name, shape in expected_shapes.items()
+                       if name in found and found[name] != tuple(shape))
+    if missing or unexpected or misshaped:
+        parts = []
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+            if names:
+                parts.append(f"{label} ({len(names)}): " + ", ".join(names))
+        raise ValueError(f"checkpoint does not fit {what}: " + "; ".join(parts))
+
+
+def _canonical_name(name):
+    """Old TF-converted checkpoints call LayerNorm's parameters gamma and beta."""
+    if name.endswith("LayerNorm.gamma"):
+        return name[:-len("gamma")] + "weight"
+    if name.endswith("LayerNorm.beta"):
+        return name[:-len("beta")] + "bias"
+    return name
+
+
+def adapt_state_dict(tensors, base_prefix, expected):
+    """Map a checkpoint's names onto a model whose encoder names start with base_prefix."""
+    tensors = {_canonical_name(k): v for k, v in tensors.items()
+               if not k.endswith("position_ids")}                 # a buffer, not a parameter
+    if "cls.predictions.bias" not in tensors and "cls.predictions.decoder.bias" in tensors:
+        tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]
+    for name in TIED_DECODER:                                      # tied aliases: not our params
+        tensors.pop(name, None)
+    has_prefix = any(k.startswith("bert.") for k in tensors)
+    if base_prefix == "":
+        if has_prefix:   # a model with heads loaded as a bare encoder: keep the encoder
+            tensors = {k[len("bert."):]: v for k, v in tensors.items() if k.startswith("bert.")}
+    elif not has_prefix:  # a bare encoder checkpoint loaded into a model with heads
+        tensors = {(k if k in expected else base_prefix + k): v for k, v in tensors.items()}
+    return tensors
+
+
+def load_pretrained(cls, path):
+    """-> (BertConfig, dict of host arrays) for model class `cls`, checked against it."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint folder not found: {path}")
+    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    weights = os.path.join(path, WEIGHTS_NAME)
+    if not os.path.exists(weights):
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {path} (nanobert reads safetensors only)")
+    expected = cls.param_shapes(config)
+    tensors = adapt_state_dict(safetensors.load_file(weights), cls.base_prefix, expected)
+    check_state_dict(expected, tensors, what=f"{cls.__name__} with {os.path.join(path, CONFIG_NAME)}")
+    return config, tensors
+
+
+def _atomic_write_text(path, text):
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_pretrained(model, path):
+    """config.json (with architectures and dtype) + model.safetensors, each written atomically."""
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    config = model.config.to_dict()
+    config["architectures"] = [type(model).__name__]
+    config["torch_dtype"] = str(model.dtype)
+    tensors = {name: numpy.ascontiguousarray(to_host(p)) for name, p in model.params.items()}
+    safetensors.save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+    _atomic_write_text(os.path.join(path, CONFIG_NAME), json.dumps(config, indent=2, sort_keys=True) + "\n")

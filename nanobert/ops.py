@@ -1,0 +1,254 @@
+"""The ops of BERT, each a pair of pure functions written by hand:
+
+    x_forward(inputs..., params...) -> out, cache
+    x_backward(dout, cache)         -> d_inputs..., d_params...
+
+The cache holds exactly what the backward needs. Every function works on NumPy and CuPy
+arrays alike: the array namespace `xp` is taken from the inputs. Shapes use B (batch),
+T (sequence length), H (hidden size), A (attention heads), D = H / A (head size),
+I (intermediate size), V (vocabulary), N (rows of a 2-D matmul, usually B*T).
+"""
+import math
+
+from .backend import array_module, scatter_add
+from .special import erf
+
+# ----------------------------------------------------------------------------- embedding
+
+
+def embedding_forward(ids, table):
+    """Row lookup. ids [...] int, table [V, H] -> [..., H]."""
+    return table[ids], (ids, table.shape)
+
+
+def embedding_backward(dout, cache):
+    """dtable [V, H]: each row sums the gradients of every position that looked it up."""
+    ids, table_shape = cache
+    xp = array_module(dout)
+    dtable = xp.zeros(table_shape, dtype=dout.dtype)
+    scatter_add(dtable, ids.reshape(-1), dout.reshape(-1, table_shape[1]))
+    return dtable
+
+# -------------------------------------------------------------------------------- linear
+
+
+def linear_forward(x, weight, bias):
+    """x [..., in], weight [out, in] (PyTorch layout), bias [out] -> [..., out].
+
+    One 2-D matmul over all leading dims folded into N rows: a single BLAS call.
+    """
+    x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
+    out = x2 @ weight.T                                    # [N, out]
+    out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
+
+
+def linear_backward(dout, cache):
+    """-> dx [..., in], dweight [out, in], dbias [out]."""
+    x2, weight, x_shape = cache
+    dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
+    dx = (dout2 @ weight).reshape(x_shape)
+    dweight = dout2.T @ x2
+    dbias = dout2.sum(axis=0)
+    return dx, dweight, dbias
+
+# ----------------------------------------------------------------------------- layernorm
+
+
+def layernorm_forward(x, gamma, beta, eps):
+    """Normalise over the last axis. x [..., H], gamma/beta [H] -> [..., H].
+
+    The cache keeps the normalised input and 1/std (as llm.c does), not x itself.
+    """
+    xp = array_module(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    xhat = x - mean
+    var = xp.mean(xhat * xhat, axis=-1, keepdims=True)
+    rstd = 1.0 / xp.sqrt(var + eps)                         # [..., 1]
+    xhat *= rstd
+    out = xhat * gamma
+    out += beta
+    return out, (xhat, gamma, rstd)
+
+
+def layernorm_backward(dout, cache):
+    """-> dx [..., H], dgamma [H], dbeta [H]."""
+    xhat, gamma, rstd = cache
+    H = xhat.shape[-1]
+    dgamma = (dout * xhat).reshape(-1, H).sum(axis=0)
+    dbeta = dout.reshape(-1, H).sum(axis=0)
+    dxhat = dout * gamma
+    # d/dx of (x - mean) * rstd: remove the mean of dxhat and its projection on xhat.
+    dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
+    dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    dx *= rstd
+    return dx, dgamma, dbeta
+
+# ---------------------------------------------------------------------------------- gelu
+
+GELU_KINDS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
+
+
+def gelu_forward(x, kind="gelu"):
+    """x * Phi(x). "gelu": exact, Phi = normal CDF via erf (every released BERT checkpoint);
+    "gelu_new" / "gelu_pytorch_tanh": the tanh approximation of the original TF code."""
+    xp = array_module(x)
+    if kind == "gelu":
+        cdf = erf(x * (1.0 / math.sqrt(2.0)), xp)
+        cdf += 1.0
+        cdf *= 0.5                                          # Phi(x)
+        return x * cdf, (x, cdf, kind)
+    if kind in ("gelu_new", "gelu_pytorch_tanh"):
+        t = xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
+        return 0.5 * x * (1.0 + t), (x, t, kind)
+    raise ValueError(f"hidden_act must be one of {GELU_KINDS}, got {kind!r}")
+
+
+def gelu_backward(dout, cache):
+    xp = array_module(dout)
+    x, saved, kind = cache
+    if kind == "gelu":
+        # d/dx x*Phi(x) = Phi(x) + x * phi(x), phi the normal density.
+        pdf = xp.exp(-0.5 * x * x)
+        pdf *= x * (1.0 / math.sqrt(2.0 * math.pi))
+        pdf += saved
+        return dout * pdf
+    t = saved
+    dinner = math.sqrt(2.0 / math.pi) * (1.0 + 3 * 0.044715 * x * x)
+    return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
+
+# ---------------------------------------------------------------------------------- tanh
+
+
+def tanh_forward(x):
+    xp = array_module(x)
+    y = xp.tanh(x)
+    return y, y
+
+
+def tanh_backward(dout, y):
+    return dout * (1.0 - y * y)
+
+# ------------------------------------------------------------------------------- softmax
+
+
+def softmax_forward(x):
+    """Softmax over the last axis; the max is subtracted so exp never overflows."""
+    xp = array_module(x)
+    y = x - x.max(axis=-1, keepdims=True)
+    xp.exp(y, out=y)
+    y /= y.sum(axis=-1, keepdims=True)
+    return y, y
+
+
+def softmax_backward(dout, y):
+    """dx = y * (dout - sum(dout * y)): the Jacobian of softmax applied without forming it."""
+    dx = dout * y
+    dx -= y * dx.sum(axis=-1, keepdims=True)
+    return dx
+
+# ------------------------------------------------------------------------------- dropout
+
+
+def dropout_forward(x, p, rng, training):
+    """Inverted dropout: zero with probability p and scale the rest by 1/(1-p), so eval
+    mode is the identity. `rng` is an explicit Generator (numpy or cupy)."""
+    if not training or p == 0.0:
+        return x, None
+    keep = rng.random(x.shape, dtype=x.dtype) >= p
+    return x * keep * (1.0 / (1.0 - p)), (keep, p)
+
+
+def dropout_backward(dout, cache):
+    if cache is None:
+        return dout
+    keep, p = cache
+    return dout * keep * (1.0 / (1.0 - p))
+
+# ---------------------------------------------------------------------- self-attention
+
+
+def attention_mask_bias(attention_mask, dtype):
+    """attention_mask [B, T] of 1 (attend) / 0 (padding) -> additive bias [B, 1, 1, T].
+
+    -10000.0 as the original BERT: exp(-10000) underflows to exactly 0 in float32 and
+    float64, yet a row whose keys are all padding still gets a finite, uniform softmax
+    (with -inf it would be NaN).
+    """
+    bias = (1.0 - attention_mask.astype(dtype)) * -10000.0
+    return bias[:, None, None, :]
+
+
+def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
+    """Multi-head scaled dot-product self-attention, all heads at once.
+
+    x [B, T, H]; w_qkv [3H, H] and b_qkv [3H] are the query, key and value projections
+    stacked so one matmul makes all three; mask_bias [B, 1, 1, T].
+    Returns the context [B, T, H] (before the output dense layer).
+    """
+    xp = array_module(x)
+    B, T, H = x.shape
+    A, D = num_heads, H // num_heads
+    qkv, qkv_cache = linear_forward(x, w_qkv, b_qkv)       # [B, T, 3H]
+    qkv = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D]
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    q = q * (1.0 / math.sqrt(D))                           # scale q: cheaper than scores
+    scores = q @ k.transpose(0, 1, 3, 2)                   # [B, A, T, T]
+    scores += mask_bias
+    probs, softmax_cache = softmax_forward(scores)
+    probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
+    context = probs_dropped @ v                            # [B, A, T, D]
+    context = context.transpose(0, 2, 1, 3).reshape(B, T, H)
+    cache = (qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A)
+    return context, cache
+
+
+def self_attention_backward(dcontext, cache):
+    """-> dx [B, T, H], dw_qkv [3H, H], db_qkv [3H]."""
+    xp = array_module(dcontext)
+    qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A = cache
+    B, T, H = dcontext.shape
+    D = H // A
+    dcontext = dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3)  # [B, A, T, D]
+    dv = probs_dropped.transpose(0, 1, 3, 2) @ dcontext            # [B, A, T, D]
+    dprobs = dcontext @ v.transpose(0, 1, 3, 2)                    # [B, A, T, T]
+    dprobs = dropout_backward(dprobs, dropout_cache)
+    dscores = softmax_backward(dprobs, softmax_cache)              # mask bias is constant
+    dq = dscores @ k                                               # w.r.t. the scaled q
+    dq *= 1.0 / math.sqrt(D)
+    dk = dscores.transpose(0, 1, 3, 2) @ q
+    dqkv = xp.stack([dq, dk, dv])                                  # [3, B, A, T, D]
+    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * H)
+    return linear_backward(dqkv, qkv_cache)
+
+# ------------------------------------------------------------------------- cross-entropy
+
+IGNORE_INDEX = -100
+
+
+def cross_entropy_forward(logits, labels):
+    """Mean softmax cross-entropy over rows whose label is not -100.
+
+    logits [N, C], labels [N] int -> scalar loss. With no counted row the loss is 0
+    (and so is its gradient), rather than the 0/0 = NaN of a plain mean.
+    """
+    xp = array_module(logits)
+    valid = labels != IGNORE_INDEX                         # [N]
+    count = int(valid.sum())
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_z = xp.log(xp.exp(shifted).sum(axis=-1))           # [N]
+    safe_labels = xp.where(valid, labels, 0)
+    rows = xp.arange(labels.shape[0])
+    nll = log_z - shifted[rows, safe_labels]               # -log p(label), [N]
+    loss = float((nll * valid).sum()) / max(count, 1)
+    return loss, (shifted, log_z, safe_labels, valid, count)
+
+
+def cross_entropy_backward(dloss, cache):
+    """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows."""
+    xp = array_module(cache[0])
+    shifted, log_z, safe_labels, valid, count = cache
+    dlogits = xp.exp(shifted - log_z[:, None])             # softmax
+    dlogits[xp.arange(dlogits.shape[0]), safe_labels] -= 1.0
+    dlogits *= (dloss / max(count, 1)) * valid[:, None]
+    return dlogits

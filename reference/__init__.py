@@ -1,0 +1,1 @@
+"""Independent PyTorch / transformers references that produce the fixtures in tests/fixtures."""

@@ -1,0 +1,162 @@
+"""Central-difference gradient checks (float64) of every op's hand-written backward.
+
+Each test builds f(inputs) = sum(op(inputs) * W) with a random projection W, so the
+backward applied to W must equal the numerical derivative of f. Shapes and values are
+drawn by hypothesis.
+"""
+import numpy
+from hypothesis import given, settings, strategies as st
+
+from nanobert import ops
+from conftest import assert_close, numerical_grad, record
+
+TOL = 1e-7          # central differences with h=1e-6 in float64 agree to ~1e-9
+SETTINGS = settings(max_examples=25, deadline=None)
+
+
+def check_op(name, forward, backward, inputs, seed):
+    """inputs: dict name -> float64 array; forward(**inputs) -> (out, cache);
+    backward(dout, cache) -> tuple of grads in the order of `inputs`."""
+    rng = numpy.random.default_rng(seed)
+    out, cache = forward(**inputs)
+    w = rng.standard_normal(numpy.shape(out))
+    f = lambda: float((forward(**inputs)[0] * w).sum())  # noqa: E731
+    grads = backward(w, cache)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    for (key, x), g in zip(inputs.items(), grads):
+        assert g.shape == x.shape, f"{name} d{key}: shape {g.shape} != {x.shape}"
+        numeric = numerical_grad(f, x)
+        # error relative to max(|gradient|, 1): an absolute bound where the gradient is tiny
+        # (saturated softmax), because central differences are only that precise there.
+        err = record(f"grad {name} d{key}", numpy.abs(g.reshape(-1) - numeric).max()
+                     / max(numpy.abs(numeric).max(), 1.0))
+        assert err <= TOL, f"{name} d{key}: error {err:.3e} > {TOL:.0e}"
+
+
+dims = st.integers(1, 5)
+seeds = st.integers(0, 2**31 - 1)
+
+
+@SETTINGS
+@given(n=dims, d_in=dims, d_out=dims, seed=seeds)
+def test_linear_backward_matches_central_differences(n, d_in, d_out, seed):
+    rng = numpy.random.default_rng(seed)
+    inputs = {"x": rng.standard_normal((2, n, d_in)), "weight": rng.standard_normal((d_out, d_in)),
+              "bias": rng.standard_normal(d_out)}
+    check_op("linear", ops.linear_forward, ops.linear_backward, inputs, seed)
+
+
+@SETTINGS
+@given(n=dims, h=st.integers(3, 8), scale=st.floats(0.1, 10.0), seed=seeds)
+def test_layernorm_backward_matches_central_differences(n, h, scale, seed):
+    # h >= 3: with two features the normalised output is always +-1, its dx exactly 0
+    rng = numpy.random.default_rng(seed)
+    inputs = {"x": scale * rng.standard_normal((n, 2, h)) + rng.standard_normal(),
+              "gamma": 1 + 0.3 * rng.standard_normal(h), "beta": rng.standard_normal(h)}
+    forward = lambda x, gamma, beta: ops.layernorm_forward(x, gamma, beta, 1e-12)  # noqa: E731
+    check_op("layernorm", forward, ops.layernorm_backward, inputs, seed)
+
+
+@SETTINGS
+@given(n=dims, kind=st.sampled_from(ops.GELU_KINDS), scale=st.floats(0.1, 6.0), seed=seeds)
+def test_gelu_backward_matches_central_differences(n, kind, scale, seed):
+    rng = numpy.random.default_rng(seed)
+    inputs = {"x": scale * rng.standard_normal((n, 7))}
+    check_op(f"gelu[{kind}]", lambda x: ops.gelu_forward(x, kind), ops.gelu_backward, inputs, seed)
+
+
+@SETTINGS
+@given(n=dims, seed=seeds)
+def test_tanh_backward_matches_central_differences(n, seed):
+    inputs = {"x": numpy.random.default_rng(seed).standard_normal((n, 3))}
+    check_op("tanh", ops.tanh_forward, ops.tanh_backward, inputs, seed)
+
+
+@SETTINGS
+@given(n=dims, c=st.integers(1, 8), scale=st.floats(0.1, 30.0), seed=seeds)
+def test_softmax_backward_matches_central_differences(n, c, scale, seed):
+    inputs = {"x": scale * numpy.random.default_rng(seed).standard_normal((n, c))}
+    check_op("softmax", ops.softmax_forward, ops.softmax_backward, inputs, seed)
+
+
+@SETTINGS
+@given(v=st.integers(1, 6), h=dims, b=dims, t=dims, seed=seeds)
+def test_embedding_backward_accumulates_repeated_ids(v, h, b, t, seed):
+    rng = numpy.random.default_rng(seed)
+    ids = rng.integers(0, v, size=(b, t))          # small vocab: ids repeat
+    inputs = {"table": rng.standard_normal((v, h))}
+    forward = lambda table: ops.embedding_forward(ids, table)  # noqa: E731
+    check_op("embedding", forward, ops.embedding_backward, inputs, seed)
+
+
+@SETTINGS
+@given(n=dims, p=st.sampled_from([0.0, 0.1, 0.5, 0.9]), seed=seeds)
+def test_dropout_backward_matches_central_differences(n, p, seed):
+    x = numpy.random.default_rng(seed).standard_normal((n, 6))
+    # a fresh Generator with the same seed at every call draws the same mask
+    forward = lambda x: ops.dropout_forward(x, p, numpy.random.default_rng(seed), True)  # noqa: E731
+    check_op("dropout", forward, ops.dropout_backward, {"x": x}, seed)
+
+
+def test_dropout_is_identity_in_eval_and_keeps_expectation_in_train():
+    x = numpy.ones((200, 500))
+    out, _ = ops.dropout_forward(x, 0.3, numpy.random.default_rng(0), training=False)
+    assert out is x
+    out, _ = ops.dropout_forward(x, 0.3, numpy.random.default_rng(0), training=True)
+    kept = (out != 0).mean()
+    assert abs(kept - 0.7) < 0.01, f"kept fraction {kept}"
+    assert abs(out.mean() - 1.0) < 0.02, f"mean {out.mean()} should stay ~1 (inverted dropout)"
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 5), heads=st.integers(1, 3), d=st.integers(1, 3),
+       dropout=st.sampled_from([0.0, 0.2]), seed=seeds)
+def test_self_attention_backward_matches_central_differences(b, t, heads, d, dropout, seed):
+    rng = numpy.random.default_rng(seed)
+    H = heads * d
+    mask = (rng.random((b, t)) < 0.7).astype(numpy.int64)
+    mask[:, 0] = 1                                  # [CLS] is never padding
+    mask[0, :] = numpy.arange(t) == 0               # row 0: all padding except [CLS]
+    bias = ops.attention_mask_bias(mask, numpy.float64)
+    inputs = {"x": rng.standard_normal((b, t, H)), "w_qkv": 0.5 * rng.standard_normal((3 * H, H)),
+              "b_qkv": rng.standard_normal(3 * H)}
+
+    def forward(x, w_qkv, b_qkv):
+        drop_rng = numpy.random.default_rng(seed)
+        return ops.self_attention_forward(x, w_qkv, b_qkv, bias, heads, dropout, drop_rng, True)
+    check_op("self_attention", forward, ops.self_attention_backward, inputs, seed)
+
+
+def test_attention_gives_padded_keys_exactly_zero_weight():
+    rng = numpy.random.default_rng(0)
+    mask = numpy.array([[1, 1, 0, 0]])
+    x = rng.standard_normal((1, 4, 6))
+    w, bq = rng.standard_normal((18, 6)), rng.standard_normal(18)
+    bias = ops.attention_mask_bias(mask, numpy.float64)
+    out, _ = ops.self_attention_forward(x, w, bq, bias, 2, 0.0, None, False)
+    x2 = x.copy()
+    x2[0, 2:] = rng.standard_normal((2, 6))          # change only the padded tokens
+    out2, _ = ops.self_attention_forward(x2, w, bq, bias, 2, 0.0, None, False)
+    numpy.testing.assert_array_equal(out[0, :2], out2[0, :2])
+
+
+@SETTINGS
+@given(n=st.integers(1, 6), c=st.integers(1, 6), seed=seeds)
+def test_cross_entropy_backward_matches_central_differences_with_ignored_rows(n, c, seed):
+    rng = numpy.random.default_rng(seed)
+    labels = rng.integers(0, c, size=n)
+    labels[rng.random(n) < 0.3] = ops.IGNORE_INDEX
+    logits = 3 * rng.standard_normal((n, c))
+    loss, cache = ops.cross_entropy_forward(logits, labels)
+    f = lambda: ops.cross_entropy_forward(logits, labels)[0]  # noqa: E731
+    assert_close(ops.cross_entropy_backward(1.0, cache).reshape(-1), numerical_grad(f, logits),
+                 TOL, "grad cross_entropy dlogits")
+
+
+def test_cross_entropy_equals_negative_log_softmax_mean():
+    logits = numpy.array([[2.0, 0.5, -1.0], [0.0, 0.0, 0.0], [1.0, 2.0, 3.0]])
+    labels = numpy.array([0, ops.IGNORE_INDEX, 2])
+    loss, _ = ops.cross_entropy_forward(logits, labels)
+    logp = logits - numpy.log(numpy.exp(logits).sum(-1, keepdims=True))
+    expected = -(logp[0, 0] + logp[2, 2]) / 2
+    assert abs(loss - expected) < 1e-14, (loss, expected)
