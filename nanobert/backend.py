@@ -71,10 +71,17 @@ def default_rng(xp, seed):
 
 
 def scatter_add(table, ids, values):
-    """table[ids[i]] += values[i] with repeated ids accumulating (embedding backward)."""
+    """table[ids[i]] += values[i] with repeated ids accumulating (embedding backward).
+
+    ids [N] int, values [N, H]. On NumPy: sort the ids, sum each run of equal ids with one
+    reduceat, then add once per distinct id (numpy.add.at is ~20x slower on rows).
+    """
     xp = array_module(table)
     if xp is numpy:
-        numpy.add.at(table, ids, values)
+        order = numpy.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        starts = numpy.flatnonzero(numpy.concatenate(([True], sorted_ids[1:] != sorted_ids[:-1])))
+        table[sorted_ids[starts]] += numpy.add.reduceat(values[order], starts, axis=0)
     else:
         import cupyx
         cupyx.scatter_add(table, ids, values)

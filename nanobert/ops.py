@@ -94,7 +94,8 @@ def gelu_forward(x, kind="gelu"):
     "gelu_new" / "gelu_pytorch_tanh": the tanh approximation of the original TF code."""
     xp = array_module(x)
     if kind == "gelu":
-        cdf = erf(x * (1.0 / math.sqrt(2.0)), xp)
+        cdf = x * (1.0 / math.sqrt(2.0))
+        erf(cdf, xp, out=cdf)
         cdf += 1.0
         cdf *= 0.5                                          # Phi(x)
         return x * cdf, (x, cdf, kind)
@@ -108,11 +109,15 @@ def gelu_backward(dout, cache):
     xp = array_module(dout)
     x, saved, kind = cache
     if kind == "gelu":
-        # d/dx x*Phi(x) = Phi(x) + x * phi(x), phi the normal density.
-        pdf = xp.exp(-0.5 * x * x)
-        pdf *= x * (1.0 / math.sqrt(2.0 * math.pi))
-        pdf += saved
-        return dout * pdf
+        # d/dx x*Phi(x) = Phi(x) + x * phi(x), phi the normal density; in place, one buffer.
+        d = x * x
+        d *= -0.5
+        xp.exp(d, out=d)
+        d *= x
+        d *= 1.0 / math.sqrt(2.0 * math.pi)
+        d += saved
+        d *= dout
+        return d
     t = saved
     dinner = math.sqrt(2.0 / math.pi) * (1.0 + 3 * 0.044715 * x * x)
     return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
@@ -152,18 +157,16 @@ def softmax_backward(dout, y):
 
 def dropout_forward(x, p, rng, training):
     """Inverted dropout: zero with probability p and scale the rest by 1/(1-p), so eval
-    mode is the identity. `rng` is an explicit Generator (numpy or cupy)."""
+    mode is the identity. `rng` is an explicit Generator (numpy or cupy). The cache is the
+    scaled mask itself, so backward is one multiply."""
     if not training or p == 0.0:
         return x, None
-    keep = rng.random(x.shape, dtype=x.dtype) >= p
-    return x * keep * (1.0 / (1.0 - p)), (keep, p)
+    mask = (rng.random(x.shape, dtype=x.dtype) >= p) * x.dtype.type(1.0 / (1.0 - p))
+    return x * mask, mask
 
 
-def dropout_backward(dout, cache):
-    if cache is None:
-        return dout
-    keep, p = cache
-    return dout * keep * (1.0 / (1.0 - p))
+def dropout_backward(dout, mask):
+    return dout if mask is None else dout * mask
 
 # ---------------------------------------------------------------------- self-attention
 

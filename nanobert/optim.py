@@ -31,7 +31,8 @@ def global_norm(grads):
     """sqrt of the sum of squares of every gradient, as one float."""
     total = 0.0
     for g in grads.values():
-        total += float((g * g).sum())
+        flat = g.reshape(-1)
+        total += float(array_module(g).vdot(flat, flat))    # BLAS dot: no g*g temporary
     return math.sqrt(total)
 
 
@@ -100,18 +101,26 @@ class AdamW:
             m *= self.beta1
             m += (1.0 - self.beta1) * g
             v *= self.beta2
-            v += (1.0 - self.beta2) * (g * g)
+            update = g * g                                  # one scratch buffer per tensor
+            update *= 1.0 - self.beta2
+            v += update
+            xp = array_module(v)
             if self.mode == "bert":
-                update = m / (array_module(v).sqrt(v) + self.eps)
+                xp.sqrt(v, out=update)
+                update += self.eps
+                xp.divide(m, update, out=update)            # m / (sqrt(v) + eps)
                 if wd:
                     update += wd * p
-                p -= lr * update
+                update *= lr
             else:
                 if wd:
                     p *= 1.0 - lr * wd
-                denom = array_module(v).sqrt(v) / math.sqrt(1.0 - self.beta2 ** t)
-                denom += self.eps
-                p -= (lr / (1.0 - self.beta1 ** t)) * (m / denom)
+                xp.sqrt(v, out=update)
+                update /= math.sqrt(1.0 - self.beta2 ** t)
+                update += self.eps
+                xp.divide(m, update, out=update)
+                update *= lr / (1.0 - self.beta1 ** t)
+            p -= update
 
     def state_dict(self):
         """Host arrays + step count, for checkpoints (keys m/<name>, v/<name>)."""

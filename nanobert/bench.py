@@ -1,0 +1,136 @@
+"""Benchmark: one full pretraining step (forward, backward, clipping, AdamW update) of
+nanobert and of transformers' BertForPreTraining on torch, same config, batch and thread
+count, in one run. Prints median step times, their ratio, and nanobert's GFLOP/s next to
+NumPy's own large-matmul GFLOP/s.
+
+    python -m nanobert.bench                      # mini and base, float32, CPU
+    python -m nanobert.bench --configs mini --steps 10
+
+torch and transformers are needed for the comparison (pip install -e ".[reference]");
+without them only nanobert is timed.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy
+
+from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm
+
+CONFIGS = {   # name: (layers, hidden, heads, seq_len, batch)
+    "mini": (4, 256, 4, 128, 32),
+    "base": (12, 768, 12, 128, 8),
+}
+MAX_PREDICTIONS = 20
+
+
+def make_config(name):
+    L, H, A, T, B = CONFIGS[name]
+    config = BertConfig(vocab_size=30522, hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+                        intermediate_size=4 * H, max_position_embeddings=512)
+    return config, B, T
+
+
+def make_batch(config, B, T, seed=0):
+    """Random ids; 15% of positions (at most 20 per sequence, never [CLS]) carry an MLM label."""
+    rng = numpy.random.default_rng(seed)
+    ids = rng.integers(5, config.vocab_size, size=(B, T))
+    labels = numpy.full((B, T), -100)
+    n = min(MAX_PREDICTIONS, max(1, round(T * 0.15)))
+    for b in range(B):
+        positions = rng.choice(numpy.arange(1, T), size=n, replace=False)
+        labels[b, positions] = ids[b, positions]
+    types = numpy.zeros((B, T), dtype=numpy.int64)
+    types[:, T // 2:] = 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": numpy.ones((B, T), dtype=numpy.int64),
+            "labels": labels, "next_sentence_label": rng.integers(0, 2, size=B)}
+
+
+def step_flops(config, B, T, num_masked):
+    """Matmul FLOPs of one training step (3x forward: forward + two backward matmuls)."""
+    H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
+    per_token = L * (2 * (4 * H * H + 2 * H * I) + 2 * 2 * T * H)   # dense layers + QK^T, PV
+    forward = B * T * per_token + num_masked * 2 * (H * H + H * V) + B * 2 * (H * H + 2 * H)
+    return 3 * forward
+
+
+def time_steps(step, steps, warmup=1):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def nanobert_step_fn(config, batch, seed=0):
+    model = BertForPreTraining(config, seed=seed, dtype=numpy.float32).train()
+    optimizer = AdamW(model.params, lr=1e-4, mode="torch")
+
+    def step():
+        _, grads = model.loss_and_grads(batch)
+        clip_by_global_norm(grads, 1.0, mode="torch")
+        optimizer.step(grads)
+    return step
+
+
+def torch_step_fn(config, batch):
+    import torch
+    import transformers
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "extra"})
+    model = transformers.BertForPreTraining(hf_config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**tensors).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return step
+
+
+def numpy_matmul_gflops(n=2048, repeats=5):
+    a = numpy.random.default_rng(0).standard_normal((n, n), dtype=numpy.float32)
+    b = a.T.copy()
+    seconds = time_steps(lambda: a @ b, repeats)
+    return 2 * n ** 3 / seconds / 1e9
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="mini,base", help="comma-separated: " + ", ".join(CONFIGS))
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per framework (median reported)")
+    parser.add_argument("--no-torch", action="store_true", help="time nanobert only")
+    args = parser.parse_args(argv)
+
+    threads = os.cpu_count()
+    try:
+        import torch
+        torch.set_num_threads(threads)
+        have_torch = not args.no_torch
+    except ImportError:
+        have_torch = False
+        print("torch/transformers not installed: timing nanobert only")
+    peak = numpy_matmul_gflops()
+    print(f"threads: {threads}   numpy {numpy.__version__} float32 2048^3 matmul: {peak:.1f} GFLOP/s")
+    header = f"{'config':<8}{'B x T':>10}{'nanobert s':>12}{'torch s':>10}{'ratio':>8}{'GFLOP/s':>9}{'% of matmul':>12}"
+    print(header)
+    for name in args.configs.split(","):
+        config, B, T = make_config(name)
+        batch = make_batch(config, B, T)
+        ours = time_steps(nanobert_step_fn(config, batch), args.steps)
+        flops = step_flops(config, B, T, int((batch["labels"] != -100).sum()))
+        theirs = time_steps(torch_step_fn(config, batch), args.steps) if have_torch else float("nan")
+        print(f"{name:<8}{f'{B} x {T}':>10}{ours:>12.3f}{theirs:>10.3f}{ours / theirs:>8.2f}"
+              f"{flops / ours / 1e9:>9.1f}{100 * flops / ours / 1e9 / peak:>11.0f}%", flush=True)
+    print("ratio = nanobert / torch median step time (below 1: nanobert is faster)")
+
+
+if __name__ == "__main__":
+    main()
