@@ -10,8 +10,11 @@ torch and transformers are needed for the comparison (pip install -e ".[referenc
 without them only nanobert is timed.
 """
 import argparse
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy
@@ -101,35 +104,56 @@ def numpy_matmul_gflops(n=2048, repeats=5):
     return 2 * n ** 3 / seconds / 1e9
 
 
+def measure(framework, name, steps):
+    """Median step time of one framework on one config, in this process."""
+    config, B, T = make_config(name)
+    batch = make_batch(config, B, T)
+    if framework == "torch":
+        import torch
+        torch.set_num_threads(os.cpu_count())
+        return time_steps(torch_step_fn(config, batch), steps)
+    return time_steps(nanobert_step_fn(config, batch), steps)
+
+
+def measure_in_subprocess(framework, name, steps):
+    """Each measurement in a fresh process: torch's OpenMP pool and OpenBLAS's threads never
+    share the cores at once, and neither inherits the other's memory."""
+    result = subprocess.run([sys.executable, "-m", "nanobert.bench", "--worker", framework, name,
+                             "--steps", str(steps)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{framework} {name} benchmark failed:\n{result.stderr}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="mini,base", help="comma-separated: " + ", ".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=5, help="timed steps per framework (median reported)")
     parser.add_argument("--no-torch", action="store_true", help="time nanobert only")
+    parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        print(measure(*args.worker, args.steps))
+        return
 
-    threads = os.cpu_count()
-    try:
-        import torch
-        torch.set_num_threads(threads)
-        have_torch = not args.no_torch
-    except ImportError:
-        have_torch = False
+    have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None \
+        and importlib.util.find_spec("transformers") is not None
+    if not have_torch and not args.no_torch:
         print("torch/transformers not installed: timing nanobert only")
     peak = numpy_matmul_gflops()
-    print(f"threads: {threads}   numpy {numpy.__version__} float32 2048^3 matmul: {peak:.1f} GFLOP/s")
-    header = f"{'config':<8}{'B x T':>10}{'nanobert s':>12}{'torch s':>10}{'ratio':>8}{'GFLOP/s':>9}{'% of matmul':>12}"
-    print(header)
+    print(f"threads: {os.cpu_count()}   numpy {numpy.__version__}   float32 2048^3 matmul: {peak:.1f} GFLOP/s")
+    print(f"{'config':<8}{'B x T':>10}{'nanobert s':>12}{'torch s':>10}{'ratio':>8}{'GFLOP/s':>9}{'% of matmul':>12}")
     for name in args.configs.split(","):
         config, B, T = make_config(name)
         batch = make_batch(config, B, T)
-        ours = time_steps(nanobert_step_fn(config, batch), args.steps)
         flops = step_flops(config, B, T, int((batch["labels"] != -100).sum()))
-        theirs = time_steps(torch_step_fn(config, batch), args.steps) if have_torch else float("nan")
+        ours = measure_in_subprocess("nanobert", name, args.steps)
+        theirs = measure_in_subprocess("torch", name, args.steps) if have_torch else float("nan")
         print(f"{name:<8}{f'{B} x {T}':>10}{ours:>12.3f}{theirs:>10.3f}{ours / theirs:>8.2f}"
               f"{flops / ours / 1e9:>9.1f}{100 * flops / ours / 1e9 / peak:>11.0f}%", flush=True)
-    print("ratio = nanobert / torch median step time (below 1: nanobert is faster)")
+    print("median step times (forward + backward + clip + AdamW), float32, dropout on;")
+    print("ratio = nanobert / torch (below 1: nanobert is faster)")
 
 
 if __name__ == "__main__":

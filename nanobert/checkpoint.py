@@ -6,12 +6,12 @@ word embeddings, bias = cls.predictions.bias) stored or not.
 """
 import json
 import os
-import tempfile
 
 import numpy
 
 from .backend import to_host
 from .config import BertConfig
+from .fileio import atomic_open
 from . import safetensors
 
 WEIGHTS_NAME = "model.safetensors"
@@ -76,21 +76,6 @@ def load_pretrained(cls, path):
     return config, tensors
 
 
-def _atomic_write_text(path, text):
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def save_pretrained(model, path):
     """config.json (with architectures and dtype) + model.safetensors, each written atomically."""
     path = os.fspath(path)
@@ -100,4 +85,5 @@ def save_pretrained(model, path):
     config["torch_dtype"] = str(model.dtype)
     tensors = {name: numpy.ascontiguousarray(to_host(p)) for name, p in model.params.items()}
     safetensors.save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
-    _atomic_write_text(os.path.join(path, CONFIG_NAME), json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with atomic_open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
+        f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -23,6 +23,22 @@ def add_grad(grads, name, g):
     else:
         grads[name] = g
 
+def linear_backward_into(dout, cache, grads, name):
+    """linear_backward that adds d<name>.weight and d<name>.bias to grads; returns dx."""
+    dx, dweight, dbias = ops.linear_backward(dout, cache)
+    add_grad(grads, name + ".weight", dweight)
+    add_grad(grads, name + ".bias", dbias)
+    return dx
+
+
+def layernorm_backward_into(dout, cache, grads, name):
+    """layernorm_backward that adds the gain and bias gradients to grads; returns dx."""
+    dx, dgamma, dbeta = ops.layernorm_backward(dout, cache)
+    add_grad(grads, name + ".weight", dgamma)
+    add_grad(grads, name + ".bias", dbeta)
+    return dx
+
+
 # ------------------------------------------------------------------------ parameter table
 
 
@@ -119,9 +135,7 @@ def embeddings_backward(dx, cache, params, p, grads):
     word_cache, segment_cache, ln_cache, drop_cache, T = cache
     xp = array_module(dx)
     dx = ops.dropout_backward(dx, drop_cache)
-    dx, dgamma, dbeta = ops.layernorm_backward(dx, ln_cache)
-    add_grad(grads, p + "embeddings.LayerNorm.weight", dgamma)
-    add_grad(grads, p + "embeddings.LayerNorm.bias", dbeta)
+    dx = layernorm_backward_into(dx, ln_cache, grads, p + "embeddings.LayerNorm")
     add_grad(grads, p + "embeddings.word_embeddings.weight", ops.embedding_backward(dx, word_cache))
     add_grad(grads, p + "embeddings.token_type_embeddings.weight",
              ops.embedding_backward(dx, segment_cache))
@@ -168,31 +182,20 @@ def encoder_layer_backward(dout, cache, layer, grads):
     """dout [B, T, H] -> dx [B, T, H]; adds this layer's parameter gradients to grads."""
     (attn_cache, attn_out_cache, drop1_cache, ln1_cache, inter_cache, gelu_cache,
      ffn_cache, drop2_cache, ln2_cache) = cache
-    G = lambda name, g: add_grad(grads, layer + name, g)  # noqa: E731
-    dsum, dgamma, dbeta = ops.layernorm_backward(dout, ln2_cache)
-    G("output.LayerNorm.weight", dgamma)
-    G("output.LayerNorm.bias", dbeta)
+    dsum = layernorm_backward_into(dout, ln2_cache, grads, layer + "output.LayerNorm")
     dffn = ops.dropout_backward(dsum, drop2_cache)
-    dinter, dw, db = ops.linear_backward(dffn, ffn_cache)
-    G("output.dense.weight", dw)
-    G("output.dense.bias", db)
+    dinter = linear_backward_into(dffn, ffn_cache, grads, layer + "output.dense")
     dinter = ops.gelu_backward(dinter, gelu_cache)
-    dh, dw, db = ops.linear_backward(dinter, inter_cache)
-    G("intermediate.dense.weight", dw)
-    G("intermediate.dense.bias", db)
+    dh = linear_backward_into(dinter, inter_cache, grads, layer + "intermediate.dense")
     dh += dsum                                                     # residual path
-    dsum, dgamma, dbeta = ops.layernorm_backward(dh, ln1_cache)
-    G("attention.output.LayerNorm.weight", dgamma)
-    G("attention.output.LayerNorm.bias", dbeta)
+    dsum = layernorm_backward_into(dh, ln1_cache, grads, layer + "attention.output.LayerNorm")
     dattn = ops.dropout_backward(dsum, drop1_cache)
-    dcontext, dw, db = ops.linear_backward(dattn, attn_out_cache)
-    G("attention.output.dense.weight", dw)
-    G("attention.output.dense.bias", db)
+    dcontext = linear_backward_into(dattn, attn_out_cache, grads, layer + "attention.output.dense")
     dx, dw_qkv, db_qkv = ops.self_attention_backward(dcontext, attn_cache)
     H = dx.shape[-1]
     for i, proj in enumerate(("query", "key", "value")):          # unstack [3H, ...]
-        G(f"attention.self.{proj}.weight", dw_qkv[i * H:(i + 1) * H])
-        G(f"attention.self.{proj}.bias", db_qkv[i * H:(i + 1) * H])
+        add_grad(grads, f"{layer}attention.self.{proj}.weight", dw_qkv[i * H:(i + 1) * H])
+        add_grad(grads, f"{layer}attention.self.{proj}.bias", db_qkv[i * H:(i + 1) * H])
     dx += dsum                                                     # residual path
     return dx
 
@@ -228,9 +231,7 @@ def bert_backward(dsequence, dpooled, cache, params, p, grads):
     if dpooled is None:
         dpooled = xp.zeros((shape[0], shape[2]), dtype=dtype)
     dpooled = ops.tanh_backward(dpooled, tanh_cache)
-    dcls, dw, db = ops.linear_backward(dpooled, pool_cache)
-    add_grad(grads, p + "pooler.dense.weight", dw)
-    add_grad(grads, p + "pooler.dense.bias", db)
+    dcls = linear_backward_into(dpooled, pool_cache, grads, p + "pooler.dense")
     dx[:, 0] += dcls
     for i in reversed(range(len(layer_caches))):
         dx = encoder_layer_backward(dx, layer_caches[i], f"{p}encoder.layer.{i}.", grads)
@@ -265,14 +266,9 @@ def mlm_head_backward(dlogits, cache, grads):
     dx, dw, db = ops.linear_backward(dlogits, decoder_cache)
     add_grad(grads, "bert.embeddings.word_embeddings.weight", dw)   # the tied decoder
     add_grad(grads, "cls.predictions.bias", db)
-    t = "cls.predictions.transform."
-    dx, dgamma, dbeta = ops.layernorm_backward(dx, ln_cache)
-    add_grad(grads, t + "LayerNorm.weight", dgamma)
-    add_grad(grads, t + "LayerNorm.bias", dbeta)
+    dx = layernorm_backward_into(dx, ln_cache, grads, "cls.predictions.transform.LayerNorm")
     dx = ops.gelu_backward(dx, gelu_cache)
-    dx, dw, db = ops.linear_backward(dx, dense_cache)
-    add_grad(grads, t + "dense.weight", dw)
-    add_grad(grads, t + "dense.bias", db)
+    dx = linear_backward_into(dx, dense_cache, grads, "cls.predictions.transform.dense")
     dsequence = xp.zeros((shape[0] * shape[1], shape[2]), dtype=dx.dtype)
     dsequence[positions] = dx                                      # positions are distinct
     return dsequence.reshape(shape)
@@ -487,9 +483,7 @@ class BertForPreTraining(BertPreTrainedModel):
         dpooled = None
         if nsp_logits is not None:
             dnsp = ops.cross_entropy_backward(1.0, nsp_ce_cache)
-            dpooled, dw, db = ops.linear_backward(dnsp, nsp_cache)
-            add_grad(grads, "cls.seq_relationship.weight", dw)
-            add_grad(grads, "cls.seq_relationship.bias", db)
+            dpooled = linear_backward_into(dnsp, nsp_cache, grads, "cls.seq_relationship")
         bert_backward(dsequence, dpooled, bert_cache, params, "bert.", grads)
         for name, p in params.items():                         # e.g. NSP head without labels
             if name not in grads:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections import Counter
 
 import numpy as np
+
+from .fileio import atomic_open
 
 # safetensors dtype -> little-endian NumPy dtype, in the reference's order of increasing
 # alignment (the writer puts the most-aligned tensors first so every tensor stays aligned).
@@ -160,20 +161,7 @@ def save_file(tensors: dict, path, metadata: dict | None = None) -> None:
     header_bytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     header_bytes += b" " * (-len(header_bytes) % 8)  # keeps the data buffer 8-byte aligned
 
-    folder, base = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{base}.{secrets.token_hex(4)}.tmp")
-    # O_EXCL: never reuse someone else's file; mode 0o666 lets the umask decide, as open() would
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    descriptor = os.open(temporary, flags, 0o666)
-    try:
-        with os.fdopen(descriptor, "wb") as f:
-            f.write(len(header_bytes).to_bytes(8, "little") + header_bytes)
-            for name in order:
-                f.write(arrays[name][1].reshape(-1).view(np.uint8))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
+    with atomic_open(path, "wb") as f:
+        f.write(len(header_bytes).to_bytes(8, "little") + header_bytes)
+        for name in order:
+            f.write(arrays[name][1].reshape(-1).view(np.uint8))

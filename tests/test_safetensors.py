@@ -346,7 +346,7 @@ class DiskFullAfterHeader(io.BufferedWriter):
 
 
 def disk_full_while_writing(monkeypatch):
-    monkeypatch.setattr(os, "fdopen", lambda fd, mode: DiskFullAfterHeader(io.FileIO(fd, mode)))
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode, **kw: DiskFullAfterHeader(io.FileIO(fd, mode)))
     return OSError
 
 
