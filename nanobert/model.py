@@ -23,6 +23,7 @@ def add_grad(grads, name, g):
     else:
         grads[name] = g
 
+
 def linear_backward_into(dout, cache, grads, name):
     """linear_backward that adds d<name>.weight and d<name>.bias to grads; returns dx."""
     dx, dweight, dbias = ops.linear_backward(dout, cache)
@@ -37,7 +38,6 @@ def layernorm_backward_into(dout, cache, grads, name):
     add_grad(grads, name + ".weight", dgamma)
     add_grad(grads, name + ".bias", dbeta)
     return dx
-
 
 # ------------------------------------------------------------------------ parameter table
 
