@@ -6,6 +6,7 @@ word embeddings, bias = cls.predictions.bias) stored or not.
 """
 import json
 import os
+import shutil
 
 import numpy
 
@@ -87,3 +88,49 @@ def save_pretrained(model, path):
     safetensors.save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
     with atomic_open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
         f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+# ------------------------------------------------------------------- training checkpoints
+
+OPTIMIZER_NAME = "optimizer.safetensors"
+TRAINER_STATE_NAME = "trainer_state.json"
+
+
+def save_training_checkpoint(folder, model, optimizer, state, vocab_file=None):
+    """A resumable checkpoint: the HF folder (config.json, model.safetensors, vocab.txt) plus
+    optimizer.safetensors (Adam moments) and trainer_state.json (step, data position, ...).
+
+    The whole folder is swapped atomically: written beside it under a hidden name, then the
+    old one is moved aside, the new one renamed into place, and only then the old one is
+    deleted. A crash at any point leaves a complete checkpoint (`folder` or `folder.old`,
+    which load_training_checkpoint falls back to).
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    building, previous = folder + ".tmp", folder + ".old"
+    shutil.rmtree(building, ignore_errors=True)
+    save_pretrained(model, building)
+    if vocab_file is not None:
+        shutil.copyfile(vocab_file, os.path.join(building, "vocab.txt"))
+    safetensors.save_file(optimizer.state_dict(), os.path.join(building, OPTIMIZER_NAME))
+    with atomic_open(os.path.join(building, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=1, sort_keys=True)
+    if os.path.isdir(folder):
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(folder, previous)
+    os.replace(building, folder)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def load_training_checkpoint(cls, folder):
+    """-> (config, params, optimizer_state, trainer_state) from save_training_checkpoint's
+    folder, or from its `.old` twin if a crash interrupted the swap."""
+    folder = os.path.abspath(os.fspath(folder))
+    if not os.path.isdir(folder) and os.path.isdir(folder + ".old"):
+        folder += ".old"
+    state_path = os.path.join(folder, TRAINER_STATE_NAME)
+    if not os.path.isfile(state_path):
+        raise FileNotFoundError(f"no resumable checkpoint at {folder} (missing {TRAINER_STATE_NAME})")
+    config, params = load_pretrained(cls, folder)
+    optimizer_state = safetensors.load_file(os.path.join(folder, OPTIMIZER_NAME))
+    with open(state_path, encoding="utf-8") as f:
+        trainer_state = json.load(f)
+    return config, params, optimizer_state, trainer_state

@@ -1,0 +1,1313 @@
+"""Pretraining data: documents in, MLM + NSP instances out - the algorithm of the original
+BERT's create_pretraining_data.py - written to disk as memory-mappable shards.
+
+    python -m nanobert.pretraining_data --input data/brown/train.txt.gz --output runs/data --vocab vocab.txt
+
+The pipeline, in the order the original runs it:
+
+  1. read_documents: one sentence per line, a blank line ends a document (so does the end
+     of a file); each line is tokenized with the BertTokenizer, lines with no WordPiece
+     token and documents with no line are dropped;
+  2. the documents are shuffled once;
+  3. dupe_factor passes over all documents; each document is cut into instances by
+     create_instances_from_document: sentences are gathered into a chunk until it holds
+     target_seq_length tokens (max_seq_length - 3, or with short_seq_prob a random length
+     in [2, max_seq_length - 3]); a random number of the chunk's sentences become segment
+     A; with p = 0.5 (always, if the chunk is one sentence) segment B is a random stretch
+     of another document - "random next", NSP label 1 - and the sentences it did not use
+     are put back, otherwise B is the rest of the chunk (label 0); truncate_seq_pair trims
+     the longer segment from the front or the back at random; [CLS] A [SEP] B [SEP];
+  4. create_masked_lm_predictions: min(max_predictions_per_seq, max(1, round(length *
+     masked_lm_prob))) positions other than [CLS]/[SEP] are predicted; each is replaced by
+     [MASK] 80% of the time, kept 10%, replaced by a random vocab token 10%; positions
+     sorted. Whole-word masking picks words (a piece and its "##" continuations) instead
+     of pieces and skips a word that would overshoot the count, as the original does;
+  5. all instances are shuffled.
+
+Randomness: a Python random.Random(seed), and every draw is the same call, in the same
+order, as in the original script - so for the same corpus and seed the instances, their
+masks and their order are the ones it writes (tests/test_pretraining_data.py checks this
+against reference/pretraining_data_reference.py, a separate port of the original working on
+token strings). Python's random is used rather than a numpy.random.Generator for exactly
+that reason; the only numpy Generator is the one a caller passes to
+PretrainingDataset.batches, for the order of the rows and for dynamic masking.
+
+Streaming, and the global shuffle. Memory does not grow with the corpus:
+  - the tokenized corpus is written to disk (one flat array of ids and the offsets of the
+    sentences and documents) and memory-mapped, so a random document for "random next" is
+    a page read, not something held in RAM;
+  - instances are produced in the original's order and written out in blocks of
+    instances_per_shard rows;
+  - the original's last step, rng.shuffle(instances), needs only the number of instances
+    and the rng's state, not the instances: the same call on the list 0..N-1 gives the
+    permutation, and a second pass gathers the rows in that order into the final shards
+    (memory: 4 bytes per instance for the permutation, plus one shard). So the output is
+    the original's, order included, whatever instances_per_shard is - no shuffle buffer or
+    per-shard shuffle that would make the result depend on the shard size. The cost is
+    one extra pass over the instances and twice their size on disk while it runs.
+
+Storage (one folder): manifest.json, vocab.txt (a copy of the vocab the ids refer to) and
+per shard k one .npy file per array, loadable with numpy.load(mmap_mode="r"):
+
+    shard-0000k.input_ids.npy            [N, max_seq_length]  uint16 (int32 if the vocab
+                                                              has more than 65,536 tokens)
+    shard-0000k.input_lengths.npy        [N]    uint16  tokens before the padding (the
+                                                        original's input_mask is 1 there)
+    shard-0000k.segment_b_start.npy      [N]    uint16  index of B's first token (the
+                                                        original's segment_ids are 1 from
+                                                        there to the length)
+    shard-0000k.masked_lm_positions.npy  [N, max_predictions_per_seq]  uint16, padded with 0
+    shard-0000k.masked_lm_ids.npy        [N, max_predictions_per_seq]  as input_ids, padded 0
+    shard-0000k.num_masked.npy           [N]    uint16  (masked_lm_weights = 1 for the first
+                                                        num_masked entries)
+    shard-0000k.next_sentence_labels.npy [N]    uint8   0 = B follows A, 1 = B is random
+
+A length and a segment boundary per row carry the same information as the original's
+[N, T] input_mask and segment_ids, in two bytes instead of 2T.
+
+Dynamic masking (RoBERTa's idea; off by default): the stored masks are the original's
+static ones, and because masked_lm_ids holds the true token at every masked position, the
+unmasked sequence is recovered exactly (input_ids with masked_lm_ids written back). So
+PretrainingDataset.batches(dynamic_masking=True) re-masks every time it is called from
+those tokens with the caller's numpy Generator - same rules, same counts - and nothing
+extra is stored. The A/B pairs stay those chosen at creation (dupe_factor gives more).
+
+Deviations from the original, each deliberate:
+  - the end of a file ends a document (the original joins the last document of one file
+    with the first of the next when a file lacks a trailing blank line);
+  - "random next" tries 10 random documents, as the original, and if all 10 are A's own
+    document (probability (1/n)^10 with n documents) takes the next document in the
+    shuffled order instead of A's own, so B never comes from A's document when there are
+    two or more (counted as random_next_fallbacks in the manifest). This draws nothing
+    from the rng, so everything before such an event is unchanged. With a single document
+    there is no other one: B comes from the same document, as in the original, with a
+    warning.
+Everything the original leaves as is stays: the target length is drawn once per document
+(not per chunk); a random replacement token may be any vocab entry, special tokens
+included; in whole-word masking a "##" piece at the start of B joins the last word of A
+and the 80/10/10 choice is made per piece.
+"""
+import argparse
+import array
+import collections
+import gzip
+import hashlib
+import json
+import os
+import random
+import secrets
+import shutil
+import sys
+import time
+import warnings
+import zlib
+
+import numpy
+
+from .fileio import atomic_open
+
+FORMAT = "nanobert-pretraining-data"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+VOCAB_NAME = "vocab.txt"
+IGNORE_INDEX = -100           # labels at positions that are not predicted, as HF and the model
+RANDOM_NEXT_TRIES = 10        # the original's tries at a document other than A's
+
+# name -> (kind of dtype, trailing shape) of each array in a shard; "id" = the token id dtype
+ARRAYS = {
+    "input_ids": ("id", ("max_seq_length",)),
+    "input_lengths": ("uint16", ()),
+    "segment_b_start": ("uint16", ()),
+    "masked_lm_positions": ("uint16", ("max_predictions_per_seq",)),
+    "masked_lm_ids": ("id", ("max_predictions_per_seq",)),
+    "num_masked": ("uint16", ()),
+    "next_sentence_labels": ("uint8", ()),
+}
+
+
+# ----------------------------------------------------------------------------- documents
+
+def input_files(paths):
+    """Files (.txt, .txt.gz, or any file given by name) and folders (every *.txt and *.txt.gz
+    directly inside, sorted by name; hidden files skipped) -> list of file paths, in order."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files = []
+    for path in paths:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            inside = sorted(name for name in os.listdir(path)
+                            if name.endswith((".txt", ".txt.gz")) and not name.startswith(".")
+                            and os.path.isfile(os.path.join(path, name)))
+            if not inside:
+                raise ValueError(f"folder {path!r} holds no .txt or .txt.gz file")
+            files += [os.path.join(path, name) for name in inside]
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"input not found: {path!r}")
+    if not files:
+        raise ValueError("no input paths given")
+    return files
+
+
+def read_documents(paths, errors="strict", stats=None):
+    """Stream the documents of a corpus in BERT's input format: one sentence per line, a
+    blank (or whitespace-only) line between documents. Yields each document as a list of
+    its lines, stripped. The end of a file also ends a document.
+
+    paths: a file or folder, or a list of them (see input_files); checked at once - a
+    missing one raises FileNotFoundError before anything is read.
+    errors: "strict" - bytes that are not UTF-8 raise ValueError naming the file, the line
+    and the byte offset (in the decompressed text for .gz); "replace" - each invalid
+    sequence becomes U+FFFD (which the tokenizer drops) and is counted in
+    stats["utf8_replacements"][file] (and reported with a warning).
+    stats: an optional dict, filled with "files", "lines", "documents" and
+    "utf8_replacements" as the stream is read.
+    A corpus with no non-blank line raises ValueError naming the files (once it is read).
+    """
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    files = input_files(paths)
+    stats = {} if stats is None else stats
+    stats.update(files=list(files), lines=0, documents=0, utf8_replacements={})
+    return _documents(files, errors, stats)
+
+
+def _documents(files, errors, stats):
+    for path in files:
+        document = []
+        for line in _lines(path, errors, stats):
+            stats["lines"] += 1
+            line = line.strip()
+            if line:
+                document.append(line)
+            elif document:
+                stats["documents"] += 1
+                yield document
+                document = []
+        if document:
+            stats["documents"] += 1
+            yield document
+    replaced = {path: n for path, n in stats["utf8_replacements"].items() if n}
+    if replaced:
+        warnings.warn("replaced invalid UTF-8 byte sequences with U+FFFD: " +
+                      ", ".join(f"{n} in {path}" for path, n in replaced.items()), stacklevel=2)
+    if stats["documents"] == 0:
+        raise ValueError(f"no text in {', '.join(map(repr, files))}: the corpus is empty or "
+                         "whitespace only")
+
+
+def _lines(path, errors, stats):
+    """Decoded lines of one file, split at b"\\n" only (as the original's reader)."""
+    gz = path.endswith(".gz")
+    where = " of the decompressed text" if gz else ""
+    replaced = 0
+    offset = 0
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if errors == "strict":
+                        raise ValueError(
+                            f"{path}: line {number} is not valid UTF-8: byte 0x{raw[e.start]:02x} "
+                            f"at byte offset {offset + e.start}{where} (errors='replace' replaces "
+                            "such bytes with U+FFFD and counts them)") from None
+                    line, n = _decode_replacing(raw)
+                    replaced += n
+                    stats["utf8_replacements"][path] = replaced
+                offset += len(raw)
+                yield line
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a readable gzip file ({e})") from None
+
+
+def _decode_replacing(raw):
+    """bytes -> (text, number of invalid sequences), each sequence -> U+FFFD exactly as
+    bytes.decode(errors="replace") does."""
+    parts, count, start = [], 0, 0
+    while True:
+        try:
+            parts.append(raw[start:].decode("utf-8"))
+            return "".join(parts), count
+        except UnicodeDecodeError as e:
+            parts.append(raw[start:start + e.start].decode("utf-8"))
+            parts.append("\ufffd")
+            count += 1
+            start += e.end
+
+
+# ----------------------------------------------------------------------------- the algorithm
+
+TrainingInstance = collections.namedtuple("TrainingInstance", [
+    "tokens",                 # [CLS] A [SEP] B [SEP] after masking, ids
+    "segment_b_start",        # len(A) + 2: index of B's first token
+    "masked_lm_positions",    # sorted
+    "masked_lm_ids",          # the true ids at those positions
+    "is_random_next",         # NSP label: True = B is from another document
+    "document_index",         # A's document (index into the documents given), for tests
+    "random_document_index",  # B's document if is_random_next, else None
+    "num_chunk_segments",     # sentences in the chunk A was cut from
+])
+
+
+class VocabInfo(collections.namedtuple("VocabInfo", "size cls_id sep_id mask_id is_subword")):
+    """What the algorithm needs to know of the vocab: its size (a random token is any id in
+    [0, size)), the ids of [CLS], [SEP], [MASK], and is_subword[id] = 1 for "##" pieces
+    (whole-word masking)."""
+
+    @classmethod
+    def from_tokens(cls, tokens, cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"):
+        tokens = list(tokens)
+        index = {t: i for i, t in enumerate(tokens)}
+        missing = [t for t in (cls_token, sep_token, mask_token) if t not in index]
+        if missing:
+            raise ValueError(f"the vocab lacks the special token(s) {', '.join(missing)}")
+        is_subword = bytes(t.startswith("##") for t in tokens)
+        return cls(len(tokens), index[cls_token], index[sep_token], index[mask_token], is_subword)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer):
+        return cls.from_tokens(_vocab_tokens(tokenizer), tokenizer.cls_token, tokenizer.sep_token,
+                               tokenizer.mask_token)
+
+
+def _vocab_tokens(tokenizer):
+    """The vocab as a list, id = position; the ids must be exactly 0 .. size-1 (a random token
+    is drawn as a random id, as the original draws a random entry of its vocab list)."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else tokenizer.vocab
+    tokens = [None] * len(vocab)
+    for token, i in vocab.items():
+        if not 0 <= i < len(tokens) or tokens[i] is not None:
+            raise ValueError(f"the vocab's ids are not 0 .. {len(vocab) - 1} (token {token!r} has id {i})")
+        tokens[i] = token
+    return tokens
+
+
+def num_to_predict(length, masked_lm_prob, max_predictions_per_seq):
+    """The original's count of MLM predictions for a sequence of `length` tokens (Python's
+    round: halves to even)."""
+    return min(max_predictions_per_seq, max(1, int(round(length * masked_lm_prob))))
+
+
+def create_training_instances(documents, rng, vocab, max_seq_length=128, short_seq_prob=0.1,
+                              masked_lm_prob=0.15, max_predictions_per_seq=20, dupe_factor=10,
+                              whole_word_mask=False, stats=None):
+    """Steps 2-4 of the module docstring: yields TrainingInstances in the original's order,
+    before its final shuffle (the caller does that: shuffle_permutation(rng, count) right
+    after the last instance, with the same rng).
+
+    documents: a sequence (len and indexing) of documents, each a list of sentences, each a
+    non-empty list of token ids. rng: a random.Random. vocab: a VocabInfo.
+    stats: an optional dict; gets "random_next_fallbacks" (see the module docstring).
+    """
+    n = len(documents)
+    if n == 0:
+        raise ValueError("no documents")
+    order = array.array("q", range(n))
+    shuffle(order, rng)                            # the original shuffles its list of documents
+    shuffled = _Reordered(documents, order)
+    stats = {} if stats is None else stats
+    stats.setdefault("random_next_fallbacks", 0)
+    for _ in range(dupe_factor):
+        for document_index in range(n):
+            for instance in create_instances_from_document(
+                    shuffled, document_index, rng, vocab, max_seq_length, short_seq_prob, masked_lm_prob,
+                    max_predictions_per_seq, whole_word_mask, stats):
+                # report documents by their index in `documents`, not in the shuffled order
+                other = instance.random_document_index
+                yield instance._replace(document_index=order[document_index],
+                                        random_document_index=None if other is None else order[other])
+
+
+def shuffle_permutation(rng, count):
+    """The permutation rng.shuffle(instances) applies to `count` instances: row k of the
+    shuffled list is instance perm[k]. (Shuffle draws depend only on the length.)"""
+    perm = array.array("i" if count < 2**31 else "q", range(count))
+    shuffle(perm, rng)
+    return numpy.frombuffer(perm, dtype=numpy.dtype(perm.typecode))    # no copy: 4 bytes per instance
+
+
+class _Reordered:
+    """documents seen through a permutation of their indices."""
+
+    def __init__(self, documents, order):
+        self.documents, self.order = documents, order
+
+    def __len__(self):
+        return len(self.order)
+
+    def __getitem__(self, i):
+        return self.documents[self.order[i]]
+
+
+def create_instances_from_document(documents, document_index, rng, vocab, max_seq_length,
+                                   short_seq_prob, masked_lm_prob, max_predictions_per_seq,
+                                   whole_word_mask=False, stats=None):
+    """Cut one document into [CLS] A [SEP] B [SEP] instances (step 3 of the module docstring)."""
+    document = documents[document_index]
+    max_num_tokens = max_seq_length - 3             # room for [CLS], [SEP], [SEP]
+    # Mostly fill the sequence (padding is wasted compute), but sometimes - short_seq_prob -
+    # make it shorter, so that pretraining also sees the short inputs of fine-tuning. Drawn
+    # once per document, as in the original.
+    target_seq_length = max_num_tokens
+    if rng.random() < short_seq_prob:
+        target_seq_length = rng.randint(2, max_num_tokens)
+
+    instances = []
+    chunk, chunk_length = [], 0
+    i, num_sentences = 0, len(document)
+    while i < num_sentences:
+        chunk.append(document[i])
+        chunk_length += len(document[i])
+        if i == num_sentences - 1 or chunk_length >= target_seq_length:
+            # A is the chunk's first a_end sentences: real sentence boundaries, so that NSP
+            # cannot be solved by spotting a sentence cut in half.
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            tokens_a = [t for sentence in chunk[:a_end] for t in sentence]
+            random_document_index = None
+            if len(chunk) == 1 or rng.random() < 0.5:
+                is_random_next = True
+                target_b_length = target_seq_length - len(tokens_a)
+                random_document_index = _random_other_document(documents, document_index, rng, stats)
+                random_document = documents[random_document_index]
+                tokens_b = []
+                for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
+                    tokens_b += random_document[j]
+                    if len(tokens_b) >= target_b_length:
+                        break
+                # The chunk's sentences after A were not used: put them back for the next chunk.
+                i -= len(chunk) - a_end
+            else:
+                is_random_next = False
+                tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
+            tokens_a, tokens_b = truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+            tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
+            tokens, positions, labels = create_masked_lm_predictions(
+                tokens, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask)
+            instances.append(TrainingInstance(tokens, len(tokens_a) + 2, positions, labels, is_random_next,
+                                              document_index, random_document_index, len(chunk)))
+            chunk, chunk_length = [], 0
+        i += 1
+    return instances
+
+
+def _shuffle_like_random(x, rng):
+    """random.Random.shuffle(x), inlined: the same draws (getrandbits with rejection, as
+    Random._randbelow) and the same swaps, at about half the cost - the MLM candidate
+    shuffle is the inner loop of the whole algorithm."""
+    getrandbits = rng.getrandbits
+    for i in range(len(x) - 1, 0, -1):
+        n = i + 1
+        k = n.bit_length()
+        j = getrandbits(k)
+        while j >= n:
+            j = getrandbits(k)
+        x[i], x[j] = x[j], x[i]
+
+
+def _shuffle_with_method(x, rng):
+    rng.shuffle(x)
+
+
+def _pick_shuffle():
+    """The inlined shuffle where it reproduces this Python's random.Random.shuffle exactly
+    (checked here on a few lengths and seeds), else Random.shuffle itself."""
+    for seed in range(3):
+        for n in (0, 1, 2, 3, 7, 100, 1000):
+            a, b = list(range(n)), list(range(n))
+            r1, r2 = random.Random(seed), random.Random(seed)
+            random.Random.shuffle(r1, a)
+            _shuffle_like_random(b, r2)
+            if a != b or r1.getstate() != r2.getstate():
+                return _shuffle_with_method
+    return _shuffle_like_random
+
+
+def shuffle(x, rng):
+    """rng.shuffle(x) for a random.Random rng, fast where possible (see _pick_shuffle)."""
+    if type(rng) is not random.Random:
+        return rng.shuffle(x)                       # a subclass may draw differently
+    return _SHUFFLE(x, rng)
+
+
+def _random_other_document(documents, document_index, rng, stats):
+    for _ in range(RANDOM_NEXT_TRIES):
+        index = rng.randint(0, len(documents) - 1)
+        if index != document_index:
+            return index
+    if len(documents) > 1:
+        # All tries hit A's own document (rare unless there are very few documents): take the
+        # next one in the (shuffled) order instead; no rng draw, so the stream is unchanged.
+        if stats is not None:
+            stats["random_next_fallbacks"] = stats.get("random_next_fallbacks", 0) + 1
+        return (document_index + 1) % len(documents)
+    return index                                    # a single document: B from A's own, as the original
+
+
+def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+    """Trim the longer segment (B on a tie), one token at a time, from the front or the back at
+    random (so that neither end is always the one lost), until both fit. Returns the trimmed
+    (A, B). Counts the cuts first and slices once: the same draws as popping one at a time."""
+    len_a, len_b = len(tokens_a), len(tokens_b)
+    cut = [[0, 0], [0, 0]]                          # [A, B] x [front, back]
+    random_ = rng.random
+    while len_a + len_b > max_num_tokens:
+        side = 0 if len_a > len_b else 1
+        cut[side][0 if random_() < 0.5 else 1] += 1
+        if side == 0:
+            len_a -= 1
+        else:
+            len_b -= 1
+    (a_front, a_back), (b_front, b_back) = cut
+    return (tokens_a[a_front:len(tokens_a) - a_back], tokens_b[b_front:len(tokens_b) - b_back])
+
+
+def create_masked_lm_predictions(tokens, masked_lm_prob, max_predictions_per_seq, vocab, rng,
+                                 whole_word_mask=False):
+    """Choose the MLM positions of one sequence and mask them (step 4 of the module
+    docstring). Returns (masked tokens, sorted positions, true ids at those positions)."""
+    special = (vocab.cls_id, vocab.sep_id)
+    if whole_word_mask:
+        # A word is a piece and the "##" pieces after it; [CLS]/[SEP] are skipped, so a "##"
+        # piece right after [SEP] joins the word before it, as in the original.
+        is_subword = vocab.is_subword
+        candidates = []
+        for i, t in enumerate(tokens):
+            if t in special:
+                continue
+            if candidates and is_subword[t]:
+                candidates[-1].append(i)
+            else:
+                candidates.append([i])
+    elif tokens.count(vocab.cls_id) == 1 and tokens.count(vocab.sep_id) == 2:
+        # the usual case, [CLS] and [SEP] only where we put them: every other position
+        sep = tokens.index(vocab.sep_id)
+        candidates = [*range(1, sep), *range(sep + 1, len(tokens) - 1)]
+    else:
+        candidates = [i for i, t in enumerate(tokens) if t not in special]
+    shuffle(candidates, rng)
+
+    count = num_to_predict(len(tokens), masked_lm_prob, max_predictions_per_seq)
+    output = list(tokens)
+    positions = []
+    random_, randint = rng.random, rng.randint
+    for word in candidates:
+        if len(positions) >= count:
+            break
+        if whole_word_mask:
+            if len(positions) + len(word) > count:
+                continue                            # the whole word would overshoot: skip it
+        else:
+            word = (word,)
+        for i in word:
+            if random_() < 0.8:
+                output[i] = vocab.mask_id
+            elif random_() < 0.5:
+                pass                                # 10%: keep the true token
+            else:
+                output[i] = randint(0, vocab.size - 1)   # 10%: any vocab entry
+            positions.append(i)
+    positions.sort()
+    return output, positions, [tokens[i] for i in positions]
+
+
+_SHUFFLE = _pick_shuffle()
+
+
+# ----------------------------------------------------------------------------- tokenized corpus
+
+class _Appender:
+    """Append integers to a raw binary file in blocks (bounded memory)."""
+
+    def __init__(self, path, typecode, dtype, block=1 << 20):
+        self.path, self.dtype, self.block = path, numpy.dtype(dtype), block
+        self.buffer = array.array(typecode)
+        self.count = 0
+        self.file = open(path, "wb")
+
+    def extend(self, values):
+        self.buffer.extend(values)
+        if len(self.buffer) >= self.block:
+            self.flush()
+
+    def append(self, value):
+        self.buffer.append(value)
+        if len(self.buffer) >= self.block:
+            self.flush()
+
+    def flush(self):
+        numpy.frombuffer(self.buffer, dtype=self.buffer.typecode).astype(self.dtype).tofile(self.file)
+        self.count += len(self.buffer)
+        self.buffer = array.array(self.buffer.typecode)
+
+    def close(self):
+        self.flush()
+        self.file.close()
+
+    def memmap(self):
+        if self.count == 0:
+            return numpy.zeros(0, self.dtype)
+        return numpy.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.count,))
+
+
+class TokenizedCorpus:
+    """The documents of a corpus as token ids, in three flat arrays on disk, memory-mapped:
+    ids (all sentences, concatenated), sentence_offsets (into ids) and document_offsets (into
+    sentences). len() is the number of documents; corpus[k] is document k as a list of
+    sentences (lists of ids)."""
+
+    def __init__(self, ids, sentence_offsets, document_offsets):
+        self.ids, self.sentence_offsets, self.document_offsets = ids, sentence_offsets, document_offsets
+
+    @classmethod
+    def build(cls, documents, tokenizer, folder, id_dtype, progress=None):
+        """Tokenize a stream of documents (lists of lines) into `folder`. Lines without any
+        WordPiece token and documents without such a line are dropped, as in the original."""
+        os.makedirs(folder, exist_ok=True)
+        id_code = "H" if numpy.dtype(id_dtype) == numpy.uint16 else "i"
+        ids = _Appender(os.path.join(folder, "ids.bin"), id_code, id_dtype)
+        sentences = _Appender(os.path.join(folder, "sentence_offsets.bin"), "q", numpy.int64)
+        docs = _Appender(os.path.join(folder, "document_offsets.bin"), "q", numpy.int64)
+        sentences.append(0)
+        docs.append(0)
+        encode = _encoder(tokenizer)
+        n_tokens = n_sentences = 0
+        try:
+            for document in documents:
+                kept = 0
+                for line in document:
+                    line_ids = encode(line)
+                    if line_ids:
+                        ids.extend(line_ids)
+                        n_tokens += len(line_ids)
+                        sentences.append(n_tokens)
+                        kept += 1
+                if kept:
+                    n_sentences += kept
+                    docs.append(n_sentences)
+                if progress is not None:
+                    progress.update(1, tokens=n_tokens)
+        finally:
+            for appender in (ids, sentences, docs):
+                appender.close()
+        # plain ndarray views of the maps: slicing a numpy.memmap costs more per call
+        return cls(*(numpy.asarray(a.memmap()) for a in (ids, sentences, docs)))
+
+    @classmethod
+    def from_lists(cls, documents):
+        """In memory, from documents as lists of lists of ids (tests, small corpora)."""
+        flat = [t for doc in documents for sentence in doc for t in sentence]
+        lengths = [len(sentence) for doc in documents for sentence in doc]
+        if any(n == 0 for n in lengths):
+            raise ValueError("a sentence without tokens")
+        per_doc = [len(doc) for doc in documents]
+        return cls(numpy.asarray(flat, dtype=numpy.int64), numpy.cumsum([0] + lengths),
+                   numpy.cumsum([0] + per_doc))
+
+    def __len__(self):
+        return len(self.document_offsets) - 1
+
+    @property
+    def num_sentences(self):
+        return len(self.sentence_offsets) - 1
+
+    @property
+    def num_tokens(self):
+        return int(self.sentence_offsets[-1]) if len(self.sentence_offsets) else 0
+
+    def __getitem__(self, k):
+        """Document k: a sequence of its sentences (lists of ids), read when indexed - "random
+        next" reads only the few sentences it uses of a long document."""
+        s0, s1 = int(self.document_offsets[k]), int(self.document_offsets[k + 1])
+        return _Document(self.ids, self.sentence_offsets[s0:s1 + 1].tolist())
+
+
+class _Document:
+    def __init__(self, ids, bounds):
+        self.ids, self.bounds = ids, bounds
+
+    def __len__(self):
+        return len(self.bounds) - 1
+
+    def __getitem__(self, j):
+        if not 0 <= j < len(self.bounds) - 1:
+            raise IndexError(j)
+        return self.ids[self.bounds[j]:self.bounds[j + 1]].tolist()
+
+
+def _encoder(tokenizer):
+    """line -> ids. encode(add_special_tokens=False) is HF's one call for this (and the fast
+    path of nanobert's tokenizer, whose word cache makes repeated words a dict lookup)."""
+    if hasattr(tokenizer, "encode"):
+        return lambda line: tokenizer.encode(line, add_special_tokens=False)
+    return lambda line: tokenizer.convert_tokens_to_ids(tokenizer.tokenize(line))
+
+
+# ----------------------------------------------------------------------------- writing
+
+def id_dtype(vocab_size):
+    return numpy.dtype(numpy.uint16 if vocab_size <= 1 << 16 else numpy.int32)
+
+
+def _array_dtype(name, token_dtype):
+    kind = ARRAYS[name][0]
+    return numpy.dtype(token_dtype if kind == "id" else kind)
+
+
+def _array_shape(name, rows, max_seq_length, max_predictions_per_seq):
+    sizes = {"max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq}
+    return (rows,) + tuple(sizes[s] for s in ARRAYS[name][1])
+
+
+class _RowBlock:
+    """Up to `capacity` instances as fixed-width arrays (the layout of the shards)."""
+
+    def __init__(self, capacity, max_seq_length, max_predictions_per_seq, token_dtype):
+        self.arrays = {name: numpy.zeros(_array_shape(name, capacity, max_seq_length, max_predictions_per_seq),
+                                         _array_dtype(name, token_dtype)) for name in ARRAYS}
+        self.rows = 0
+
+    def add(self, instance):
+        r, a = self.rows, self.arrays
+        a["input_ids"][r, :len(instance.tokens)] = instance.tokens
+        a["input_lengths"][r] = len(instance.tokens)
+        a["segment_b_start"][r] = instance.segment_b_start
+        k = len(instance.masked_lm_positions)
+        a["masked_lm_positions"][r, :k] = instance.masked_lm_positions
+        a["masked_lm_ids"][r, :k] = instance.masked_lm_ids
+        a["num_masked"][r] = k
+        a["next_sentence_labels"][r] = instance.is_random_next
+        self.rows += 1
+
+    def clear(self):
+        for x in self.arrays.values():
+            x[:self.rows] = 0
+        self.rows = 0
+
+
+class _Progress:
+    """A plain-text progress line on a stream: rewritten in place on a terminal (at most 10
+    times a second), a new line every 10 s otherwise (logs)."""
+
+    def __init__(self, stream, label, total=None, unit="documents"):
+        self.stream, self.label, self.total, self.unit = stream, label, total, unit
+        self.tty = stream is not None and hasattr(stream, "isatty") and stream.isatty()
+        self.interval = 0.1 if self.tty else 10.0
+        self.count = 0
+        self.extra = {}
+        self.start = self.last = time.perf_counter()
+
+    def update(self, n=1, **extra):
+        self.count += n
+        self.extra.update(extra)
+        now = time.perf_counter()
+        if self.stream is not None and now - self.last >= self.interval:
+            self.last = now
+            self._write(now, end="\r" if self.tty else "\n")
+
+    def _write(self, now, end):
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.count / elapsed
+        done = f"{self.count:,}" + (f"/{self.total:,} ({100 * self.count / max(self.total, 1):.0f}%)"
+                                    if self.total else "")
+        extra = "".join(f", {v:,} {k}" for k, v in self.extra.items())
+        eta = ""
+        if self.total and rate > 0 and self.count < self.total:
+            eta = f", {(self.total - self.count) / rate:.0f} s left"
+        self.stream.write(f"{self.label}: {done} {self.unit}, {rate:,.0f} {self.unit}/s{extra}, "
+                          f"{elapsed:.1f} s{eta}   {end}")
+        self.stream.flush()
+
+    def close(self):
+        if self.stream is not None:
+            self._write(time.perf_counter(), end="\n")
+        return time.perf_counter() - self.start
+
+
+def _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
+                   short_seq_prob, seed, instances_per_shard):
+    def integer(name, value, low, high=None):
+        if not isinstance(value, (int, numpy.integer)) or isinstance(value, bool) or value < low or \
+                (high is not None and value > high):
+            bound = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+            raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+    # [CLS] A [SEP] B [SEP] with A and B at least one token each; positions fit in uint16
+    integer("max_seq_length", max_seq_length, 5, 65535)
+    integer("max_predictions_per_seq", max_predictions_per_seq, 1, 65535)
+    integer("dupe_factor", dupe_factor, 1)
+    integer("instances_per_shard", instances_per_shard, 1)
+    integer("seed", seed, -(1 << 63))
+    for name, value, low_open in (("masked_lm_prob", masked_lm_prob, True), ("short_seq_prob", short_seq_prob, False)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not \
+                ((0 < value <= 1) if low_open else (0 <= value <= 1)):
+            raise ValueError(f"{name} must be a number in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
+
+
+def _as_tokenizer(tokenizer):
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from .tokenizer import BertTokenizer
+        return BertTokenizer.from_pretrained(tokenizer)
+    return tokenizer
+
+
+def _prepare_output(output_dir, overwrite):
+    """Check that output_dir may receive a dataset; return the sibling folder to build it in."""
+    if os.path.exists(output_dir):
+        if not os.path.isdir(output_dir):
+            raise FileExistsError(f"output {output_dir!r} exists and is not a folder")
+        entries = os.listdir(output_dir)
+        if entries:
+            if not overwrite:
+                raise FileExistsError(f"output folder {output_dir!r} is not empty; choose another one "
+                                      "or pass overwrite=True (--overwrite) to replace the dataset in it")
+            if MANIFEST_NAME not in entries:
+                raise FileExistsError(f"output folder {output_dir!r} is not empty and holds no "
+                                      f"{MANIFEST_NAME}: refusing to replace something that is not a dataset")
+    parent, name = os.path.split(output_dir)
+    os.makedirs(parent or ".", exist_ok=True)
+    building = os.path.join(parent, f".{name}.partial-{secrets.token_hex(4)}")
+    os.makedirs(building)
+    return building
+
+
+def _move_into_place(building, output_dir):
+    """Replace output_dir by the finished folder; a previous dataset there is removed only
+    after the new one is complete."""
+    old = None
+    if os.path.exists(output_dir):
+        if os.listdir(output_dir):
+            parent, name = os.path.split(output_dir)
+            old = os.path.join(parent, f".{name}.old-{secrets.token_hex(4)}")
+            os.replace(output_dir, old)
+        else:
+            os.rmdir(output_dir)
+    os.replace(building, output_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_npy(path, array):
+    with atomic_open(path, "wb") as f:
+        numpy.lib.format.write_array(f, numpy.ascontiguousarray(array), allow_pickle=False)
+
+
+def _token_id(tokenizer, kind):
+    return int(getattr(tokenizer, f"{kind}_token_id"))
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def create_pretraining_data(input_paths, output_dir, tokenizer, max_seq_length=128,
+                            max_predictions_per_seq=20, masked_lm_prob=0.15, dupe_factor=10,
+                            short_seq_prob=0.1, seed=12345, whole_word_mask=False,
+                            instances_per_shard=100_000, errors="strict", overwrite=False,
+                            log="stderr"):
+    """Build the pretraining instances of a corpus and write them to output_dir (see the
+    module docstring). Returns the manifest (a dict).
+
+    input_paths: files (.txt / .txt.gz) and/or folders, BERT's input format.
+    tokenizer: a BertTokenizer (or anything with HF's encode/get_vocab and the special token
+    attributes), or the path of a vocab.txt / tokenizer folder.
+    errors: "strict" or "replace" for bytes that are not UTF-8 (see read_documents).
+    overwrite: replace a dataset already in output_dir (only once the new one is complete).
+    log: a text stream for the progress lines and the summary; "stderr" (default) is
+    sys.stderr at the time of the call, None is silent.
+
+    The folder is built beside output_dir under a hidden name and renamed into place when
+    complete, and every file in it is written to a temporary name and renamed: an
+    interrupted run leaves no half-written dataset and destroys no finished one.
+    """
+    _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
+                   short_seq_prob, seed, instances_per_shard)
+    max_seq_length, max_predictions_per_seq, dupe_factor, seed, instances_per_shard = map(
+        int, (max_seq_length, max_predictions_per_seq, dupe_factor, seed, instances_per_shard))
+    masked_lm_prob, short_seq_prob = float(masked_lm_prob), float(short_seq_prob)
+    log = sys.stderr if log == "stderr" else log
+    tokenizer = _as_tokenizer(tokenizer)
+    vocab_tokens = _vocab_tokens(tokenizer)
+    vocab = VocabInfo.from_tokens(vocab_tokens, tokenizer.cls_token, tokenizer.sep_token, tokenizer.mask_token)
+    token_dtype = id_dtype(vocab.size)
+    read_stats = {}
+    documents = read_documents(input_paths, errors=errors, stats=read_stats)   # checks the paths now
+    files = list(read_stats["files"])
+    output_dir = os.path.abspath(os.fspath(output_dir))
+    building = _prepare_output(output_dir, overwrite)
+    scratch = os.path.join(building, "tmp")
+    say = (lambda text: (log.write(text + "\n"), log.flush())) if log is not None else (lambda text: None)
+    try:
+        # 1. tokenize, to disk
+        progress = _Progress(log, "tokenizing")
+        corpus = TokenizedCorpus.build(documents, tokenizer, scratch, token_dtype, progress)
+        progress.close()
+        if corpus.num_tokens == 0:
+            raise ValueError(f"no WordPiece token in {', '.join(map(repr, files))}: every line is "
+                             "empty after the tokenizer's cleaning")
+        corpus_summary = {"lines": read_stats["lines"], "documents_read": read_stats["documents"],
+                          "documents": len(corpus), "sentences": corpus.num_sentences,
+                          "tokens": corpus.num_tokens}
+        single_document = len(corpus) == 1
+        if single_document:
+            message = ("the corpus has a single document: every NSP negative ('random next') takes "
+                       "its segment B from that same document, as the original create_pretraining_data.py "
+                       "does; give more documents (blank lines between them) for a meaningful NSP task")
+            warnings.warn(message, stacklevel=2)
+            say("warning: " + message)
+
+        # 2. instances, in the original's order, in blocks to scratch files
+        rng = random.Random(seed)
+        gen_stats = {}
+        # the scratch files are written in blocks; the shards are cut from them in step 3
+        block = _RowBlock(min(instances_per_shard, 1 << 14), max_seq_length, max_predictions_per_seq, token_dtype)
+        scratch_files = {name: open(os.path.join(scratch, name + ".bin"), "wb") for name in ARRAYS}
+        count = random_next = masked = tokens = 0
+        progress = _Progress(log, "instances", total=len(corpus) * dupe_factor)
+        try:
+            last_document = None
+            for instance in create_training_instances(
+                    corpus, rng, vocab, max_seq_length, short_seq_prob, masked_lm_prob,
+                    max_predictions_per_seq, dupe_factor, whole_word_mask, gen_stats):
+                block.add(instance)
+                count += 1
+                random_next += instance.is_random_next
+                masked += len(instance.masked_lm_positions)
+                tokens += len(instance.tokens)
+                if block.rows == len(block.arrays["input_lengths"]):
+                    for name, f in scratch_files.items():
+                        block.arrays[name][:block.rows].tofile(f)
+                    block.clear()
+                if instance.document_index != last_document:
+                    progress.update(1, instances=count)
+                    last_document = instance.document_index
+            for name, f in scratch_files.items():
+                block.arrays[name][:block.rows].tofile(f)
+        finally:
+            for f in scratch_files.values():
+                f.close()
+        progress.count = len(corpus) * dupe_factor
+        progress.extra["instances"] = count
+        seconds_instances = progress.close()
+        del block
+
+        # 3. the original's final shuffle, applied while gathering rows into the shards
+        perm = shuffle_permutation(rng, count)
+        generated = {name: numpy.memmap(os.path.join(scratch, name + ".bin"), mode="r",
+                                        dtype=_array_dtype(name, token_dtype),
+                                        shape=_array_shape(name, count, max_seq_length, max_predictions_per_seq))
+                     for name in ARRAYS}
+        shards = []
+        progress = _Progress(log, "writing shards", total=count, unit="instances")
+        for shard, start in enumerate(range(0, count, instances_per_shard)):
+            rows = perm[start:start + instances_per_shard]
+            order = numpy.argsort(rows, kind="stable")       # read the scratch files front to back
+            entry = {"name": f"shard-{shard:05d}", "rows": int(len(rows)), "files": {}}
+            for name, source in generated.items():
+                out = numpy.empty((len(rows),) + source.shape[1:], source.dtype)
+                out[order] = source[rows[order]]
+                filename = f"{entry['name']}.{name}.npy"
+                _save_npy(os.path.join(building, filename), out)
+                entry["files"][name] = filename
+            shards.append(entry)
+            progress.update(len(rows))
+        progress.close()
+        del generated, perm, corpus
+
+        # 4. vocab copy and manifest, then the folder into place
+        vocab_path = os.path.join(building, VOCAB_NAME)
+        with atomic_open(vocab_path, "w", encoding="utf-8") as f:
+            f.write("".join(token + "\n" for token in vocab_tokens))
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "algorithm": "google-research/bert create_pretraining_data.py, Python random.Random(seed), "
+                         "same draws in the same order; final global shuffle applied",
+            "vocab_file": VOCAB_NAME,
+            "vocab_sha256": _sha256(vocab_path),
+            "vocab_size": vocab.size,
+            "special_token_ids": {"pad": _token_id(tokenizer, "pad"), "unk": _token_id(tokenizer, "unk"),
+                                  "cls": vocab.cls_id, "sep": vocab.sep_id, "mask": vocab.mask_id},
+            "tokenizer": {key: getattr(tokenizer, key) for key in
+                          ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word")
+                          if hasattr(tokenizer, key)},
+            "max_seq_length": max_seq_length,
+            "max_predictions_per_seq": max_predictions_per_seq,
+            "masked_lm_prob": masked_lm_prob,
+            "dupe_factor": dupe_factor,
+            "short_seq_prob": short_seq_prob,
+            "seed": seed,
+            "whole_word_mask": bool(whole_word_mask),
+            "instances_per_shard": instances_per_shard,
+            "dtypes": {name: _array_dtype(name, token_dtype).name for name in ARRAYS},
+            "shards": shards,
+            "total_instances": count,
+            "source_files": [{"path": os.path.abspath(p), "bytes": os.path.getsize(p)} for p in files],
+            "corpus": corpus_summary,
+        }
+        manifest["statistics"] = {
+            "random_next": random_next,
+            "random_next_fallbacks": gen_stats.get("random_next_fallbacks", 0),
+            "single_document": single_document,
+            "masked_positions": masked,
+            "tokens": tokens,
+            "utf8_replacements": {os.path.abspath(p): n for p, n in read_stats["utf8_replacements"].items() if n},
+        }
+        shutil.rmtree(scratch)
+        with atomic_open(os.path.join(building, MANIFEST_NAME), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+            f.write("\n")
+        _move_into_place(building, output_dir)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    say(f"wrote {count:,} instances in {len(shards)} shard(s) to {output_dir} "
+        f"({random_next / max(count, 1):.1%} random next, {tokens / max(count, 1):.1f} tokens and "
+        f"{masked / max(count, 1):.1f} predictions per instance; "
+        f"{count / max(seconds_instances, 1e-9):,.0f} instances/s)")
+    return manifest
+
+
+# ----------------------------------------------------------------------------- reading
+
+class PretrainingDataset:
+    """A folder written by create_pretraining_data, memory-mapped.
+
+        data = PretrainingDataset("runs/data")
+        for batch in data.batches(32, numpy.random.default_rng(0)):
+            loss, grads = model.loss_and_grads(batch)
+
+    Opening checks the manifest against the files - every shard present, each array's
+    dtype, shape and row count as the manifest says, the vocab copy's sha256, the per-row
+    lengths and counts in range - and raises ValueError (FileNotFoundError for a missing
+    file) naming the file and what is wrong.
+    """
+
+    REQUIRED = ("format", "format_version", "vocab_file", "vocab_sha256", "vocab_size",
+                "special_token_ids", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob",
+                "whole_word_mask", "dtypes", "shards", "total_instances")
+
+    def __init__(self, folder):
+        self.folder = os.fspath(folder)
+        path = os.path.join(self.folder, MANIFEST_NAME)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no {MANIFEST_NAME} in {self.folder!r}: not a pretraining dataset "
+                                    "(or an unfinished one)")
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(manifest, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+        missing = [key for key in self.REQUIRED if key not in manifest]
+        if missing:
+            raise ValueError(f"{path}: missing key(s) {', '.join(missing)}")
+        if manifest["format"] != FORMAT:
+            raise ValueError(f"{path}: format is {manifest['format']!r}, expected {FORMAT!r}")
+        if manifest["format_version"] != FORMAT_VERSION:
+            raise ValueError(f"{path}: format_version {manifest['format_version']!r} is not supported "
+                             f"(this nanobert reads version {FORMAT_VERSION})")
+        self.manifest = manifest
+        self.max_seq_length = _manifest_int(manifest, "max_seq_length", path, 5)
+        self.max_predictions_per_seq = _manifest_int(manifest, "max_predictions_per_seq", path, 1)
+        self.vocab_size = _manifest_int(manifest, "vocab_size", path, 5)
+        self.masked_lm_prob = manifest["masked_lm_prob"]
+        self.whole_word_mask = bool(manifest["whole_word_mask"])
+        ids = manifest["special_token_ids"]
+        for key in ("cls", "sep", "mask"):
+            if not isinstance(ids, dict) or not isinstance(ids.get(key), int) or not 0 <= ids[key] < self.vocab_size:
+                raise ValueError(f"{path}: special_token_ids lacks a valid {key!r} id")
+        self.special_token_ids = ids
+
+        vocab_path = os.path.join(self.folder, manifest["vocab_file"])
+        if not os.path.isfile(vocab_path):
+            raise FileNotFoundError(f"{vocab_path}: the dataset's vocab copy is missing")
+        digest = _sha256(vocab_path)
+        if digest != manifest["vocab_sha256"]:
+            raise ValueError(f"{vocab_path}: sha256 {digest} differs from the manifest's {manifest['vocab_sha256']}")
+        self.vocab_file = vocab_path
+
+        token_dtype = id_dtype(self.vocab_size)
+        expected_dtypes = {name: _array_dtype(name, token_dtype) for name in ARRAYS}
+        if not isinstance(manifest["shards"], list) or not manifest["shards"]:
+            raise ValueError(f"{path}: shards must be a non-empty list")
+        self.shards = []
+        for number, entry in enumerate(manifest["shards"]):
+            self.shards.append(self._open_shard(entry, number, expected_dtypes, path))
+        rows = [len(shard["input_lengths"]) for shard in self.shards]
+        self._starts = numpy.cumsum([0] + rows)
+        if self._starts[-1] != manifest["total_instances"]:
+            raise ValueError(f"{path}: total_instances is {manifest['total_instances']} but the shards hold "
+                             f"{int(self._starts[-1])} rows")
+
+    def _open_shard(self, entry, number, expected_dtypes, path):
+        if not isinstance(entry, dict) or not isinstance(entry.get("rows"), int) or \
+                not isinstance(entry.get("files"), dict):
+            raise ValueError(f"{path}: shard {number} must have 'rows' (int) and 'files' (object)")
+        arrays = {}
+        for name, dtype in expected_dtypes.items():
+            if name not in entry["files"]:
+                raise ValueError(f"{path}: shard {number} lists no file for {name!r}")
+            file = os.path.join(self.folder, entry["files"][name])
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"{file}: missing (shard {number} of {path})")
+            try:
+                a = numpy.load(file, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError, EOFError) as e:
+                raise ValueError(f"{file}: not a readable .npy file ({e})") from None
+            shape = _array_shape(name, entry["rows"], self.max_seq_length, self.max_predictions_per_seq)
+            if a.dtype != dtype:
+                raise ValueError(f"{file}: dtype {a.dtype}, expected {dtype}")
+            if a.shape != shape:
+                what = "rows" if a.shape[1:] == shape[1:] else "shape"
+                got = a.shape[0] if what == "rows" else a.shape
+                raise ValueError(f"{file}: has {got} {what}, the manifest says {shape[0] if what == 'rows' else shape}")
+            arrays[name] = a
+        self._check_rows(arrays, entry["files"]["input_lengths"])
+        return arrays
+
+    def _check_rows(self, a, where):
+        """Per-row checks on the small [N] arrays: cheap, and they catch a corrupted shard
+        before it turns into a confusing error inside the model."""
+        lengths = a["input_lengths"].astype(numpy.int64)
+        b_start = a["segment_b_start"].astype(numpy.int64)
+        masked = a["num_masked"].astype(numpy.int64)
+        for bad, what in (((lengths < 5) | (lengths > self.max_seq_length), "input_lengths outside [5, max_seq_length]"),
+                          ((b_start < 3) | (b_start > lengths - 2), "segment_b_start outside [3, length - 2]"),
+                          ((masked < 0) | (masked > self.max_predictions_per_seq), "num_masked above max_predictions_per_seq"),
+                          (a["next_sentence_labels"] > 1, "next_sentence_labels not 0/1")):
+            if bad.any():
+                row = int(numpy.flatnonzero(bad)[0])
+                raise ValueError(f"{os.path.join(self.folder, where)} (and its shard): row {row}: {what}")
+
+    def __len__(self):
+        return int(self._starts[-1])
+
+    def rows(self, indices):
+        """The stored arrays (ARRAYS) of the given instances, in the given order."""
+        indices = numpy.asarray(indices, dtype=numpy.int64).reshape(-1)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"instance index out of range [0, {len(self)})")
+        shard_of = numpy.searchsorted(self._starts, indices, side="right") - 1
+        out = {name: numpy.empty((len(indices),) + self.shards[0][name].shape[1:], self.shards[0][name].dtype)
+               for name in ARRAYS}
+        for shard in numpy.unique(shard_of):
+            where = numpy.flatnonzero(shard_of == shard)
+            local = indices[where] - self._starts[shard]
+            order = numpy.argsort(local, kind="stable")        # read each shard front to back
+            for name in ARRAYS:
+                out[name][where[order]] = self.shards[shard][name][local[order]]
+        return out
+
+    def features(self, indices=None):
+        """The instances in the original's TFRecord layout: input_ids, input_mask, segment_ids
+        [N, T]; masked_lm_positions, masked_lm_ids, masked_lm_weights [N, P];
+        next_sentence_labels [N] (int64, weights float32)."""
+        r = self.rows(numpy.arange(len(self)) if indices is None else indices)
+        position = numpy.arange(self.max_seq_length)
+        lengths = r["input_lengths"].astype(numpy.int64)[:, None]
+        input_mask = position < lengths
+        return {"input_ids": r["input_ids"].astype(numpy.int64),
+                "input_mask": input_mask.astype(numpy.int64),
+                "segment_ids": (input_mask & (position >= r["segment_b_start"].astype(numpy.int64)[:, None])).astype(numpy.int64),
+                "masked_lm_positions": r["masked_lm_positions"].astype(numpy.int64),
+                "masked_lm_ids": r["masked_lm_ids"].astype(numpy.int64),
+                "masked_lm_weights": (numpy.arange(self.max_predictions_per_seq) <
+                                      r["num_masked"].astype(numpy.int64)[:, None]).astype(numpy.float32),
+                "next_sentence_labels": r["next_sentence_labels"].astype(numpy.int64)}
+
+    def __getitem__(self, index):
+        """One instance, unpadded: tokens, token_type_ids, masked_lm_positions, masked_lm_ids,
+        next_sentence_label."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"instance {index} out of range [0, {len(self)})")
+        f = self.features([index % len(self)])
+        n, k = int(f["input_mask"][0].sum()), int(f["masked_lm_weights"][0].sum())
+        return {"tokens": f["input_ids"][0, :n], "token_type_ids": f["segment_ids"][0, :n],
+                "masked_lm_positions": f["masked_lm_positions"][0, :k],
+                "masked_lm_ids": f["masked_lm_ids"][0, :k],
+                "next_sentence_label": int(f["next_sentence_labels"][0])}
+
+    def batch(self, indices, rng=None, dynamic_masking=False):
+        """A model batch (the dict BertForPreTraining.loss_and_grads takes, int64 arrays):
+        input_ids, token_type_ids, attention_mask, labels [B, T] (-100 where not predicted),
+        next_sentence_label [B]. dynamic_masking: draw new masks with rng (a numpy Generator)
+        from the unmasked tokens instead of using the stored ones."""
+        f = self.features(indices)
+        B = len(f["input_ids"])
+        if dynamic_masking:
+            if not isinstance(rng, numpy.random.Generator):
+                raise ValueError("dynamic masking needs rng, a numpy.random.Generator")
+            input_ids, labels = self._remask(f, rng)
+        else:
+            input_ids = f["input_ids"]
+            labels = numpy.full(input_ids.shape, IGNORE_INDEX, dtype=numpy.int64)
+            row, k = numpy.nonzero(f["masked_lm_weights"])
+            labels[row, f["masked_lm_positions"][row, k]] = f["masked_lm_ids"][row, k]
+        assert input_ids.shape == (B, self.max_seq_length)
+        return {"input_ids": input_ids, "token_type_ids": f["segment_ids"],
+                "attention_mask": f["input_mask"], "labels": labels,
+                "next_sentence_label": f["next_sentence_labels"]}
+
+    def batches(self, batch_size, rng=None, shuffle=True, drop_last=False, dynamic_masking=False):
+        """One pass over the instances in batches of batch_size (see batch). shuffle: a new
+        random order from rng (a numpy.random.Generator) on every call - i.e. every epoch -
+        otherwise the stored order (which is already the original's shuffled order). The
+        last batch is smaller unless drop_last."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if (shuffle or dynamic_masking) and not isinstance(rng, numpy.random.Generator):
+            raise ValueError("batches needs rng, a numpy.random.Generator, to shuffle or to mask "
+                             "(pass shuffle=False for the stored order)")
+        order = rng.permutation(len(self)) if shuffle else numpy.arange(len(self))
+        stop = len(order) - len(order) % batch_size if drop_last else len(order)
+        for start in range(0, stop, batch_size):
+            yield self.batch(order[start:start + batch_size], rng, dynamic_masking)
+
+    # -- dynamic masking
+
+    def _vocab_info(self):
+        if not hasattr(self, "_vocab"):
+            with open(self.vocab_file, encoding="utf-8") as f:
+                tokens = f.read().split("\n")[:-1]
+            ids = self.special_token_ids
+            self._vocab = VocabInfo(len(tokens), ids["cls"], ids["sep"], ids["mask"],
+                                    numpy.array([t.startswith("##") for t in tokens], dtype=bool))
+        return self._vocab
+
+    def _remask(self, f, rng):
+        """New MLM masks for a batch, with the rules of create_masked_lm_predictions: the same
+        count per row, [CLS]/[SEP] never chosen, 80% [MASK] / 10% kept / 10% random token,
+        whole words if the dataset was made with whole_word_mask."""
+        vocab = self._vocab_info()
+        ids = f["input_ids"].copy()
+        row, k = numpy.nonzero(f["masked_lm_weights"])
+        ids[row, f["masked_lm_positions"][row, k]] = f["masked_lm_ids"][row, k]   # unmasked tokens
+        B, T = ids.shape
+        lengths = f["input_mask"].sum(1)
+        candidate = f["input_mask"].astype(bool) & (ids != vocab.cls_id) & (ids != vocab.sep_id)
+        counts = numpy.minimum(self.max_predictions_per_seq,
+                               numpy.maximum(1, numpy.rint(lengths * self.masked_lm_prob).astype(numpy.int64)))
+        if self.whole_word_mask:
+            chosen = numpy.zeros((B, T), dtype=bool)
+            for b in range(B):
+                chosen[b, _whole_words_to_mask(ids[b], candidate[b], vocab.is_subword, counts[b], rng)] = True
+        else:
+            keys = rng.random((B, T))
+            keys[~candidate] = 2.0                       # after every candidate
+            rank = numpy.empty((B, T), dtype=numpy.int64)
+            numpy.put_along_axis(rank, numpy.argsort(keys, axis=1), numpy.arange(T)[None, :], axis=1)
+            chosen = (rank < counts[:, None]) & candidate  # a uniformly random subset of the candidates
+        u, v = rng.random((B, T)), rng.random((B, T))
+        random_ids = rng.integers(0, vocab.size, (B, T))
+        labels = numpy.where(chosen, ids, IGNORE_INDEX)
+        input_ids = ids.copy()
+        input_ids[chosen & (u < 0.8)] = vocab.mask_id
+        replace = chosen & (u >= 0.8) & (v >= 0.5)
+        input_ids[replace] = random_ids[replace]
+        return input_ids, labels
+
+    def check_compatible(self, config=None, tokenizer=None):
+        """ValueError unless a model config (BertConfig) and/or a tokenizer fit this data:
+        the sequences fit the position table, the ids fit the vocab, the vocab is the same."""
+        if config is not None:
+            if self.max_seq_length > config.max_position_embeddings:
+                raise ValueError(f"the data's max_seq_length {self.max_seq_length} exceeds the model's "
+                                 f"max_position_embeddings {config.max_position_embeddings}")
+            if self.vocab_size > config.vocab_size:
+                raise ValueError(f"the data's vocab has {self.vocab_size} tokens, the model's vocab_size "
+                                 f"is {config.vocab_size}")
+        if tokenizer is not None:
+            tokens = _vocab_tokens(tokenizer)
+            digest = hashlib.sha256("".join(t + "\n" for t in tokens).encode("utf-8")).hexdigest()
+            if digest != self.manifest["vocab_sha256"]:
+                raise ValueError(f"the tokenizer's vocab ({len(tokens)} tokens) is not the one the data in "
+                                 f"{self.folder!r} was made with ({self.vocab_size} tokens, sha256 "
+                                 f"{self.manifest['vocab_sha256'][:12]}...)")
+
+
+def _manifest_int(manifest, key, path, low):
+    value = manifest[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{path}: {key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _whole_words_to_mask(ids, candidate, is_subword, count, rng):
+    """Positions of whole words to mask in one row, as create_masked_lm_predictions chooses
+    them (words in random order, a word that would overshoot the count skipped)."""
+    words = []
+    for i in numpy.flatnonzero(candidate).tolist():
+        if words and is_subword[ids[i]]:
+            words[-1].append(i)
+        else:
+            words.append([i])
+    chosen = []
+    for w in rng.permutation(len(words)).tolist():
+        if len(chosen) >= count:
+            break
+        if len(chosen) + len(words[w]) <= count:
+            chosen += words[w]
+    return numpy.asarray(chosen, dtype=numpy.int64)
+
+
+# ----------------------------------------------------------------------------- command line
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m nanobert.pretraining_data",
+        description="Make BERT pretraining instances (masked LM + next sentence prediction) from "
+                    "raw text, with the algorithm of the original create_pretraining_data.py, and "
+                    "write them as memory-mappable shards (.npy) plus manifest.json.",
+        epilog="Input format: one sentence per line, a blank line between documents (UTF-8, "
+               "optionally gzipped). Example:\n  python -m nanobert.pretraining_data --input "
+               "data/brown/train.txt.gz --output runs/brown-128 --vocab vocab.txt --dupe-factor 5\n"
+               "Read the result with nanobert.pretraining_data.PretrainingDataset(folder).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                        help="text files (.txt, .txt.gz) and/or folders (all *.txt / *.txt.gz inside)")
+    parser.add_argument("--output", required=True, metavar="FOLDER", help="folder to write (must be empty or new)")
+    parser.add_argument("--vocab", required=True, metavar="PATH",
+                        help="vocab.txt, or a tokenizer folder holding vocab.txt (and tokenizer_config.json)")
+    parser.add_argument("--do-lower-case", action=argparse.BooleanOptionalAction, default=None,
+                        help="lower-case and strip accents (uncased model); default: the folder's "
+                             "tokenizer_config.json, else yes")
+    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per instance, with [CLS] and 2x [SEP] (default 128)")
+    parser.add_argument("--max-predictions-per-seq", type=int, default=20, help="most masked positions per instance (default 20)")
+    parser.add_argument("--masked-lm-prob", type=float, default=0.15, help="fraction of tokens to predict (default 0.15)")
+    parser.add_argument("--dupe-factor", type=int, default=10, help="passes over the corpus, each with new pairs and masks (default 10)")
+    parser.add_argument("--short-seq-prob", type=float, default=0.1, help="probability of a shorter target length per document (default 0.1)")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the Python random.Random that drives everything (default 12345)")
+    parser.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece and its ## pieces) together")
+    parser.add_argument("--instances-per-shard", type=int, default=100_000, help="rows per shard (default 100000)")
+    parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                        help="bytes that are not UTF-8: stop with an error naming the file and byte "
+                             "offset (strict, default) or replace them with U+FFFD and count them")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --output (once the new one is complete)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+    from .tokenizer import BertTokenizer
+    options = {} if args.do_lower_case is None else {"do_lower_case": args.do_lower_case}
+    try:
+        tokenizer = BertTokenizer.from_pretrained(args.vocab, **options)
+        create_pretraining_data(
+            args.input, args.output, tokenizer, max_seq_length=args.max_seq_length,
+            max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+            dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, seed=args.seed,
+            whole_word_mask=args.whole_word_mask, instances_per_shard=args.instances_per_shard,
+            errors=args.errors, overwrite=args.overwrite, log=None if args.quiet else sys.stderr)
+    except (ValueError, OSError) as e:
+        parser.exit(2, f"error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
