@@ -42,8 +42,9 @@ def layernorm_backward_into(dout, cache, grads, name):
 # ------------------------------------------------------------------------ parameter table
 
 
-def bert_param_shapes(config, prefix=""):
-    """HF names -> shapes of the encoder (BertModel): embeddings, layers, pooler."""
+def bert_param_shapes(config, prefix="", pooler=True):
+    """HF names -> shapes of the encoder (BertModel): embeddings, layers and (unless
+    pooler=False, as HF's token-classification and QA models) the pooler."""
     H, I = config.hidden_size, config.intermediate_size
     shapes = {
         "embeddings.word_embeddings.weight": (config.vocab_size, H),
@@ -69,8 +70,9 @@ def bert_param_shapes(config, prefix=""):
             layer + "output.LayerNorm.weight": (H,),
             layer + "output.LayerNorm.bias": (H,),
         })
-    shapes["pooler.dense.weight"] = (H, H)
-    shapes["pooler.dense.bias"] = (H,)
+    if pooler:
+        shapes["pooler.dense.weight"] = (H, H)
+        shapes["pooler.dense.bias"] = (H,)
     return {prefix + name: shape for name, shape in shapes.items()}
 
 
@@ -206,7 +208,8 @@ def bert_forward(params, p, config, input_ids, token_type_ids, attention_mask, r
     """-> sequence_output [B, T, H], pooled_output [B, H], hidden_states (L+1 arrays), cache.
 
     hidden_states[0] is the embedding output, hidden_states[i] the output of layer i.
-    The pooler is dense + tanh on the [CLS] (first) position.
+    The pooler is dense + tanh on the [CLS] (first) position; pooled_output is None for a
+    model without one.
     """
     x, emb_cache = embeddings_forward(params, p, input_ids, token_type_ids, config, rng, training)
     mask_bias = ops.attention_mask_bias(attention_mask, x.dtype)  # [B, 1, 1, T]
@@ -216,23 +219,25 @@ def bert_forward(params, p, config, input_ids, token_type_ids, attention_mask, r
                                                config, rng, training)
         hidden_states.append(x)
         layer_caches.append(layer_cache)
-    pooled, pool_cache = ops.linear_forward(x[:, 0], params[p + "pooler.dense.weight"],
-                                            params[p + "pooler.dense.bias"])
-    pooled, tanh_cache = ops.tanh_forward(pooled)
+    pooled = pool_cache = tanh_cache = None
+    if p + "pooler.dense.weight" in params:
+        pooled, pool_cache = ops.linear_forward(x[:, 0], params[p + "pooler.dense.weight"],
+                                                params[p + "pooler.dense.bias"])
+        pooled, tanh_cache = ops.tanh_forward(pooled)
     return x, pooled, hidden_states, (emb_cache, layer_caches, pool_cache, tanh_cache, x.shape)
 
 
 def bert_backward(dsequence, dpooled, cache, params, p, grads):
     """Gradients of sequence_output [B, T, H] and pooled_output [B, H] (either may be None)."""
     emb_cache, layer_caches, pool_cache, tanh_cache, shape = cache
-    xp = array_module(params[p + "pooler.dense.weight"])
-    dtype = params[p + "pooler.dense.weight"].dtype
+    word_table = params[p + "embeddings.word_embeddings.weight"]
+    xp, dtype = array_module(word_table), word_table.dtype
     dx = xp.zeros(shape, dtype=dtype) if dsequence is None else dsequence.copy()
-    if dpooled is None:
-        dpooled = xp.zeros((shape[0], shape[2]), dtype=dtype)
-    dpooled = ops.tanh_backward(dpooled, tanh_cache)
-    dcls = linear_backward_into(dpooled, pool_cache, grads, p + "pooler.dense")
-    dx[:, 0] += dcls
+    if pool_cache is not None:
+        if dpooled is None:
+            dpooled = xp.zeros((shape[0], shape[2]), dtype=dtype)
+        dpooled = ops.tanh_backward(dpooled, tanh_cache)
+        dx[:, 0] += linear_backward_into(dpooled, pool_cache, grads, p + "pooler.dense")
     for i in reversed(range(len(layer_caches))):
         dx = encoder_layer_backward(dx, layer_caches[i], f"{p}encoder.layer.{i}.", grads)
     embeddings_backward(dx, emb_cache, params, p, grads)
