@@ -263,14 +263,17 @@ def plot(metrics_path, png_path):
 
 
 def steps_for_budget(model, data, micro_batch, grad_accum, minutes):
-    """Time two forward+backward passes (the second is measured; parameters untouched) and
-    return how many optimizer steps fit in the budget, leaving ~8% for the optimizer,
-    logging and evaluation. Longer phase-2 sequences are not accounted for."""
+    """Time forward+backward passes (the fastest of three after a warm-up; parameters are
+    untouched) and return how many optimizer steps fit in the budget, leaving ~10% for the
+    optimizer, logging and evaluation. Longer phase-2 sequences are not accounted for."""
     batch = trim(data.batch(numpy.arange(min(micro_batch, len(data)))))
     model.loss_and_grads(batch)
-    start = time.time()
-    model.loss_and_grads(batch)
-    per_step = (time.time() - start) * grad_accum * 1.08
+    times = []
+    for _ in range(3):
+        start = time.time()
+        model.loss_and_grads(batch)
+        times.append(time.time() - start)
+    per_step = min(times) * grad_accum * 1.1
     steps = max(1, int(60 * minutes / per_step))
     print(f"~{per_step:.2f} s per step: {steps} steps fit in {minutes:g} minutes")
     return steps
@@ -465,4 +468,7 @@ def gpu_name():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (ValueError, FileNotFoundError) as e:    # bad input: one clear line, no traceback
+        sys.exit(f"error: {e}")

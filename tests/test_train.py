@@ -1,0 +1,104 @@
+"""train.py end to end: exact resume, bad input, and (slower) that a tiny BERT learns."""
+import gzip
+import json
+import os
+import pathlib
+
+import numpy
+import pytest
+
+import train
+from nanobert import safetensors
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BROWN = ROOT / "data" / "brown"
+VOCAB = BROWN / "vocab-uncased-8192.txt"
+SMALL = {"vocab_size": 8192, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+         "intermediate_size": 64, "max_position_embeddings": 128}
+
+
+def run(tmp_path, out, *extra):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["--data", str(BROWN / "heldout.txt.gz"), "--heldout", "--vocab", str(VOCAB),
+            "--config", str(config), "--dupe-factor", "1", "--max-seq-length", "64",
+            "--batch-size", "8", "--log-every", "1", "--out", str(out), *extra]
+    return train.main(args)
+
+
+def train_losses(out):
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    return [(r["step"], r["mlm_loss"], r["nsp_loss"]) for r in rows if r["kind"] == "train"]
+
+
+def test_resume_continues_exactly(tmp_path):
+    """N steps straight == k steps, stop, --resume, N - k steps: same losses, same weights."""
+    run(tmp_path, tmp_path / "straight", "--steps", "6")
+    run(tmp_path, tmp_path / "resumed", "--steps", "6", "--stop-at-step", "3")
+    state = json.loads((tmp_path / "resumed" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 3
+    run(tmp_path, tmp_path / "resumed", "--steps", "6", "--resume")
+    assert train_losses(tmp_path / "resumed") == train_losses(tmp_path / "straight")
+    a = safetensors.load_file(tmp_path / "straight" / "checkpoint" / "model.safetensors")
+    b = safetensors.load_file(tmp_path / "resumed" / "checkpoint" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        numpy.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    files = sorted(os.listdir(tmp_path / "resumed" / "checkpoint"))
+    assert files == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json", "vocab.txt"]
+
+
+def test_resume_with_another_config_is_refused(tmp_path):
+    run(tmp_path, tmp_path / "run", "--steps", "2")
+    with pytest.raises(SystemExit, match="--batch-size 4, but the checkpoint used 8"):
+        run(tmp_path, tmp_path / "run", "--steps", "2", "--resume", "--batch-size", "4")
+
+
+def test_resume_with_another_vocab_is_refused(tmp_path):
+    run(tmp_path, tmp_path / "run", "--steps", "1")
+    other = tmp_path / "vocab.txt"
+    other.write_text(VOCAB.read_text(encoding="utf-8").replace("\nthe\n", "\nthe2\n"), encoding="utf-8")
+    config = tmp_path / "config.json"
+    with pytest.raises(SystemExit, match="another vocab"):
+        train.main(["--data", str(BROWN / "heldout.txt.gz"), "--heldout", "--vocab", str(other),
+                    "--config", str(config), "--dupe-factor", "1", "--max-seq-length", "64",
+                    "--batch-size", "8", "--out", str(tmp_path / "run"), "--steps", "2", "--resume"])
+
+
+def test_sequence_longer_than_the_position_table_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="max_seq_length 256 exceeds the model's max_position_embeddings 128"):
+        run(tmp_path, tmp_path / "run", "--steps", "1", "--max-seq-length", "256")
+
+
+@pytest.mark.parametrize("content, pattern", [
+    (b"", "empty"), (b"   \n\n  \n", "empty"), (b"good line\n\xff\xfebad\n", "byte offset|offset")])
+def test_bad_corpora_are_named(tmp_path, content, pattern):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(content)
+    with pytest.raises(ValueError, match=pattern):
+        train.main(["--data", str(corpus), "--heldout", "--vocab", str(VOCAB), "--steps", "1",
+                    "--out", str(tmp_path / "run")])
+
+
+def test_vocab_without_special_tokens_is_refused(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("a\nb\n[UNK]\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[PAD\]|\[CLS\]|\[MASK\]"):
+        run(tmp_path, tmp_path / "run", "--steps", "1", "--vocab", str(vocab))
+
+
+def test_missing_vocab_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        run(tmp_path, tmp_path / "run", "--steps", "1", "--vocab", str(tmp_path / "nowhere.txt"))
+
+
+def test_checkpoint_loads_in_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    run(tmp_path, tmp_path / "run", "--steps", "2")
+    folder = tmp_path / "run" / "checkpoint"
+    model = transformers.BertForPreTraining.from_pretrained(folder)
+    tokenizer = transformers.BertTokenizer.from_pretrained(folder)
+    ids = tokenizer("the jury said", return_tensors="pt")
+    with torch.no_grad():
+        assert model(**ids).prediction_logits.shape[-1] == 8192
