@@ -130,15 +130,21 @@ def embeddings_forward(params, p, input_ids, token_type_ids, config, rng, traini
     x, ln_cache = ops.layernorm_forward(x, params[p + "embeddings.LayerNorm.weight"],
                                         params[p + "embeddings.LayerNorm.bias"], config.layer_norm_eps)
     x, drop_cache = ops.dropout_forward(x, config.hidden_dropout_prob, rng, training)
-    return x, (word_cache, segment_cache, ln_cache, drop_cache, T)
+    return x, (word_cache, segment_cache, ln_cache, drop_cache, T, config.pad_token_id)
 
 
 def embeddings_backward(dx, cache, params, p, grads):
-    word_cache, segment_cache, ln_cache, drop_cache, T = cache
+    word_cache, segment_cache, ln_cache, drop_cache, T, pad_token_id = cache
     xp = array_module(dx)
     dx = ops.dropout_backward(dx, drop_cache)
     dx = layernorm_backward_into(dx, ln_cache, grads, p + "embeddings.LayerNorm")
-    add_grad(grads, p + "embeddings.word_embeddings.weight", ops.embedding_backward(dx, word_cache))
+    dwords = ops.embedding_backward(dx, word_cache)
+    if pad_token_id is not None and 0 <= pad_token_id < len(dwords):
+        # As HF's nn.Embedding(padding_idx=pad_token_id): the [PAD] row is never updated
+        # through the lookup, even where padded positions reach a loss (QA's softmax over T).
+        # (The tied MLM decoder's gradient still reaches it, as in HF.)
+        dwords[pad_token_id] = 0.0
+    add_grad(grads, p + "embeddings.word_embeddings.weight", dwords)
     add_grad(grads, p + "embeddings.token_type_embeddings.weight",
              ops.embedding_backward(dx, segment_cache))
     dpositions = xp.zeros_like(params[p + "embeddings.position_embeddings.weight"])

@@ -1,0 +1,575 @@
+"""The fine-tuning heads (sequence classification / regression / multi-label, token
+classification, question answering, multiple choice), held to the same proof as the core:
+
+1. float64 central differences of each head's loss w.r.t. every parameter tensor, on tiny
+   BERTs whose shapes, padding, labels and dropout hypothesis draws;
+2. parity with the transformers class of the same name on a committed reference fixture
+   (loss, logits, every gradient; float64 and float32) and on one regenerated live;
+3. checkpoints: loading the encoder from any BERT checkpoint (fresh heads reported), head
+   size mismatches, and the round trip through transformers in both directions (live);
+4. bad batches and configs fail with a ValueError that names the value.
+"""
+import json
+import pathlib
+
+import numpy
+import pytest
+from hypothesis import assume, example, given, settings, strategies as st
+
+from nanobert import BertConfig, BertForPreTraining, BertModel
+from nanobert import heads, safetensors
+from nanobert.backend import default_rng
+from nanobert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+                            BertForTokenClassification, num_labels, with_labels)
+from conftest import assert_close, numerical_grad, record
+
+# ------------------------------------------------------------- 1. central differences
+
+GRAD_TOL = 1e-7
+ENTRIES_PER_TENSOR = 4      # random entries of each tensor checked (all entries when fewer)
+VOCAB = 7
+
+SHAPES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), seq_len=st.integers(1, 5),
+              heads=st.integers(1, 2), head_size=st.integers(2, 3), layers=st.integers(1, 2),
+              act=st.sampled_from(["gelu", "gelu_new"]), dropout=st.sampled_from([0.0, 0.1]),
+              classifier_dropout=st.sampled_from([None, 0.0, 0.3]))
+EDGE = dict(seed=0, batch=1, seq_len=1, heads=1, head_size=3, layers=1, act="gelu", dropout=0.0,
+            classifier_dropout=None)                       # T = 1, B = 1, no dropout
+BUSY = dict(seed=1, batch=3, seq_len=5, heads=2, head_size=2, layers=2, act="gelu", dropout=0.1,
+            classifier_dropout=0.3)                        # everything on
+
+
+def make_model(cls, seed, heads, head_size, layers, act, dropout, classifier_dropout,
+               num_labels=2, problem_type=None, **unused):
+    assume(heads * head_size >= 3)      # LayerNorm of 2 features is constant: zero gradients
+    extra = {} if classifier_dropout is None else {"classifier_dropout": classifier_dropout}
+    config = BertConfig(vocab_size=VOCAB, hidden_size=heads * head_size, num_hidden_layers=layers,
+                        num_attention_heads=heads, intermediate_size=5, max_position_embeddings=8,
+                        hidden_act=act, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout, extra=extra)
+    config = with_labels(config, num_labels=num_labels, problem_type=problem_type)
+    model = cls(config, seed=seed, dtype=numpy.float64)
+    rng = numpy.random.default_rng(seed)
+    for p in model.params.values():                  # move away from LN = 1 / bias = 0
+        p += 0.1 * rng.standard_normal(p.shape)
+    return model.train()
+
+
+def make_inputs(rng, batch, seq_len, shape=None):
+    """Random ids (a small vocabulary repeats them), A/B segments, padded rows; row 0 is
+    padding everywhere but [CLS]."""
+    shape = shape or (batch, seq_len)
+    mask = (rng.random(shape) < 0.7).astype(numpy.int64)
+    mask[..., 0] = 1
+    mask[0] = numpy.arange(seq_len) == 0
+    return {"input_ids": rng.integers(0, VOCAB, size=shape),
+            "token_type_ids": rng.integers(0, 2, size=shape), "attention_mask": mask}
+
+
+def check_gradients(model, batch, check):
+    """Every parameter tensor: analytic gradient vs a five-point central difference of the
+    loss, with the dropout masks replayed from the same seed on every evaluation."""
+    def loss():
+        model.rng = default_rng(numpy, 99)
+        return model.loss(batch)
+
+    model.rng = default_rng(numpy, 99)
+    value, grads = model.loss_and_grads(batch)
+    assert value == loss()                           # loss() is loss_and_grads' forward
+    assert set(grads) == set(model.params)
+    largest = max(float(numpy.abs(g).max()) for g in grads.values())
+    assume(largest > 0)                              # e.g. every label ignored: nothing to check
+    # transformers never updates the [PAD] row of the word embeddings (padding_idx), so its
+    # gradient is 0 by definition, not d loss / d row: check that, and skip it below.
+    pad = model.config.pad_token_id
+    word_table = grads["bert.embeddings.word_embeddings.weight"]
+    assert not word_table[pad].any()
+    pick = numpy.random.default_rng(0)
+    for name, p in model.params.items():
+        candidates = numpy.arange(p.size)
+        if name == "bert.embeddings.word_embeddings.weight":
+            candidates = candidates[candidates // p.shape[1] != pad]
+        n = candidates.size
+        index = (candidates if n <= ENTRIES_PER_TENSOR
+                 else pick.choice(candidates, ENTRIES_PER_TENSOR, replace=False))
+        numeric = numerical_grad(loss, p, index, h=3e-5, five_point=True)
+        analytic = grads[name].reshape(-1)[index]
+        # Relative to the whole tensor's gradient, so entries near 0 don't divide by ~0; and
+        # at least 1e-2 of the largest gradient: some gradients are exactly 0 (a key bias;
+        # the QA bias; a multiple-choice bias: each shifts every logit of a softmax equally),
+        # and there both sides hold only rounding noise.
+        scale = max(float(numpy.abs(grads[name]).max()), 1e-2 * largest)
+        err = float(numpy.abs(analytic - numeric).max()) / scale
+        record(f"grad {check}, every parameter", err)
+        assert err <= GRAD_TOL, f"{name}: relative error {err:.3e}"
+
+
+@settings(max_examples=6, deadline=None)
+@given(**SHAPES, labels=st.integers(2, 4))
+@example(**EDGE, labels=2)
+@example(**BUSY, labels=3)
+def test_sequence_classification_gradients_match_central_differences(labels, **shape):
+    """Cross-entropy on the pooled [CLS]; a -100 label is ignored."""
+    model = make_model(BertForSequenceClassification, num_labels=labels, **shape)
+    rng = numpy.random.default_rng(shape["seed"])
+    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
+    batch["labels"] = rng.integers(0, labels, size=shape["batch"])
+    if shape["batch"] > 1:
+        batch["labels"][-1] = -100
+    check_gradients(model, batch, "sequence classification (CE)")
+
+
+@settings(max_examples=5, deadline=None)
+@given(**SHAPES, outputs=st.integers(1, 2))
+@example(**EDGE, outputs=1)
+def test_regression_gradients_match_central_differences(outputs, **shape):
+    """MSE: num_labels == 1 (logits squeezed to [B]), or problem_type "regression" with
+    num_labels = 2 (MSE over [B, 2])."""
+    model = make_model(BertForSequenceClassification, num_labels=outputs,
+                       problem_type=None if outputs == 1 else "regression", **shape)
+    rng = numpy.random.default_rng(shape["seed"])
+    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
+    batch["labels"] = rng.normal(size=(shape["batch"],) if outputs == 1 else (shape["batch"], outputs))
+    check_gradients(model, batch, "sequence regression (MSE)")
+
+
+@settings(max_examples=4, deadline=None)
+@given(**SHAPES, labels=st.integers(2, 3))
+def test_multi_label_gradients_match_central_differences(labels, **shape):
+    """Float labels [B, C] -> mean binary cross-entropy with logits."""
+    model = make_model(BertForSequenceClassification, num_labels=labels, **shape)
+    rng = numpy.random.default_rng(shape["seed"])
+    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
+    batch["labels"] = rng.choice([0.0, 1.0, 0.3], size=(shape["batch"], labels))
+    check_gradients(model, batch, "sequence multi-label (BCE)")
+
+
+@settings(max_examples=6, deadline=None)
+@given(**SHAPES, labels=st.integers(2, 4))
+@example(**EDGE, labels=2)
+@example(**BUSY, labels=4)
+def test_token_classification_gradients_match_central_differences(labels, **shape):
+    """Cross-entropy at every position whose label is not -100 (padding, continuation pieces)."""
+    model = make_model(BertForTokenClassification, num_labels=labels, **shape)
+    rng = numpy.random.default_rng(shape["seed"])
+    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
+    tags = rng.integers(0, labels, size=(shape["batch"], shape["seq_len"]))
+    tags[(batch["attention_mask"] == 0) | (rng.random(tags.shape) < 0.3)] = -100
+    tags[0, 0] = 1                                   # at least one counted position
+    batch["labels"] = tags
+    check_gradients(model, batch, "token classification")
+
+
+@settings(max_examples=6, deadline=None)
+@given(**SHAPES)
+@example(**EDGE)
+@example(**BUSY)
+def test_question_answering_gradients_match_central_differences(**shape):
+    """(start CE + end CE) / 2, positions drawn from [-2, T + 2): clamped to [0, T], T ignored."""
+    model = make_model(BertForQuestionAnswering, **shape)
+    rng = numpy.random.default_rng(shape["seed"])
+    B, T = shape["batch"], shape["seq_len"]
+    batch = make_inputs(rng, B, T)
+    batch["start_positions"] = rng.integers(-2, T + 2, size=B)
+    batch["end_positions"] = rng.integers(-2, T + 2, size=B)
+    batch["start_positions"][0], batch["end_positions"][0] = 0, T - 1   # both sides count
+    check_gradients(model, batch, "question answering")
+
+
+@settings(max_examples=5, deadline=None)
+@given(**SHAPES, choices=st.integers(2, 3))
+@example(**EDGE, choices=2)
+def test_multiple_choice_gradients_match_central_differences(choices, **shape):
+    """Inputs [B, C, T]; one score per choice from the pooled [CLS]; CE over the choices."""
+    model = make_model(BertForMultipleChoice, **shape)
+    rng = numpy.random.default_rng(shape["seed"])
+    B, T = shape["batch"], shape["seq_len"]
+    batch = make_inputs(rng, B, T, shape=(B, choices, T))
+    batch["labels"] = rng.integers(0, choices, size=B)
+    check_gradients(model, batch, "multiple choice")
+
+# ------------------------------------------------------------------- 2. reference parity
+
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "finetuning_float64.npz"
+TOL = {numpy.float64: 1e-10, numpy.float32: 1e-4}
+TASKS = {"seq_cls": BertForSequenceClassification, "regression": BertForSequenceClassification,
+         "multi_label": BertForSequenceClassification, "token_cls": BertForTokenClassification,
+         "qa": BertForQuestionAnswering, "choice": BertForMultipleChoice}
+BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
+
+
+def committed():
+    with numpy.load(FIXTURE) as f:
+        return {k: f[k] for k in f.files}
+
+
+_live_cache = {}
+
+
+def live():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if "fixture" not in _live_cache:
+        from reference.finetuning import make_fixture
+        _live_cache["fixture"] = make_fixture()
+    return _live_cache["fixture"]
+
+
+SOURCES = {"committed": committed, "live": live}
+
+
+@pytest.fixture(scope="module", params=["committed", "live"])
+def ref(request):
+    return SOURCES[request.param]()
+
+
+def task_ref(ref, task):
+    return {k[len(task) + 1:]: v for k, v in ref.items() if k.startswith(task + "/")}
+
+
+def load_model(r, task, dtype):
+    config = BertConfig.from_dict(json.loads(str(r["config_json"])))
+    params = {k[len("param/"):]: v for k, v in r.items() if k.startswith("param/")}
+    return TASKS[task](config, dtype=dtype, params=params).eval()
+
+
+def logit_keys(task):
+    return ("start_logits", "end_logits") if task == "qa" else ("logits",)
+
+
+def vanishes(task, name, config):
+    """Gradients that are exactly 0 in exact arithmetic, so both sides hold rounding noise:
+    every key bias (q.b_k shifts all of a row's attention scores equally, and softmax ignores
+    that); in QA, qa_outputs.bias and the last layer's LayerNorm bias (each shifts all T start
+    or end logits equally); in multiple choice, classifier.bias (shifts every choice's score)."""
+    last = f"bert.encoder.layer.{config.num_hidden_layers - 1}.output.LayerNorm.bias"
+    return (name.endswith("attention.self.key.bias")
+            or (task == "qa" and name in ("qa_outputs.bias", last))
+            or (task == "choice" and name == "classifier.bias"))
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32])
+@pytest.mark.parametrize("task", list(TASKS))
+def test_loss_logits_and_every_gradient_match_transformers(ref, task, dtype):
+    r = task_ref(ref, task)
+    model = load_model(r, task, dtype)
+    batch = {k: r[k] for k in BATCH_KEYS if k in r}
+    loss, grads, out = model.loss_and_grads(batch, return_outputs=True)
+    tol, tag = TOL[dtype], f"{numpy.dtype(dtype).name} {task}"
+    assert_close(loss, r["loss"], tol, f"reference {tag} loss")
+    called = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    for key in logit_keys(task):
+        assert_close(out[key], r[key], tol, f"reference {tag} logits")
+        assert_close(getattr(called, key), r[key], tol, f"reference {tag} logits")
+    assert set(grads) == {k[len("grad/"):] for k in r if k.startswith("grad/")}
+    largest = max(numpy.abs(r["grad/" + name]).max() for name in grads)
+    for name, g in grads.items():
+        expected = r["grad/" + name]
+        if vanishes(task, name, model.config):
+            err = record(f"reference {tag} vanishing gradients / largest",
+                         float(numpy.abs(g - expected).max() / largest))
+            assert err <= tol, f"{name}: error {err:.2e} relative to the largest gradient"
+            continue
+        assert_close(g, expected, tol, f"reference {tag} gradients")
+
+
+def test_inferred_problem_types_match_transformers():
+    """The fixture's config has no problem_type (saved before the first forward), so the
+    rule is nanobert's own: num_labels 1 -> regression, float labels -> multi-label."""
+    ref = committed()
+    for task, kind in (("seq_cls", "single_label_classification"), ("regression", "regression"),
+                       ("multi_label", "multi_label_classification")):
+        r = task_ref(ref, task)
+        model = load_model(r, task, numpy.float64)
+        assert "problem_type" not in model.config.extra or model.config.extra["problem_type"] is None
+        _, _, out = model.loss_and_grads({k: r[k] for k in BATCH_KEYS if k in r}, return_outputs=True)
+        assert out["problem_type"] == kind
+
+
+def test_question_answering_counts_clamped_and_ignored_positions():
+    r = task_ref(committed(), "qa")
+    model = load_model(r, "qa", numpy.float64)
+    _, _, out = model.loss_and_grads({k: r[k] for k in BATCH_KEYS if k in r}, return_outputs=True)
+    # start [5, 1, T + 3, -1], end [7, T, 0, 2]: T and beyond are ignored, -1 becomes 0
+    assert (out["start_positions_ignored"], out["start_positions_clamped_to_0"]) == (1, 1)
+    assert (out["end_positions_ignored"], out["end_positions_clamped_to_0"]) == (1, 0)
+
+# ---------------------------------------------------------------------- 3. checkpoints
+
+CONFIG = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+              intermediate_size=24, max_position_embeddings=20)
+
+
+def tiny_inputs(seed=0, B=3, T=7, choices=None):
+    rng = numpy.random.default_rng(seed)
+    shape = (B, T) if choices is None else (B, choices, T)
+    mask = numpy.ones(shape, dtype=numpy.int64)
+    mask[1, ..., 4:] = 0
+    types = numpy.zeros(shape, dtype=numpy.int64)
+    types[..., 3:] = 1
+    return {"input_ids": rng.integers(5, CONFIG["vocab_size"], size=shape), "token_type_ids": types,
+            "attention_mask": mask}
+
+
+def perturbed(model, seed=0, scale=0.05):
+    rng = numpy.random.default_rng(seed)
+    for p in model.params.values():
+        p += (scale * rng.standard_normal(p.shape)).astype(p.dtype)
+    return model.eval()
+
+
+def logits_of(out):
+    return numpy.stack([out.start_logits, out.end_logits]) if hasattr(out, "start_logits") else out.logits
+
+
+def call(model, inputs):
+    return model(inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"])
+
+
+def test_num_labels_reads_id2label_and_defaults_to_two():
+    config = BertConfig(**CONFIG)
+    assert num_labels(config) == 2
+    assert num_labels(with_labels(config, num_labels=5)) == 5
+    named = with_labels(config, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
+    assert named.extra["id2label"] == {"0": "O", "1": "B-PER", "2": "I-PER"}   # config.json's string keys
+    assert named.extra["label2id"] == {"O": 0, "B-PER": 1, "I-PER": 2}
+    assert num_labels(BertConfig.from_dict({**CONFIG, "id2label": {"0": "a", "1": "b", "2": "c"}})) == 3
+    assert num_labels(BertConfig.from_dict({**CONFIG, "num_labels": 4})) == 4
+    assert with_labels(named, num_labels=3).extra["id2label"] == named.extra["id2label"]   # names kept
+    with pytest.raises(ValueError, match="num_labels=4 but its id2label has 3"):
+        num_labels(BertConfig.from_dict({**CONFIG, "num_labels": 4,
+                                         "id2label": {"0": "a", "1": "b", "2": "c"}}))
+    with pytest.raises(ValueError, match=r"id2label keys must be exactly 0..1, got \[0, 2\]"):
+        with_labels(config, id2label={0: "a", 2: "b"})
+    with pytest.raises(ValueError, match="num_labels must be a positive integer, got 0"):
+        with_labels(config, num_labels=0)
+    with pytest.raises(ValueError, match="problem_type must be one of"):
+        with_labels(config, problem_type="ranking")
+    with pytest.raises(ValueError, match="needs num_labels == 2"):
+        BertForQuestionAnswering(with_labels(config, num_labels=3))
+
+
+@pytest.mark.parametrize("cls", heads.TASK_HEADS)
+def test_save_then_load_is_exact_with_labels_in_config_json(tmp_path, cls):
+    config = with_labels(BertConfig(**CONFIG), id2label=["neg", "pos"])
+    model = cls(config, seed=3, dtype=numpy.float64)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["architectures"] == [cls.__name__]
+    assert saved["id2label"] == {"0": "neg", "1": "pos"} and saved["label2id"] == {"neg": 0, "pos": 1}
+    again = cls.from_pretrained(tmp_path, dtype=numpy.float64)
+    assert set(again.params) == set(model.params) == set(cls.param_shapes(config))
+    for name, p in model.params.items():
+        numpy.testing.assert_array_equal(again.params[name], p, err_msg=name)
+    assert ("bert.pooler.dense.weight" in model.params) == cls.uses_pooler   # HF: no pooler for tokens / QA
+
+
+@pytest.mark.parametrize("cls", heads.TASK_HEADS)
+def test_encoder_loads_from_a_pretraining_checkpoint_and_a_fresh_head_is_reported(tmp_path, cls, capsys):
+    pretrained = BertForPreTraining(BertConfig(**CONFIG), seed=4, dtype=numpy.float64)
+    pretrained.save_pretrained(tmp_path)
+    capsys.readouterr()
+    model = cls.from_pretrained(tmp_path, dtype=numpy.float64)
+    printed = capsys.readouterr().out
+    head = sorted(cls.head_shapes(model.config))
+    assert f"newly initialized: {head}" in printed, printed
+    assert "were not used when initializing" in printed and "cls.seq_relationship.weight" in printed
+    for name, p in model.params.items():
+        if name.startswith("bert."):
+            numpy.testing.assert_array_equal(p, pretrained.params[name], err_msg=name)
+        elif name.endswith("weight"):
+            # truncated normal(0.02): nothing beyond two standard deviations
+            assert 0 < numpy.abs(p).max() <= 2 * 0.02 and abs(p.std() - 0.02) < 0.01, name
+        else:
+            assert not p.any(), name                                                        # bias 0
+
+
+def test_bare_encoder_checkpoint_without_prefix_feeds_every_head(tmp_path, capsys):
+    encoder = BertModel(BertConfig(**CONFIG), seed=5)
+    encoder.save_pretrained(tmp_path)                   # no `bert.` prefix, with a pooler
+    capsys.readouterr()
+    tokens = BertForTokenClassification.from_pretrained(tmp_path, num_labels=7)
+    printed = capsys.readouterr().out
+    assert "not used when initializing BertForTokenClassification: ['bert.pooler.dense.bias', " \
+           "'bert.pooler.dense.weight']" in printed, printed
+    assert tokens.params["classifier.weight"].shape == (7, 16) and tokens.num_labels == 7
+    inputs = tiny_inputs()
+    numpy.testing.assert_array_equal(call(tokens, inputs).hidden_states[-1],
+                                     call(encoder.eval(), inputs).last_hidden_state)
+    # and the other way: a checkpoint without a pooler, loaded by a class that needs one
+    tokens.save_pretrained(tmp_path / "tokens")
+    capsys.readouterr()
+    BertForSequenceClassification.from_pretrained(tmp_path / "tokens", num_labels=7)
+    printed = capsys.readouterr().out
+    assert "newly initialized: ['bert.pooler.dense.bias', 'bert.pooler.dense.weight']" in printed, printed
+
+
+def test_head_with_another_number_of_labels_is_an_error_unless_reinit_head(tmp_path, capsys):
+    model = BertForSequenceClassification(with_labels(BertConfig(**CONFIG), num_labels=3), seed=6)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"classifier.weight has shape \(3, 16\) \(3 labels\) but "
+                                         r"BertForSequenceClassification with num_labels=5 needs \(5, 16\)"):
+        BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5)
+    with pytest.raises(ValueError, match=r"\(3 labels\) but BertForMultipleChoice .* \(1 labels\)"):
+        BertForMultipleChoice.from_pretrained(tmp_path)
+    capsys.readouterr()
+    fresh = BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5, reinit_head=True)
+    printed = capsys.readouterr().out
+    assert "classifier.weight: found shape (3, 16) in the checkpoint and (5, 16) in the model" in printed
+    assert fresh.params["classifier.weight"].shape == (5, 16) and not fresh.params["classifier.bias"].any()
+    kept = BertForSequenceClassification.from_pretrained(tmp_path)           # 3 labels, from config.json
+    numpy.testing.assert_array_equal(kept.params["classifier.weight"], model.params["classifier.weight"])
+    capsys.readouterr()
+    again = BertForSequenceClassification.from_pretrained(tmp_path, reinit_head=True)  # same shape, fresh
+    assert "- classifier.weight: reinit_head=True" in capsys.readouterr().out
+    assert not again.params["classifier.bias"].any()
+    assert not numpy.array_equal(again.params["classifier.weight"], model.params["classifier.weight"])
+    # the same classifier serves token classification, as in transformers
+    tokens = BertForTokenClassification.from_pretrained(tmp_path)
+    numpy.testing.assert_array_equal(tokens.params["classifier.weight"], model.params["classifier.weight"])
+
+
+def test_encoder_that_does_not_fit_is_still_an_error(tmp_path):
+    BertForPreTraining(BertConfig(**CONFIG)).save_pretrained(tmp_path)
+    tensors = safetensors.load_file(tmp_path / "model.safetensors")
+    del tensors["bert.encoder.layer.1.output.dense.bias"]
+    safetensors.save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing \(1\): bert.encoder.layer.1.output.dense.bias"):
+        BertForSequenceClassification.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        BertForTokenClassification.from_pretrained(tmp_path / "nowhere")
+
+# ----------------------------------------------------------------------- 4. bad input
+
+
+def bad_batch_cases():
+    B, T = 3, 7
+    inputs = tiny_inputs(B=B, T=T)
+    choice_inputs = tiny_inputs(B=2, T=T, choices=3)
+    return [
+        (BertForSequenceClassification, {**inputs, "labels": numpy.array([0, 2, 1])},
+         r"labels\[1\] = 2 is outside \[0, 2\)"),
+        (BertForSequenceClassification, {**inputs, "labels": numpy.array([0, 1])},
+         r"labels has shape \(2,\), expected \(3,\)"),
+        (BertForSequenceClassification, {**inputs}, r"at least \['input_ids', 'labels'\]"),
+        (BertForSequenceClassification, {**inputs, "labels": numpy.array([[0, 1.5], [0, 1], [1, 0]])},
+         r"labels\[0, 1\] = 1.5 is outside \[0, 1\]"),
+        (BertForSequenceClassification, {**inputs, "labels": numpy.array([True, False, True])},
+         "must be a real-valued array, got dtype bool"),
+        (BertForTokenClassification, {**inputs, "labels": numpy.zeros((B, T - 1), dtype=int)},
+         r"labels has shape \(3, 6\), expected \(3, 7\)"),
+        (BertForTokenClassification, {**inputs, "labels": numpy.full((B, T), 0.5)},
+         "labels must be an integer array, got dtype float64"),
+        (BertForTokenClassification, {**inputs, "labels": numpy.full((B, T), -1)},
+         r"labels\[0, 0\] = -1 is outside \[0, 2\) \(allowed also: \[-100\]\)"),
+        (BertForQuestionAnswering, {**inputs, "start_positions": numpy.array([0, 1, 2])},
+         r"'end_positions'"),
+        (BertForQuestionAnswering, {**inputs, "start_positions": numpy.zeros(B, dtype=int),
+                                    "end_positions": numpy.zeros((B, 2), dtype=int)},
+         r"end_positions has shape \(3, 2\), expected \(3,\)"),
+        (BertForMultipleChoice, {**inputs, "labels": numpy.array([0, 1, 0])},
+         r"input_ids must be \[batch, num_choices, seq_len\], got shape \(3, 7\)"),
+        (BertForMultipleChoice, {**choice_inputs, "labels": numpy.array([0, 3])},
+         r"labels\[1\] = 3 is outside \[0, 3\)"),
+        (BertForMultipleChoice, {**choice_inputs, "attention_mask": numpy.ones((2, 3, T + 1), dtype=int),
+                                 "labels": numpy.array([0, 1])},
+         r"attention_mask has shape \(2, 3, 8\) but input_ids has \(2, 3, 7\)"),
+    ]
+
+
+@pytest.mark.parametrize("cls, batch, message", bad_batch_cases())
+def test_bad_batches_name_the_offending_value(cls, batch, message):
+    model = cls(BertConfig(**CONFIG), seed=0)
+    with pytest.raises(ValueError, match=message):
+        model.loss_and_grads(batch)
+
+
+def test_regression_labels_must_be_finite():
+    model = BertForSequenceClassification(with_labels(BertConfig(**CONFIG), num_labels=1))
+    batch = {**tiny_inputs(), "labels": numpy.array([0.5, numpy.nan, 1.0])}
+    with pytest.raises(ValueError, match=r"labels\[1\] = nan is not finite"):
+        model.loss_and_grads(batch)
+    batch["labels"] = numpy.array([[0.5], [1.0], [2.0]])                # [B, 1]: squeezed, as HF
+    assert numpy.isfinite(model.loss_and_grads(batch)[0])
+
+# ------------------------------------------------------ live round trips with transformers
+
+# (class, id2label or None for the default two labels, batch targets from the inputs)
+EXPORTS = [
+    (BertForSequenceClassification, ["neg", "neu", "pos"], lambda inputs: {"labels": numpy.array([2, 0, 1])}),
+    (BertForSequenceClassification, ["score"], lambda inputs: {"labels": numpy.array([0.5, -1.0, 2.0])}),
+    (BertForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+     lambda inputs: {"labels": numpy.where(inputs["attention_mask"] == 1, 3, -100)}),
+    (BertForQuestionAnswering, None, lambda inputs: {"start_positions": numpy.array([1, 2, 9]),
+                                                     "end_positions": numpy.array([3, -1, 4])}),
+    (BertForMultipleChoice, None, lambda inputs: {"labels": numpy.array([1, 0, 2])}),
+]
+
+
+EXPORT_IDS = ["seq_cls", "regression", "token_cls", "qa", "choice"]
+
+
+def export_inputs(cls):
+    return tiny_inputs(seed=2, choices=3 if cls is BertForMultipleChoice else None)
+
+
+def hf_outputs(hf, inputs, targets=None):
+    import torch
+    tensors = {k: torch.from_numpy(numpy.asarray(v)) for k, v in {**inputs, **(targets or {})}.items()}
+    if "labels" in tensors and tensors["labels"].dtype == torch.float64:
+        tensors["labels"] = tensors["labels"].float()
+    with torch.no_grad():
+        return hf(**tensors)
+
+
+def hf_logits(out):
+    if hasattr(out, "start_logits"):
+        return numpy.stack([out.start_logits.numpy(), out.end_logits.numpy()])
+    return out.logits.numpy()
+
+
+@pytest.mark.parametrize("cls, labels, targets", EXPORTS, ids=EXPORT_IDS)
+def test_transformers_loads_a_nanobert_head_with_the_same_logits_and_loss(tmp_path, cls, labels, targets):
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = BertConfig(**CONFIG) if labels is None else with_labels(BertConfig(**CONFIG), id2label=labels)
+    model = perturbed(cls(config, seed=7, dtype=numpy.float32))
+    model.save_pretrained(tmp_path)
+    hf, info = getattr(transformers, cls.__name__).from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    hf.eval()
+    if labels is not None:
+        assert hf.config.num_labels == len(labels)
+        assert hf.config.id2label == dict(enumerate(labels))
+    inputs = export_inputs(cls)
+    batch = {**inputs, **targets(inputs)}
+    hf_out = hf_outputs(hf, inputs, targets(inputs))
+    loss, _, out = model.loss_and_grads(batch, return_outputs=True)
+    assert_close(logits_of(call(model, inputs)), hf_logits(hf_out), 1e-5, "HF export float32 logits")
+    assert_close(loss, hf_out.loss.item(), 1e-5, "HF export float32 loss")
+
+
+@pytest.mark.parametrize("cls, labels, targets", EXPORTS, ids=EXPORT_IDS)
+def test_nanobert_loads_a_transformers_head_with_the_same_logits_and_loss(tmp_path, cls, labels, targets,
+                                                                          capsys):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    extra = {}
+    if labels is not None:
+        extra = {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+    torch.manual_seed(0)
+    hf = getattr(transformers, cls.__name__)(transformers.BertConfig(**CONFIG, **extra)).eval()
+    with torch.no_grad():                              # move away from LN = 1, bias = 0
+        for p in hf.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path)
+    capsys.readouterr()
+    model = cls.from_pretrained(tmp_path, dtype=numpy.float32)
+    assert capsys.readouterr().out == ""               # nothing ignored, nothing fresh
+    if labels is not None:
+        assert model.config.extra["id2label"] == {str(i): n for i, n in enumerate(labels)}
+    inputs = export_inputs(cls)
+    hf_out = hf_outputs(hf, inputs, targets(inputs))
+    loss, _, out = model.loss_and_grads({**inputs, **targets(inputs)}, return_outputs=True)
+    assert_close(logits_of(call(model, inputs)), hf_logits(hf_out), 1e-5, "HF import float32 logits")
+    assert_close(loss, hf_out.loss.item(), 1e-5, "HF import float32 loss")
