@@ -47,6 +47,8 @@ def parse_args(argv=None):
                    help="training text: files and/or folders (default: the shipped Brown corpus)")
     g.add_argument("--heldout", nargs="*", default=[os.path.join(BROWN, "heldout.txt.gz")],
                    help="held-out text for evaluation (default: Brown's held-out documents; none to skip)")
+    g.add_argument("--heldout-dupe-factor", type=int, default=1,
+                   help="passes over the held-out text (more pairs/masks for a tighter estimate)")
     g.add_argument("--vocab", help="vocab.txt to use (default: <first data folder>/vocab-<size>.txt, "
                                    "trained from --data if missing)")
     g.add_argument("--vocab-size", type=int, default=8192, help="size of a vocab trained here (default 8192)")
@@ -67,7 +69,7 @@ def parse_args(argv=None):
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step (default 32)")
     g.add_argument("--grad-accum", type=int, default=1, help="split each batch into this many micro-batches")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3, for tiny models)")
+    g.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4, for the tiny preset)")
     g.add_argument("--warmup", type=float, default=0.05, help="warmup: a fraction of the steps (<1) or a count")
     g.add_argument("--steps", type=int, help="optimizer steps (default: as many as --minutes allows, "
                                              "estimated from the first steps)")
@@ -176,7 +178,7 @@ def evaluate(model, dataset, batch_size, max_batches):
     """Held-out MLM loss/accuracy (over masked tokens) and NSP loss/accuracy, dropout off."""
     was_training = model.training
     model.eval()
-    sums = dict(mlm_loss=0.0, nsp_loss=0.0, mlm_correct=0, nsp_correct=0, masked=0, sequences=0)
+    sums = dict(mlm_loss=0.0, nsp_loss=0.0, mlm_correct=0, nsp_correct=0, masked=0, sequences=0, random_next=0)
     for i, batch in enumerate(dataset.batches(batch_size, shuffle=False)):
         if i == max_batches:
             break
@@ -189,10 +191,13 @@ def evaluate(model, dataset, batch_size, max_batches):
         sums["nsp_correct"] += out["nsp_correct"]
         sums["masked"] += M
         sums["sequences"] += B
+        sums["random_next"] += int(batch["next_sentence_label"].sum())
     model.train(was_training)
+    random_next = sums["random_next"] / sums["sequences"]
     return {"mlm_loss": sums["mlm_loss"] / sums["masked"], "mlm_accuracy": sums["mlm_correct"] / sums["masked"],
             "nsp_loss": sums["nsp_loss"] / sums["sequences"], "nsp_accuracy": sums["nsp_correct"] / sums["sequences"],
-            "sequences": sums["sequences"], "masked_tokens": sums["masked"]}
+            "sequences": sums["sequences"], "masked_tokens": sums["masked"],
+            "nsp_majority_accuracy": max(random_next, 1 - random_next)}   # always guessing one class
 
 
 def unigram_baseline(train, heldout, vocab_size, max_batches, batch_size):
@@ -314,7 +319,8 @@ def main(argv=None):
         phases.append((args.phase2_max_seq_length, args.phase2_fraction))
     train_sets = [prepare_data(args, tokenizer, vocab_file, args.data, "train", T, args.dupe_factor, args.seed)
                   for T, _ in phases]
-    heldout = (prepare_data(args, tokenizer, vocab_file, args.heldout, "heldout", args.max_seq_length, 1, args.seed + 1)
+    heldout = (prepare_data(args, tokenizer, vocab_file, args.heldout, "heldout", args.max_seq_length,
+                            args.heldout_dupe_factor, args.seed + 1)
                if args.heldout else None)
 
     # model and optimizer, fresh or resumed
@@ -364,6 +370,7 @@ def main(argv=None):
     window = dict(mlm_loss=0.0, nsp_loss=0.0, mlm_correct=0, nsp_correct=0, masked=0, sequences=0,
                   tokens=0, flops=0, seconds=0.0, steps=0)
     step = state["step"]
+    replan = args.steps is None and not args.resume
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
         args.steps = steps_for_budget(model, train_sets[0], micro, args.grad_accum, args.minutes)
     warmup = int(args.warmup * args.steps) if args.warmup < 1 else int(args.warmup)
@@ -414,6 +421,13 @@ def main(argv=None):
         window["steps"] += 1
         state["train_seconds"] += seconds
         state["tokens"] += step_tokens
+        if replan and state["train_seconds"] > min(60.0, 6 * args.minutes):
+            # Once, after a minute of real steps: the probe may have met a busy machine.
+            replan = False
+            left = budget_end - time.time()
+            args.steps = max(step + 1, step + int(left / (state["train_seconds"] / step) * 0.95))
+            warmup = int(args.warmup * args.steps) if args.warmup < 1 else int(args.warmup)
+            print(f"re-planned from the measured speed: {args.steps} steps in all")
         if step % args.log_every == 0 or step == args.steps or stop.stop:
             w = window
             record = {"kind": "train", "step": step, "lr": lr,
@@ -448,7 +462,8 @@ def main(argv=None):
         log({"kind": "eval", "step": step, **result})
         print(f"held-out ({result['sequences']} sequences, {result['masked_tokens']} masked tokens): "
               f"MLM loss {result['mlm_loss']:.3f} (unigram baseline {baseline:.3f}), "
-              f"MLM accuracy {result['mlm_accuracy']:.3f}, NSP accuracy {result['nsp_accuracy']:.3f}")
+              f"MLM accuracy {result['mlm_accuracy']:.3f}, NSP accuracy {result['nsp_accuracy']:.3f} "
+              f"(majority class {result['nsp_majority_accuracy']:.3f})")
         example = fill_mask_example(model, tokenizer, args.heldout)
         if example:
             print(f"fill-mask: {example['sentence']}\n  answer: {example['answer']}   model: {example['top5']}")

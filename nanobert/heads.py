@@ -31,6 +31,7 @@ from . import ops, safetensors
 from .backend import array_module, to_device, to_host
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, adapt_state_dict, check_state_dict
 from .config import BertConfig
+from .hub import resolve_model
 from .model import (BertPreTrainedModel, _as_int_array, _check_range, bert_backward, bert_forward,
                     bert_param_shapes, check_inputs, init_params, linear_backward_into)
 
@@ -292,7 +293,7 @@ class BertForTask(BertPreTrainedModel):
         of labels differs from num_labels is a ValueError; reinit_head=True starts a fresh head
         instead (whether or not its shape matches).
         """
-        path = os.fspath(path)
+        path = resolve_model(path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint folder not found: {path}")
         config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))

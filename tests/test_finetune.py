@@ -1,0 +1,204 @@
+"""finetune.py end to end on a tiny random-init BERT saved to a temporary folder (the
+plumbing, the files written, the training loss falling), plus its argument handling and
+the errors it gives for bad input. Real-data scores are benchmarks, not tests."""
+import json
+import os
+import string
+
+import numpy
+import pytest
+
+import finetune
+from nanobert import BertConfig, BertModel
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "finetune")
+WORDS = ["the", "good", "bad", "great", "awful", "film", "movie", "story", "france", "norse", "rollo", "king",
+         "charles", "iii", "normans", "normandy", "who", "what", "in"]
+
+
+def data(name):
+    return os.path.join(DATA, name)
+
+
+def make_tiny_bert(folder, dropout=0.1):
+    """A 2-layer, H=32 BERT with random weights and a vocab of letters, ## letters, punctuation
+    and a few words: config.json, model.safetensors, vocab.txt, as any checkpoint folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    chars = string.ascii_lowercase + string.digits
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *string.punctuation, *("##" + c for c in chars)]
+    vocab += [w for w in WORDS if w not in vocab]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
+    BertModel(config, seed=0).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def run(*argv):
+    assert finetune.main([str(a) for a in argv]) == 0
+
+
+def records(out, kind):
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def assert_loss_falls(out):
+    losses = [r["loss"] for r in records(out, "train")]
+    first, last = numpy.mean(losses[:3]), numpy.mean(losses[-3:])
+    assert last < 0.7 * first, f"training loss did not fall: first steps {losses[:3]}, last {losses[-3:]}"
+
+
+def assert_checkpoint(out, labels):
+    best = os.path.join(out, "best")
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json", "best.json"):
+        assert os.path.isfile(os.path.join(best, name)), f"best/{name} missing"
+    with open(os.path.join(best, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    if labels:
+        assert [config["id2label"][str(i)] for i in range(len(labels))] == labels
+    assert not [n for n in os.listdir(out) if n.endswith((".tmp", ".old"))], "no half-written checkpoint left"
+
+
+def test_classify_end_to_end(tiny_bert, tmp_path):
+    out = tmp_path / "classify"
+    run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"),
+        "--test", data("sst2_test.tsv"), "--model", tiny_bert, "--out", out, "--epochs", 20, "--batch-size", 10,
+        "--lr", 1e-3, "--log-every", 1)
+    assert_loss_falls(out)
+    assert_checkpoint(out, ["0", "1"])
+    evaluations = records(out, "eval")
+    assert len(evaluations) == 20, "one dev evaluation per epoch"
+    assert {"accuracy", "f1", "matthews", "loss"} <= set(evaluations[0])
+    with open(out / "test_predictions.tsv", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 7, "GLUE submission format for an unlabeled test set"
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+    with open(out / "dev_predictions.tsv", encoding="utf-8") as f:
+        assert f.readline().strip() == "index\tprediction\tlabel"
+    results = json.loads((out / "results.json").read_text())
+    assert results["best"]["metric"] == "accuracy" and results["data"]["train"]["examples"] == 20
+
+
+def test_ner_end_to_end(tiny_bert, tmp_path):
+    out = tmp_path / "ner"
+    run("--task", "ner", "--train", data("conll_train.txt"), "--dev", data("conll_dev.txt"),
+        "--test", data("conll_dev.txt"), "--model", tiny_bert, "--out", out, "--epochs", 30, "--batch-size", 5,
+        "--lr", 1e-3, "--max-seq-length", 64, "--log-every", 1)
+    assert_loss_falls(out)
+    assert_checkpoint(out, ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-MISC", "I-PER"])
+    assert {"f1", "precision", "recall", "per_type"} <= set(records(out, "eval")[0])
+    with open(out / "test_predictions.txt", encoding="utf-8") as f:
+        sentences = f.read().strip().split("\n\n")
+    assert len(sentences) == 2 and sentences[0].splitlines()[0].split()[:2] == ["Peter", "B-PER"], \
+        "conlleval input: word gold predicted"
+
+
+def test_squad_end_to_end(tiny_bert, tmp_path):
+    out = tmp_path / "squad"
+    run("--task", "squad", "--train", data("squad_v2.json"), "--dev", data("squad_v2.json"), "--model", tiny_bert,
+        "--out", out, "--epochs", 4, "--batch-size", 16, "--lr", 1e-3, "--max-seq-length", 64, "--doc-stride", 32,
+        "--max-query-length", 16, "--log-every", 1)
+    assert_loss_falls(out)
+    assert_checkpoint(out, None)
+    predictions = json.loads((out / "dev_predictions.json").read_text())
+    assert sorted(predictions) == ["q1", "q2", "q3", "q4", "q5", "q6"], "the official {id: answer} format"
+    assert all(isinstance(v, str) for v in predictions.values())
+    assert set(json.loads((out / "dev_null_odds.json").read_text())) == set(predictions), "v2.0 null odds"
+    scores = records(out, "eval")[-1]
+    assert {"exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1_thresh"} <= set(scores)
+
+
+def test_regress_and_choice_run(tiny_bert, tmp_path):
+    run("--task", "regress", "--train", data("stsb_dev.tsv"), "--dev", data("stsb_dev.tsv"), "--glue-task", "sts-b",
+        "--model", tiny_bert, "--out", tmp_path / "regress", "--epochs", 2, "--batch-size", 2)
+    assert {"pearson", "spearman"} <= set(records(tmp_path / "regress", "eval")[0])
+    run("--task", "choice", "--train", data("swag.csv"), "--dev", data("swag.csv"), "--test", data("swag_test.csv"),
+        "--model", tiny_bert, "--out", tmp_path / "choice", "--epochs", 2, "--batch-size", 2)
+    assert "accuracy" in records(tmp_path / "choice", "eval")[0]
+    assert (tmp_path / "choice" / "test_predictions.tsv").read_text().splitlines()[1].split("\t")[1] in "0123"
+
+
+def test_gradient_accumulation_takes_the_same_step(tmp_path):
+    from nanobert import safetensors
+    model = make_tiny_bert(tmp_path / "no-dropout", dropout=0.0)
+    weights = []
+    for accumulate in (1, 2, 4):
+        out = tmp_path / f"accumulate-{accumulate}"
+        run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"), "--model", model,
+            "--out", out, "--batch-size", 8, "--grad-accum", accumulate, "--max-steps", 1, "--lr", 1e-3,
+            "--dtype", "float64")
+        weights.append(safetensors.load_file(out / "best" / "model.safetensors"))
+    for other in weights[1:]:
+        for name, w in weights[0].items():
+            assert numpy.allclose(other[name], w, rtol=0, atol=1e-12), f"{name} differs after one step"
+
+
+def test_a_head_with_another_label_count_needs_reinit_head(tiny_bert, tmp_path):
+    first = tmp_path / "two-labels"
+    run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"),
+        "--model", tiny_bert, "--out", first, "--max-steps", 1)
+    three = ["--task", "pair", "--glue-task", "mnli", "--train", data("mnli_dev.tsv"), "--dev", data("mnli_dev.tsv"),
+             "--model", first / "best", "--out", tmp_path / "three-labels", "--max-steps", 1]
+    with pytest.raises(ValueError, match="reinit_head"):
+        run(*three)
+    run(*three, "--reinit-head")
+    assert_checkpoint(tmp_path / "three-labels", ["contradiction", "entailment", "neutral"])
+
+
+def test_bad_input_stops_with_the_file_and_line(tiny_bert, tmp_path):
+    common = ["--model", tiny_bert, "--out", tmp_path / "bad", "--max-steps", 1]
+    with pytest.raises(ValueError, match="bad_label.tsv:3: label 'maybe' is not in the label set"):
+        run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("bad_label.tsv"), *common)
+    with pytest.raises(ValueError, match="conll_malformed.txt:3"):
+        run("--task", "ner", "--train", data("conll_malformed.txt"), "--dev", data("conll_dev.txt"), *common)
+    with pytest.raises(ValueError, match="empty.tsv: the file is empty"):
+        run("--glue-task", "sst-2", "--train", data("empty.tsv"), "--dev", data("sst2_dev.tsv"), *common)
+    with pytest.raises(FileNotFoundError, match="not a known model name"):
+        run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"),
+            "--model", "no-such-model", "--out", tmp_path / "x")
+    with pytest.raises(SystemExit, match="needs --train and --dev"):
+        run("--task", "ner", "--train", data("conll_train.txt"))
+
+
+def test_long_texts_are_truncated_and_counted(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "short"
+    run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"),
+        "--model", tiny_bert, "--out", out, "--max-steps", 1, "--max-seq-length", 6)
+    assert "train: examples 20, truncated 18" in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["data"]["train"]["truncated"] == 18
+
+
+def test_features(tiny_bert, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a good film\nthe story\n\nrollo\n", encoding="utf-8")      # a blank line is a text too
+    run("--task", "features", "--model", tiny_bert, "--input", texts, "--out", tmp_path / "mean", "--normalize")
+    mean = numpy.load(tmp_path / "mean" / "embeddings.npy")
+    assert mean.shape == (4, 32) and numpy.allclose(numpy.linalg.norm(mean, axis=1), 1.0, atol=1e-6)
+    run("--task", "features", "--model", tiny_bert, "--input", texts, "--out", tmp_path / "tokens",
+        "--pooling", "tokens", "--layers", -2, -1)
+    tokens = numpy.load(tmp_path / "tokens" / "embeddings.npy")
+    offsets = numpy.load(tmp_path / "tokens" / "offsets.npy")
+    # [CLS] a good film [SEP] / [CLS] the story [SEP] / [CLS] [SEP] / [CLS] rollo [SEP]
+    assert offsets.tolist() == [0, 5, 9, 11, 14] and tokens.shape == (14, 64)
+    # mean pooling = the mean of the token vectors of the last layer
+    run("--task", "features", "--model", tiny_bert, "--input", texts, "--out", tmp_path / "raw")
+    raw = numpy.load(tmp_path / "raw" / "embeddings.npy")
+    assert numpy.allclose(raw[0], tokens[0:5, 32:].mean(0), atol=1e-5)
+
+
+def test_no_arguments_is_the_movie_review_demo():
+    args = finetune.resolve_task(finetune.parse_args([]))
+    assert (args.task, args.model, args.demo) == ("classify", "all-MiniLM-L6-v2", True)
+    assert (args.max_train_examples, args.epochs, args.lr, args.batch_size, args.max_seq_length) == (4000, 1, 3e-5, 32, 128)
+    paper = finetune.resolve_task(finetune.parse_args(["--max-train-examples", "0", "--epochs", "3"]))
+    assert (paper.max_train_examples, paper.epochs) == (None, 3)
+    squad_args = finetune.resolve_task(finetune.parse_args(["--task", "squad", "--train", "a", "--dev", "b"]))
+    assert (squad_args.max_seq_length, squad_args.doc_stride, squad_args.max_query_length) == (384, 128, 64)
+    assert (squad_args.n_best_size, squad_args.max_answer_length, squad_args.epochs) == (20, 30, 3)
