@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
@@ -45,7 +44,7 @@ import numpy
 from nanobert import AdamW, BertModel, clip_by_global_norm, learning_rate
 from nanobert import metrics
 from nanobert.backend import default_rng, resolve_device, to_host
-from nanobert.fileio import atomic_open
+from nanobert.fileio import atomic_folder, atomic_open
 from nanobert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification)
 from nanobert.hub import resolve_model
@@ -373,18 +372,11 @@ def format_scores(scores):
 def save_best(model, tokenizer, folder, info):
     """The HF folder + vocab + tokenizer_config.json + best.json, swapped in atomically: built
     beside `folder`, then renamed over it (a crash leaves the old one or the new one)."""
-    folder = os.path.abspath(folder)
-    building, previous = folder + ".tmp", folder + ".old"
-    shutil.rmtree(building, ignore_errors=True)
-    model.save_pretrained(building)
-    tokenizer.save_pretrained(building)
-    with open(os.path.join(building, "best.json"), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1)
-    if os.path.isdir(folder):
-        shutil.rmtree(previous, ignore_errors=True)
-        os.replace(folder, previous)
-    os.replace(building, folder)
-    shutil.rmtree(previous, ignore_errors=True)
+    with atomic_folder(folder) as building:
+        model.save_pretrained(building)
+        tokenizer.save_pretrained(building)
+        with open(os.path.join(building, "best.json"), "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=1)
 
 
 def head_options(args, label_list):

@@ -12,7 +12,7 @@ import numpy
 
 from .backend import to_host
 from .config import BertConfig
-from .fileio import atomic_open
+from .fileio import atomic_folder, atomic_open
 from . import safetensors
 
 WEIGHTS_NAME = "model.safetensors"
@@ -104,20 +104,13 @@ def save_training_checkpoint(folder, model, optimizer, state, vocab_file=None):
     deleted. A crash at any point leaves a complete checkpoint (`folder` or `folder.old`,
     which load_training_checkpoint falls back to).
     """
-    folder = os.path.abspath(os.fspath(folder))
-    building, previous = folder + ".tmp", folder + ".old"
-    shutil.rmtree(building, ignore_errors=True)
-    save_pretrained(model, building)
-    if vocab_file is not None:
-        shutil.copyfile(vocab_file, os.path.join(building, "vocab.txt"))
-    safetensors.save_file(optimizer.state_dict(), os.path.join(building, OPTIMIZER_NAME))
-    with atomic_open(os.path.join(building, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=1, sort_keys=True)
-    if os.path.isdir(folder):
-        shutil.rmtree(previous, ignore_errors=True)
-        os.replace(folder, previous)
-    os.replace(building, folder)
-    shutil.rmtree(previous, ignore_errors=True)
+    with atomic_folder(folder) as building:
+        save_pretrained(model, building)
+        if vocab_file is not None:
+            shutil.copyfile(vocab_file, os.path.join(building, "vocab.txt"))
+        safetensors.save_file(optimizer.state_dict(), os.path.join(building, OPTIMIZER_NAME))
+        with atomic_open(os.path.join(building, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=1, sort_keys=True)
 
 
 def load_training_checkpoint(cls, folder):

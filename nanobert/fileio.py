@@ -2,6 +2,7 @@
 import contextlib
 import os
 import secrets
+import shutil
 
 
 @contextlib.contextmanager
@@ -23,3 +24,23 @@ def atomic_open(path, mode="wb", encoding=None):
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+
+
+@contextlib.contextmanager
+def atomic_folder(folder):
+    """Build a folder beside `folder` (yielded path), then swap it in: the old one is moved
+    aside, the new one renamed into place, and only then the old one deleted. A crash at any
+    point leaves a complete folder at `folder` or at `folder + ".old"`."""
+    folder = os.path.abspath(os.fspath(folder))
+    building, previous = folder + ".tmp", folder + ".old"
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        yield building
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    if os.path.isdir(folder):
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(folder, previous)
+    os.replace(building, folder)
+    shutil.rmtree(previous, ignore_errors=True)

@@ -189,7 +189,6 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     stacked so one matmul makes all three; mask_bias [B, 1, 1, T].
     Returns the context [B, T, H] (before the output dense layer).
     """
-    xp = array_module(x)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
     qkv, qkv_cache = linear_forward(x, w_qkv, b_qkv)       # [B, T, 3H]

@@ -31,7 +31,7 @@ import os
 
 import numpy
 
-from .tasks import Features
+from .tasks import Features, read_text
 from .tokenizer import BasicTokenizer
 
 
@@ -68,17 +68,8 @@ def read_squad(path, is_training, version_2_with_negative=None):
     "version" starting with "v2", or any is_impossible key). stats: questions, examples,
     answer_mismatch (skipped training questions), impossible, version ("1.1" / "2.0")."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such file: {path}")
-    with open(path, "rb") as f:
-        raw = f.read()
-    if not raw.strip():
-        raise ValueError(f"{path}: the file is empty")
     try:
-        dataset = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: not UTF-8") from None
+        dataset = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
     data = _field(dataset, "data", list, path)

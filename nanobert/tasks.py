@@ -32,9 +32,9 @@ IGNORE_INDEX = -100          # label of positions the loss skips (HF / PyTorch c
 # ----------------------------------------------------------------------------- files
 
 
-def read_text_lines(path):
-    """The lines of a UTF-8 text file (a BOM is dropped, line ends removed). Missing file ->
-    FileNotFoundError; empty file or bad UTF-8 -> ValueError naming file and line."""
+def read_text(path):
+    """The text of a UTF-8 file (a BOM is dropped). Missing file -> FileNotFoundError; empty
+    file or bad UTF-8 -> ValueError naming file, line and byte offset."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such file: {path}")
@@ -43,12 +43,16 @@ def read_text_lines(path):
     if not raw.strip():
         raise ValueError(f"{path}: the file is empty")
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise ValueError(f"{path}:{line}: not UTF-8 (byte {raw[e.start]:#04x} at offset {e.start})") from None
+
+
+def read_text_lines(path):
+    """The lines of a UTF-8 text file (see read_text), line ends removed."""
     # split on "\n" only: str.splitlines would also split at U+2028, U+0085, ... inside a text
-    lines = text.split("\n")
+    lines = read_text(path).split("\n")
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
