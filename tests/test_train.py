@@ -105,24 +105,29 @@ def test_checkpoint_loads_in_transformers(tmp_path):
 
 
 def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
-    """~1,500 steps of a 2-layer, H=64 BERT on Brown (T=64, about 2-3 minutes here): the
-    held-out MLM loss falls well below its start and below the unigram baseline (the loss of
-    ignoring context). NSP: in this budget the model still answers the majority class on
-    held-out pairs (NSP starts to beat it only after ~1,000 steps of a longer schedule, see
-    issue 3), so here it is only required not to fall below that by 3 standard errors."""
+    """1,500 steps (of a 3,000-step schedule) of a 2-layer, H=64 BERT on Brown at T=64, about
+    3 minutes here. On ~5,400 held-out pairs: the MLM loss falls well below its start and below
+    the unigram baseline (the loss of ignoring context), and NSP accuracy beats always guessing
+    the majority class by more than 3 standard errors of a coin-flip accuracy (measured here:
+    MLM 6.38 vs unigram 6.84; NSP 0.594 vs majority 0.555, margin 0.020)."""
+    from nanobert.pretraining_data import PretrainingDataset
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**SMALL, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256}))
     out = tmp_path / "run"
     train.main(["--vocab", str(VOCAB), "--config", str(config), "--max-seq-length", "64",
-                "--dupe-factor", "1", "--heldout-dupe-factor", "4", "--lr", "1e-3", "--steps", "1500",
-                "--minutes", "60", "--batch-size", "32", "--log-every", "10", "--eval-every", "0",
-                "--eval-batches", "1000", "--checkpoint-every", "100000", "--out", str(out)])
-    result = json.loads((out / "eval.json").read_text())
-    held = result["heldout"]
+                "--dupe-factor", "5", "--heldout-dupe-factor", "4", "--lr", "1e-3", "--steps", "3000",
+                "--stop-at-step", "1500", "--minutes", "60", "--batch-size", "32", "--log-every", "10",
+                "--eval-every", "1500", "--eval-batches", "1000", "--checkpoint-every", "100000",
+                "--out", str(out)])
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    held = [r for r in rows if r["kind"] == "eval"][-1]
+    assert held["step"] == 1500
     first = train_losses(out)[0][1]
+    datasets = {p.name.split("-")[0]: PretrainingDataset(p) for p in (out / "data").iterdir()}
+    unigram = train.unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000, 32)
     margin = 3 * (0.25 / held["sequences"]) ** 0.5
-    print(f"MLM: first logged {first:.3f}, held-out {held['mlm_loss']:.3f}, unigram {result['unigram_baseline']:.3f}; "
+    print(f"MLM: first logged {first:.3f}, held-out {held['mlm_loss']:.3f}, unigram {unigram:.3f}; "
           f"NSP held-out {held['nsp_accuracy']:.3f} vs majority {held['nsp_majority_accuracy']:.3f} + {margin:.3f}")
     assert held["mlm_loss"] < first - 1.0, (held, first)
-    assert held["mlm_loss"] < result["unigram_baseline"] - 0.2, (held, result["unigram_baseline"])
-    assert held["nsp_accuracy"] >= held["nsp_majority_accuracy"] - margin, held
+    assert held["mlm_loss"] < unigram - 0.2, (held, unigram)
+    assert held["nsp_accuracy"] > held["nsp_majority_accuracy"] + margin, held
