@@ -25,8 +25,9 @@ import numpy
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, learning_rate
 from nanobert.backend import default_rng, resolve_device, to_host
+from nanobert.bench import step_flops
 from nanobert.checkpoint import load_training_checkpoint, save_training_checkpoint
-from nanobert.pretraining_data import PretrainingDataset, create_pretraining_data, read_documents
+from nanobert.pretraining_data import PretrainingDataset, create_pretraining_data, read_documents, sha256_file
 from nanobert.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,7 +115,7 @@ def prepare_vocab(args):
 
 def prepare_data(args, tokenizer, vocab_file, paths, split, max_seq_length, dupe_factor, seed):
     """Pretraining instances (the original algorithm), cached under <out>/data/ by their options."""
-    options = dict(paths=[os.path.abspath(p) for p in paths], vocab=sha256(vocab_file), split=split,
+    options = dict(paths=[os.path.abspath(p) for p in paths], vocab=sha256_file(vocab_file), split=split,
                    max_seq_length=max_seq_length, dupe=dupe_factor, seed=seed, wwm=args.whole_word_mask,
                    predictions=args.max_predictions_per_seq, errors=args.utf8_errors)
     key = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:12]
@@ -125,11 +126,6 @@ def prepare_data(args, tokenizer, vocab_file, paths, split, max_seq_length, dupe
                                 seed=seed, whole_word_mask=args.whole_word_mask, errors=args.utf8_errors,
                                 overwrite=True)
     return PretrainingDataset(folder)
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def model_config(args, vocab_size):
@@ -166,36 +162,42 @@ def trim(batch):
     return {k: (v[:, :T] if v.ndim == 2 else v) for k, v in batch.items()}
 
 
-def step_flops(config, batch, num_masked):
-    """Matmul FLOPs of one training step: 3 x forward (6N per token + attention)."""
-    B, T = batch["input_ids"].shape
-    H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
-    forward = B * T * L * (2 * (4 * H * H + 2 * H * I) + 4 * T * H) + num_masked * 2 * (H * H + H * V)
-    return 3 * forward
+def add_batch(sums, out, batch):
+    """Add one batch's MLM/NSP sums (losses weighted by their counts) to `sums`."""
+    B = len(batch["input_ids"])
+    sums["mlm_loss"] += out["mlm_loss"] * out["num_masked"]
+    sums["nsp_loss"] += out["nsp_loss"] * B
+    sums["mlm_correct"] += out["mlm_correct"]
+    sums["nsp_correct"] += out["nsp_correct"]
+    sums["masked"] += out["num_masked"]
+    sums["sequences"] += B
+    sums["random_next"] += int(batch["next_sentence_label"].sum())
+
+
+def means(sums):
+    """MLM loss/accuracy per masked token and NSP loss/accuracy per sequence."""
+    masked, sequences = max(sums["masked"], 1), max(sums["sequences"], 1)
+    return {"mlm_loss": sums["mlm_loss"] / masked, "mlm_accuracy": sums["mlm_correct"] / masked,
+            "nsp_loss": sums["nsp_loss"] / sequences, "nsp_accuracy": sums["nsp_correct"] / sequences}
+
+
+SUM_KEYS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "masked", "sequences", "random_next")
 
 
 def evaluate(model, dataset, batch_size, max_batches):
     """Held-out MLM loss/accuracy (over masked tokens) and NSP loss/accuracy, dropout off."""
     was_training = model.training
     model.eval()
-    sums = dict(mlm_loss=0.0, nsp_loss=0.0, mlm_correct=0, nsp_correct=0, masked=0, sequences=0, random_next=0)
+    sums = dict.fromkeys(SUM_KEYS, 0)
     for i, batch in enumerate(dataset.batches(batch_size, shuffle=False)):
         if i == max_batches:
             break
         batch = trim(batch)
         _, _, out = model.loss_and_grads(batch, return_outputs=True)
-        B, M = len(batch["input_ids"]), out["num_masked"]
-        sums["mlm_loss"] += out["mlm_loss"] * M
-        sums["nsp_loss"] += out["nsp_loss"] * B
-        sums["mlm_correct"] += out["mlm_correct"]
-        sums["nsp_correct"] += out["nsp_correct"]
-        sums["masked"] += M
-        sums["sequences"] += B
-        sums["random_next"] += int(batch["next_sentence_label"].sum())
+        add_batch(sums, out, batch)
     model.train(was_training)
     random_next = sums["random_next"] / sums["sequences"]
-    return {"mlm_loss": sums["mlm_loss"] / sums["masked"], "mlm_accuracy": sums["mlm_correct"] / sums["masked"],
-            "nsp_loss": sums["nsp_loss"] / sums["sequences"], "nsp_accuracy": sums["nsp_correct"] / sums["sequences"],
+    return {**means(sums),
             "sequences": sums["sequences"], "masked_tokens": sums["masked"],
             "nsp_majority_accuracy": max(random_next, 1 - random_next)}   # always guessing one class
 
@@ -327,7 +329,7 @@ def main(argv=None):
     state = {"step": 0, "train_seconds": 0.0, "tokens": 0}
     if args.resume:
         config, params, optimizer_state, state = load_training_checkpoint(BertForPreTraining, checkpoint_dir)
-        if state["vocab_sha256"] != sha256(vocab_file):
+        if state["vocab_sha256"] != sha256_file(vocab_file):
             raise SystemExit(f"error: {checkpoint_dir} was trained with another vocab than {vocab_file}")
         for key in ("seed", "batch_size", "max_seq_length", "optimizer", "dtype"):
             if state["args"][key] != vars(args)[key]:
@@ -357,7 +359,7 @@ def main(argv=None):
           + (f"; held-out {len(heldout):,}" if heldout else ""))
 
     def save(step):
-        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256(vocab_file), args=vars(args))
+        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file), args=vars(args))
         save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
 
     def log(record):
@@ -367,8 +369,7 @@ def main(argv=None):
     peak = next((v for k, v in GPU_PEAK_TFLOPS.items() if args.device == "gpu" and k in gpu_name()), None)
     stop = StopFlag()
     micro = args.batch_size // args.grad_accum
-    window = dict(mlm_loss=0.0, nsp_loss=0.0, mlm_correct=0, nsp_correct=0, masked=0, sequences=0,
-                  tokens=0, flops=0, seconds=0.0, steps=0)
+    window = dict.fromkeys(SUM_KEYS + ("tokens", "flops", "seconds", "steps"), 0)
     step = state["step"]
     replan = args.steps is None and not args.resume
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
@@ -394,15 +395,9 @@ def main(argv=None):
             else:
                 for name, g in micro_grads.items():
                     grads[name] += g
-            B, T = batch["input_ids"].shape
-            window["mlm_loss"] += out["mlm_loss"] * out["num_masked"]
-            window["nsp_loss"] += out["nsp_loss"] * B
-            window["mlm_correct"] += out["mlm_correct"]
-            window["nsp_correct"] += out["nsp_correct"]
-            window["masked"] += out["num_masked"]
-            window["sequences"] += B
+            add_batch(window, out, batch)
             step_tokens += int(batch["attention_mask"].sum())
-            window["flops"] += step_flops(config, batch, out["num_masked"])
+            window["flops"] += step_flops(config, *batch["input_ids"].shape, out["num_masked"])
         if args.grad_accum > 1:
             for g in grads.values():
                 g /= args.grad_accum
@@ -430,9 +425,7 @@ def main(argv=None):
             print(f"re-planned from the measured speed: {args.steps} steps in all")
         if step % args.log_every == 0 or step == args.steps or stop.stop:
             w = window
-            record = {"kind": "train", "step": step, "lr": lr,
-                      "mlm_loss": w["mlm_loss"] / max(w["masked"], 1), "mlm_accuracy": w["mlm_correct"] / max(w["masked"], 1),
-                      "nsp_loss": w["nsp_loss"] / max(w["sequences"], 1), "nsp_accuracy": w["nsp_correct"] / max(w["sequences"], 1),
+            record = {"kind": "train", "step": step, "lr": lr, **means(w),
                       "tokens_per_second": w["tokens"] / w["seconds"], "elapsed": state["train_seconds"]}
             line = (f"step {step:>6}/{args.steps or '?'}  mlm {record['mlm_loss']:.3f} acc {record['mlm_accuracy']:.3f}  "
                     f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  lr {lr:.2e}  "

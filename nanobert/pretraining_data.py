@@ -799,7 +799,7 @@ def _token_id(tokenizer, kind):
     return int(getattr(tokenizer, f"{kind}_token_id"))
 
 
-def _sha256(path):
+def sha256_file(path):
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -931,7 +931,7 @@ def create_pretraining_data(input_paths, output_dir, tokenizer, max_seq_length=1
             "algorithm": "google-research/bert create_pretraining_data.py, Python random.Random(seed), "
                          "same draws in the same order; final global shuffle applied",
             "vocab_file": VOCAB_NAME,
-            "vocab_sha256": _sha256(vocab_path),
+            "vocab_sha256": sha256_file(vocab_path),
             "vocab_size": vocab.size,
             "special_token_ids": {"pad": _token_id(tokenizer, "pad"), "unk": _token_id(tokenizer, "unk"),
                                   "cls": vocab.cls_id, "sep": vocab.sep_id, "mask": vocab.mask_id},
@@ -1030,7 +1030,7 @@ class PretrainingDataset:
         vocab_path = os.path.join(self.folder, manifest["vocab_file"])
         if not os.path.isfile(vocab_path):
             raise FileNotFoundError(f"{vocab_path}: the dataset's vocab copy is missing")
-        digest = _sha256(vocab_path)
+        digest = sha256_file(vocab_path)
         if digest != manifest["vocab_sha256"]:
             raise ValueError(f"{vocab_path}: sha256 {digest} differs from the manifest's {manifest['vocab_sha256']}")
         self.vocab_file = vocab_path

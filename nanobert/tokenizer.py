@@ -37,11 +37,12 @@ import json
 import math
 import os
 import re
-import tempfile
 import unicodedata
 from pathlib import Path
 
 import numpy
+
+from .fileio import atomic_open
 
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
@@ -160,17 +161,9 @@ def save_vocab(tokens, path):
             raise ValueError(f"duplicate token {token!r} at ids {seen[token]} and {index}")
         seen[token] = index
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".vocab-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write("".join(token + "\n" for token in tokens))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_open(path, "wb") as f:            # bytes: "\n" line ends on every platform
+        f.write("".join(token + "\n" for token in tokens).encode("utf-8"))
     return path
 
 

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from reference.pretraining import perturb_weights
+
 DEFAULT_OUT = Path("tests/fixtures/finetuning_float64.npz")
 SEED = 4321
 
@@ -76,15 +78,7 @@ def build_model(class_name, num_labels, rng):
     config = transformers.BertConfig(**CONFIG, num_labels=num_labels, attn_implementation="eager")
     torch.manual_seed(SEED)
     model = getattr(transformers, class_name)(config).to(torch.float64).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.from_numpy(rng.standard_normal(p.shape))
-            if "LayerNorm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.1 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.copy_(0.2 * noise)
+    perturb_weights(model, rng)
     assert model.config._attn_implementation == "eager"
     return model
 

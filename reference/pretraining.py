@@ -87,8 +87,18 @@ def build_model(rng):
     config = BertConfig(**CONFIG, attn_implementation="eager")
     torch.manual_seed(SEED)
     model = BertForPreTraining(config).to(torch.float64).eval()
+    perturb_weights(model, rng)
+    assert model.config._attn_implementation == "eager"
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+    return model
+
+
+def perturb_weights(model, rng):
+    """Overwrite every weight (each tied tensor once) from `rng`: LayerNorm gains
+    1 + 0.1 N(0, 1), biases 0.1 N(0, 1), matrices 0.2 N(0, 1)."""
     with torch.no_grad():
-        for name, p in model.named_parameters():  # each tied tensor once
+        for name, p in model.named_parameters():
             noise = torch.from_numpy(rng.standard_normal(p.shape))
             if "LayerNorm" in name and name.endswith("weight"):
                 p.copy_(1.0 + 0.1 * noise)
@@ -96,10 +106,6 @@ def build_model(rng):
                 p.copy_(0.1 * noise)
             else:
                 p.copy_(0.2 * noise)
-    assert model.config._attn_implementation == "eager"
-    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
-    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
-    return model
 
 
 def param_names(model):

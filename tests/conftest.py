@@ -53,6 +53,24 @@ def numerical_grad(f, x, index=None, h=1e-6, five_point=False):
     return grad
 
 
+_live_fixtures = {}
+
+
+def reference_fixture(source, path, module):
+    """The reference outputs as a dict of arrays: "committed" reads the .npz at `path`
+    (no torch needed); "live" regenerates them with `module`.make_fixture() (skipped
+    without torch + transformers), once per run."""
+    if source == "committed":
+        with numpy.load(path) as f:
+            return {k: f[k] for k in f.files}
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if module not in _live_fixtures:
+        import importlib
+        _live_fixtures[module] = importlib.import_module(module).make_fixture()
+    return _live_fixtures[module]
+
+
 def pytest_terminal_summary(terminalreporter):
     if WORST:
         terminalreporter.section("worst relative errors seen")

@@ -21,7 +21,7 @@ from nanobert import heads, safetensors
 from nanobert.backend import default_rng
 from nanobert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification, num_labels, with_labels)
-from conftest import assert_close, numerical_grad, record
+from conftest import assert_close, numerical_grad, record, reference_fixture
 
 # ------------------------------------------------------------- 1. central differences
 
@@ -198,29 +198,9 @@ TASKS = {"seq_cls": BertForSequenceClassification, "regression": BertForSequence
 BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
 
 
-def committed():
-    with numpy.load(FIXTURE) as f:
-        return {k: f[k] for k in f.files}
-
-
-_live_cache = {}
-
-
-def live():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    if "fixture" not in _live_cache:
-        from reference.finetuning import make_fixture
-        _live_cache["fixture"] = make_fixture()
-    return _live_cache["fixture"]
-
-
-SOURCES = {"committed": committed, "live": live}
-
-
 @pytest.fixture(scope="module", params=["committed", "live"])
 def ref(request):
-    return SOURCES[request.param]()
+    return reference_fixture(request.param, FIXTURE, "reference.finetuning")
 
 
 def task_ref(ref, task):
@@ -276,7 +256,7 @@ def test_loss_logits_and_every_gradient_match_transformers(ref, task, dtype):
 def test_inferred_problem_types_match_transformers():
     """The fixture's config has no problem_type (saved before the first forward), so the
     rule is nanobert's own: num_labels 1 -> regression, float labels -> multi-label."""
-    ref = committed()
+    ref = reference_fixture("committed", FIXTURE, "reference.finetuning")
     for task, kind in (("seq_cls", "single_label_classification"), ("regression", "regression"),
                        ("multi_label", "multi_label_classification")):
         r = task_ref(ref, task)
@@ -287,7 +267,7 @@ def test_inferred_problem_types_match_transformers():
 
 
 def test_question_answering_counts_clamped_and_ignored_positions():
-    r = task_ref(committed(), "qa")
+    r = task_ref(reference_fixture("committed", FIXTURE, "reference.finetuning"), "qa")
     model = load_model(r, "qa", numpy.float64)
     _, _, out = model.loss_and_grads({k: r[k] for k in BATCH_KEYS if k in r}, return_outputs=True)
     # start [5, 1, T + 3, -1], end [7, T, 0, 2]: T and beyond are ignored, -1 becomes 0

@@ -11,36 +11,16 @@ import numpy
 import pytest
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, learning_rate
-from conftest import assert_close
+from conftest import assert_close, reference_fixture
 
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "pretraining_float64.npz"
 TOL = {numpy.float64: 1e-10, numpy.float32: 1e-4}
 BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "next_sentence_label")
 
 
-def committed():
-    with numpy.load(FIXTURE) as f:
-        return {k: f[k] for k in f.files}
-
-
-_live_cache = {}
-
-
-def live():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    if "fixture" not in _live_cache:
-        from reference.pretraining import make_fixture
-        _live_cache["fixture"] = make_fixture()
-    return _live_cache["fixture"]
-
-
-SOURCES = {"committed": committed, "live": live}
-
-
 @pytest.fixture(params=["committed", "live"])
 def ref(request):
-    return SOURCES[request.param]()
+    return reference_fixture(request.param, FIXTURE, "reference.pretraining")
 
 
 def load_model(ref, dtype):
