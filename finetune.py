@@ -42,7 +42,7 @@ import time
 
 import numpy
 
-from nanobert import AdamW, BertModel, clip_by_global_norm, learning_rate
+from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, learning_rate
 from nanobert import metrics
 from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.fileio import atomic_folder, atomic_open
@@ -524,19 +524,9 @@ def main(argv=None):
         epoch, position = divmod(step, steps_per_epoch)
         order = numpy.random.default_rng([args.seed, epoch]).permutation(len(train))
         rows = order[position * args.batch_size:(position + 1) * args.batch_size]
-        grads, loss = None, 0.0
-        for m in range(0, len(rows), micro):       # gradient accumulation: rows-weighted mean
-            part = rows[m:m + micro]
-            micro_loss, micro_grads = model.loss_and_grads(train.batch(part))
-            weight = len(part) / len(rows)
-            loss += micro_loss * weight
-            if grads is None:
-                grads = micro_grads
-                for g in grads.values():
-                    g *= weight
-            else:
-                for name, g in micro_grads.items():
-                    grads[name] += weight * g
+        parts = [rows[m:m + micro] for m in range(0, len(rows), micro)]     # gradient accumulation:
+        loss, grads, _ = average_gradients(model.loss_and_grads, [train.batch(part) for part in parts],
+                                           weights=[len(part) / len(rows) for part in parts])   # rows-weighted
         if not math.isfinite(loss):
             raise SystemExit(f"error: loss is {loss} at step {step}; lower --lr or try --dtype float64")
         clip_by_global_norm(grads, args.max_grad_norm, mode=args.optimizer)

@@ -23,7 +23,7 @@ import time
 
 import numpy
 
-from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, learning_rate
+from nanobert import AdamW, BertConfig, BertForPreTraining, average_gradients, clip_by_global_norm, learning_rate
 from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.bench import step_flops
 from nanobert.checkpoint import load_training_checkpoint, save_training_checkpoint
@@ -385,22 +385,14 @@ def main(argv=None):
         rows = batch_rows(len(data), args.batch_size, args.seed + phase, step)
         mask_rng = numpy.random.default_rng([args.seed, step, 1])   # dynamic masking, per step
         model.rng = default_rng(model.xp, int(numpy.random.SeedSequence([args.seed, step]).generate_state(1)[0]))
-        grads, loss, step_tokens = None, 0.0, 0
-        for m in range(args.grad_accum):
-            batch = trim(data.batch(rows[m * micro:(m + 1) * micro], mask_rng, args.dynamic_masking))
-            micro_loss, micro_grads, out = model.loss_and_grads(batch, return_outputs=True)
-            loss += micro_loss / args.grad_accum
-            if grads is None:
-                grads = micro_grads
-            else:
-                for name, g in micro_grads.items():
-                    grads[name] += g
+        batches = [trim(data.batch(rows[m * micro:(m + 1) * micro], mask_rng, args.dynamic_masking))
+                   for m in range(args.grad_accum)]
+        loss, grads, outs = average_gradients(lambda b: model.loss_and_grads(b, return_outputs=True), batches)
+        step_tokens = 0
+        for batch, out in zip(batches, outs):
             add_batch(window, out, batch)
             step_tokens += int(batch["attention_mask"].sum())
             window["flops"] += step_flops(config, *batch["input_ids"].shape, out["num_masked"])
-        if args.grad_accum > 1:
-            for g in grads.values():
-                g /= args.grad_accum
         if not math.isfinite(loss):
             save_debug = os.path.join(args.out, "nonfinite_batch.npz")
             numpy.savez(save_debug, **batch)

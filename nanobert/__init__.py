@@ -3,8 +3,8 @@ from .config import BertConfig
 from .heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                     BertForTokenClassification)
 from .model import BertForPreTraining, BertModel
-from .optim import AdamW, clip_by_global_norm, learning_rate
+from .optim import AdamW, average_gradients, clip_by_global_norm, learning_rate
 
 __all__ = ["BertConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
            "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice",
-           "AdamW", "clip_by_global_norm", "learning_rate"]
+           "AdamW", "average_gradients", "clip_by_global_norm", "learning_rate"]

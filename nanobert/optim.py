@@ -54,24 +54,29 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
     return norm
 
 
-def average_gradients(loss_and_grads, micro_batches):
-    """Gradient accumulation: the mean loss and mean gradients over micro-batches, the same
-    as one big batch when every micro-batch weighs the same (HF Trainer's convention)."""
-    total_loss, total = 0.0, None
-    for batch in micro_batches:
-        loss, grads = loss_and_grads(batch)
-        total_loss += loss
-        if total is None:
-            total = grads
-        else:
-            for name, g in grads.items():
-                total[name] += g
-    if total is None:
+def average_gradients(loss_and_grads, micro_batches, weights=None):
+    """Gradient accumulation: -> (loss, grads, outputs), the weighted sums over micro-batches
+    of what loss_and_grads(batch) returns. weights default to 1/n each (HF Trainer's
+    convention: one big batch when the micro-batches are equal); give rows / total rows to
+    weigh a short last micro-batch less. loss_and_grads may return (loss, grads, out): the
+    outs are handed back in order (outputs[i] is None when it returns two things)."""
+    if not micro_batches:
         raise ValueError("average_gradients needs at least one micro-batch")
     n = len(micro_batches)
-    for g in total.values():
-        g /= n
-    return total_loss / n, total
+    weights = [1.0 / n] * n if weights is None else weights
+    total_loss, total, outputs = 0.0, None, []
+    for batch, weight in zip(micro_batches, weights, strict=True):
+        loss, grads, *out = loss_and_grads(batch)
+        outputs.append(out[0] if out else None)
+        total_loss += weight * loss
+        if total is None:
+            total = grads
+            for g in total.values():
+                g *= weight
+        else:
+            for name, g in grads.items():
+                total[name] += weight * g
+    return total_loss, total, outputs
 
 
 class AdamW:

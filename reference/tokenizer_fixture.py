@@ -52,7 +52,7 @@ def read_lines(path):
 
 
 def corpus_files(root=ROOT):
-    return sorted(p for p in Path(root).glob(CORPUS_GLOB) if p.is_file())
+    return sorted(p for p in Path(root).glob(CORPUS_GLOB) if p.is_file() and not p.name.startswith("vocab"))
 
 
 def file_sha256(path):
@@ -86,13 +86,13 @@ def slow_tokenizer(vocab, **settings):
 
 def fast_tokenizer(vocab, **settings):
     """transformers' Rust-backed BertTokenizer (BertTokenizerFast in 4.x)."""
+    import importlib.util
     import transformers
     transformers.logging.set_verbosity_error()
-    try:
-        from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy  # noqa: F401
-        return transformers.BertTokenizer(vocab=str(vocab), **settings)        # 5.x: the Rust one
-    except ImportError:
-        return transformers.BertTokenizerFast(str(vocab), **settings)
+    # 5.x moved the Python tokenizer to tokenization_bert_legacy; BertTokenizer is the Rust one there
+    if importlib.util.find_spec("transformers.models.bert.tokenization_bert_legacy") is not None:
+        return transformers.BertTokenizer(vocab=str(vocab), **settings)
+    return transformers.BertTokenizerFast(str(vocab), **settings)
 
 
 def hf_ids(tokenizer, text):

@@ -87,7 +87,8 @@ def test_accumulating_equal_micro_batches_equals_one_big_batch(seed):
              "attention_mask": numpy.ones((B, T), dtype=int), "token_type_ids": numpy.zeros((B, T), dtype=int)}
     halves = [{k: v[i:i + 2] for k, v in batch.items()} for i in (0, 2)]
     loss, grads = model.loss_and_grads(batch)
-    acc_loss, acc_grads = average_gradients(model.loss_and_grads, halves)
+    acc_loss, acc_grads, outputs = average_gradients(model.loss_and_grads, halves)
+    assert outputs == [None, None]
     assert acc_loss == pytest.approx(loss, rel=1e-12)
     for name, g in grads.items():
         numpy.testing.assert_allclose(acc_grads[name], g, rtol=1e-9, atol=1e-13, err_msg=name)
