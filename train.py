@@ -27,7 +27,8 @@ from nanobert import AdamW, BertConfig, BertForPreTraining, average_gradients, c
 from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.bench import step_flops
 from nanobert.checkpoint import load_training_checkpoint, save_training_checkpoint
-from nanobert.pretraining_data import PretrainingDataset, create_pretraining_data, read_documents, sha256_file
+from nanobert.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
+from nanobert.pretraining_instances import read_documents
 from nanobert.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
 
 HERE = os.path.dirname(os.path.abspath(__file__))

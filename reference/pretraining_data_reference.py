@@ -1,6 +1,6 @@
 """A port of google-research/bert's create_pretraining_data.py (the instance-making part),
 kept as close to the original's behaviour as Python allows, for the parity test of
-nanobert/pretraining_data.py.
+nanobert/pretraining_instances.py (through nanobert/pretraining_data.py).
 
 It deliberately shares nothing with nanobert's implementation: it works on WordPiece token
 *strings* (as the original does), holds every document and instance in memory, calls

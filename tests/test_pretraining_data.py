@@ -1,4 +1,4 @@
-"""Pretraining data (nanobert/pretraining_data.py): the original create_pretraining_data.py
+"""Pretraining data (nanobert/pretraining_instances.py, nanobert/pretraining_data.py): the original create_pretraining_data.py
 algorithm, its shards on disk, and the errors for bad input.
 
 The strongest check is the first: on real text (the Brown held-out split) nanobert's output
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nanobert import BertConfig, BertForPreTraining
-from nanobert.pretraining_data import (
-    IGNORE_INDEX, PretrainingDataset, TokenizedCorpus, VocabInfo, create_masked_lm_predictions,
-    create_pretraining_data, create_training_instances, main, num_to_predict, read_documents,
-    shuffle, shuffle_permutation, truncate_seq_pair)
+from nanobert.pretraining_data import IGNORE_INDEX, PretrainingDataset, TokenizedCorpus, create_pretraining_data, main
+from nanobert.pretraining_instances import (VocabInfo, create_masked_lm_predictions, create_training_instances,
+                                            num_to_predict, read_documents, shuffle, shuffle_permutation,
+                                            truncate_seq_pair)
 from nanobert.tokenizer import BertTokenizer, train_wordpiece_vocab
 from reference import pretraining_data_reference as reference
 
