@@ -217,8 +217,9 @@ def read_examples(args, path, split):
 
 def load_data(args, tokenizer):
     """-> {split: (examples, Features)}, label_list. Prints what was read and what was cut."""
+    dataset_labels = None
     if args.dataset and args.dataset != "conll2003":
-        (train, dev, test), about = datasets.load(args.dataset, args.task)
+        (train, dev, test), dataset_labels, about = datasets.load(args.dataset, args.task)
         print(f"data: {about}")
         raw = {"train": (train, {}), "dev": (dev, {}), "test": (test, {})}
     else:
@@ -235,7 +236,7 @@ def load_data(args, tokenizer):
     label_list = None
     if args.task in ("classify", "pair"):
         given = args.labels.split(",") if args.labels else (
-            list(tasks.glue_layout(args.glue_task).labels) if args.glue_task else None)
+            list(tasks.glue_layout(args.glue_task).labels) if args.glue_task else dataset_labels)
         label_list = tasks.label_list_from(raw["train"][0], given)
     elif args.task == "ner":
         label_list = tasks.conll_label_list(raw["train"][0], args.labels.split(",") if args.labels else None)

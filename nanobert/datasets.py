@@ -152,8 +152,10 @@ def conll2003_paths():
 
 
 def load(name, task):
-    """-> ((train, dev, test) TextExample lists, a line saying what was read) for the text
-    data sets; conll2003 is files (conll2003_paths) and goes through the CoNLL reader."""
+    """-> ((train, dev, test) TextExample lists, label list, a line saying what was read) for
+    the text data sets; conll2003 is files (conll2003_paths) and goes through the CoNLL
+    reader. The label list is the data set's (sorted labels of all three splits; None for
+    regression), so a training subset that misses a rare class still has its output."""
     if name not in DATASETS or name == "conll2003":
         raise ValueError(f"unknown text data set {name!r}; known: {', '.join(n for n in DATASETS if n != 'conll2003')}")
     if task not in DATASETS[name][0]:
@@ -172,4 +174,5 @@ def load(name, task):
         splits = bible_paraphrase()
         about = "WEB/KJV verse pairs, chapters split 80/10/10, half same verse, a quarter same chapter"
     about += f"; fixed split (seed 0): {len(splits[0]):,} train, {len(splits[1]):,} dev, {len(splits[2]):,} test"
-    return splits, about
+    labels = None if task == "regress" else sorted({e.label for split in splits for e in split})
+    return splits, labels, about
