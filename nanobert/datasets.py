@@ -121,10 +121,13 @@ def bible_paraphrase(sizes=(6000, 1000, 1000), seed=0):
         by_chapter = {}
         for v in pool:
             by_chapter.setdefault(v // 1000, []).append(v)
+        if len(by_chapter) < 2:
+            raise ValueError(f"bible_paraphrase: a split with {len(by_chapter)} chapter(s) has no other chapter "
+                             "to draw negatives from")
         chosen = rng.choice(len(pool), size=min(size, len(pool)), replace=False)
         examples = []
-        for k, index in enumerate(chosen):
-            v = pool[index]
+        for k, index in enumerate(chosen):     # k even: the same verse; k % 4 == 1: another verse
+            v = pool[index]                      # of its chapter; k % 4 == 3: a verse of another chapter
             if k % 2 == 0:
                 other, label = v, "1"
             else:
