@@ -66,11 +66,11 @@ def row(name, out):
     def show(scores):
         return ", ".join(f"{k} {scores[k] if percent else 100 * scores[k]:.1f}" for k in keys if k in scores)
     return (f"| {name} | {about} | {results['train_minutes']:.0f} min | {show(dev)} "
-            f"(epoch {results['best']['epoch']:.0f}) | {show(test)} | {published} |")
+            f"(epoch {results['best']['epoch']:.0f}) | {show(test) or 'no test split'} | {published} |")
 
 
 def table(out):
-    lines = ["| evaluation | data | training time here | dev (best epoch) | test | published BERT |",
+    lines = ["| evaluation | data | time here (training + dev evaluations) | dev (best epoch) | test | published BERT |",
              "|---|---|---|---|---|---|"]
     return "\n".join(lines + [row(name, out) for name in EVALUATIONS])
 
