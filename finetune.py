@@ -43,14 +43,14 @@ import time
 import numpy
 
 from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, learning_rate
-from nanobert import metrics
+from nanobert.data import metrics
 from nanobert.backend import default_rng, resolve_device, to_host
-from nanobert.fileio import atomic_folder, atomic_open
-from nanobert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+from nanobert.formats.fileio import atomic_folder, atomic_open
+from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification)
-from nanobert.hub import resolve_model
-from nanobert import datasets, squad, tasks
-from nanobert.tokenizer import BertTokenizer
+from nanobert.formats.hub import resolve_model
+from nanobert.data import datasets, squad, tasks
+from nanobert.data.tokenizer import BertTokenizer
 
 HEADS = {"classify": BertForSequenceClassification, "pair": BertForSequenceClassification,
          "regress": BertForSequenceClassification, "ner": BertForTokenClassification,

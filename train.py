@@ -25,11 +25,11 @@ import numpy
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, average_gradients, clip_by_global_norm, learning_rate
 from nanobert.backend import default_rng, resolve_device, to_host
-from nanobert.bench import step_flops
-from nanobert.checkpoint import load_training_checkpoint, save_training_checkpoint
-from nanobert.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
-from nanobert.pretraining_instances import read_documents
-from nanobert.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
+from nanobert.model.flops import step_flops
+from nanobert.formats.checkpoint import load_training_checkpoint, save_training_checkpoint
+from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
+from nanobert.data.pretraining_instances import read_documents
+from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")

@@ -11,7 +11,7 @@ torch's AdamW:
 - gradients are first clipped by their global norm the TensorFlow way;
 - the learning rate warms up linearly from 0 and then decays linearly to 0.
 
-This module is a reference for nanobert.optim and is used by reference/pretraining.py to
+This module is a reference for nanobert.model.optim and is used by reference/pretraining.py to
 write the optimizer part of tests/fixtures/pretraining_float64.npz.
 """
 

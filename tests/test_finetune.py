@@ -10,7 +10,7 @@ import pytest
 
 import finetune
 from nanobert import BertConfig, BertModel
-from nanobert.tokenizer import BertTokenizer
+from nanobert.data.tokenizer import BertTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "finetune")
 WORDS = ["the", "good", "bad", "great", "awful", "film", "movie", "story", "france", "norse", "rollo", "king",
@@ -127,7 +127,7 @@ def test_regress_and_choice_run(tiny_bert, tmp_path):
 
 
 def test_gradient_accumulation_takes_the_same_step(tmp_path):
-    from nanobert import safetensors
+    from nanobert.formats import safetensors
     model = make_tiny_bert(tmp_path / "no-dropout", dropout=0.0)
     weights = []
     for accumulate in (1, 2, 4):

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import assume, example, given, settings, strategies as st
 
 from nanobert import BertConfig, BertForPreTraining, BertModel
-from nanobert import heads, safetensors
+from nanobert.model import heads
+from nanobert.formats import safetensors
 from nanobert.backend import default_rng
-from nanobert.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
+from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
                             BertForTokenClassification, num_labels, with_labels)
 from conftest import assert_close, numerical_grad, record, reference_fixture
 

@@ -2,7 +2,7 @@
 import numpy
 import pytest
 
-from nanobert import metrics
+from nanobert.data import metrics
 
 
 def approx(x):
@@ -109,7 +109,7 @@ def test_conlleval_chunk_boundaries():
 
 
 def test_conlleval_scores_bio_and_iob1_alike():
-    from nanobert.tasks import iob1_to_bio
+    from nanobert.data.tasks import iob1_to_bio
     iob1 = [["I-ORG", "O", "I-PER", "I-PER", "B-PER", "O", "I-LOC"]]
     guess = [["I-ORG", "O", "I-PER", "I-PER", "I-PER", "O", "I-MISC"]]
     bio = [iob1_to_bio(s) for s in iob1]

@@ -7,7 +7,7 @@ drawn by hypothesis.
 import numpy
 from hypothesis import given, settings, strategies as st
 
-from nanobert import ops
+from nanobert.model import ops
 from conftest import assert_close, numerical_grad, record
 
 TOL = 1e-7          # central differences with h=1e-6 in float64 agree to ~1e-9

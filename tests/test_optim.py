@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, learning_rate
-from nanobert.optim import average_gradients, global_norm
+from nanobert.model.optim import average_gradients, global_norm
 from test_checkpoint import CONFIG
 
 

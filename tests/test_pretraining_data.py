@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nanobert import BertConfig, BertForPreTraining
-from nanobert.pretraining_data import IGNORE_INDEX, PretrainingDataset, TokenizedCorpus, create_pretraining_data, main
-from nanobert.pretraining_instances import (VocabInfo, create_masked_lm_predictions, create_training_instances,
+from nanobert.data.pretraining_data import IGNORE_INDEX, PretrainingDataset, TokenizedCorpus, create_pretraining_data, main
+from nanobert.data.pretraining_instances import (VocabInfo, create_masked_lm_predictions, create_training_instances,
                                             num_to_predict, read_documents, shuffle, shuffle_permutation,
                                             truncate_seq_pair)
-from nanobert.tokenizer import BertTokenizer, train_wordpiece_vocab
+from nanobert.data.tokenizer import BertTokenizer, train_wordpiece_vocab
 from reference import pretraining_data_reference as reference
 
 BROWN = pathlib.Path(__file__).resolve().parents[1] / "data" / "brown"

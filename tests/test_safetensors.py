@@ -1,4 +1,4 @@
-"""nanobert.safetensors: round trips, the reference package, malformed files, atomic save."""
+"""nanobert.formats.safetensors: round trips, the reference package, malformed files, atomic save."""
 import errno
 import io
 import json
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from nanobert import safetensors as nst
+from nanobert.formats import safetensors as nst
 
 DTYPES = {np.float32: "F32", np.float64: "F64", np.float16: "F16", np.int64: "I64",
           np.int32: "I32", np.bool_: "BOOL"}

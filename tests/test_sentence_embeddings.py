@@ -10,9 +10,10 @@ import numpy
 import pytest
 
 import finetune
-from nanobert import BertModel, tasks
-from nanobert.hub import resolve_model
-from nanobert.tokenizer import BertTokenizer
+from nanobert import BertModel
+from nanobert.data import tasks
+from nanobert.formats.hub import resolve_model
+from nanobert.data.tokenizer import BertTokenizer
 from conftest import installed_or_skip, record
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_sentences.npz")

@@ -1,4 +1,4 @@
-"""nanobert.special.erf against Python's math.erf: float64 to rounding level (relative error
+"""nanobert.model.special.erf against Python's math.erf: float64 to rounding level (relative error
 for |x| < 1, absolute beyond), float32 to ~1 ulp, the symmetries and special values of erf,
 and the contract of the function (dtype, shape, out=)."""
 import math
@@ -7,9 +7,9 @@ import numpy
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from nanobert import special
+from nanobert.model import special
 from nanobert.backend import gpu_available
-from nanobert.special import erf
+from nanobert.model.special import erf
 from conftest import record
 
 TOL64 = 4e-16          # float64: relative for |x| < 1, absolute elsewhere

@@ -7,8 +7,9 @@ import string
 import numpy
 import pytest
 
-from nanobert import hub, squad, tasks
-from nanobert.tokenizer import BertTokenizer
+from nanobert.formats import hub
+from nanobert.data import squad, tasks
+from nanobert.data.tokenizer import BertTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "finetune")
 

@@ -22,7 +22,7 @@ import numpy
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from nanobert.tokenizer import (SPECIAL_TOKENS, BertTokenizer, load_vocab,
+from nanobert.data.tokenizer import (SPECIAL_TOKENS, BertTokenizer, load_vocab,
                                 packaged_vocab_path, save_vocab, train_wordpiece_vocab)
 from reference.tokenizer_fixture import (ADVERSARIAL, CALL_CASES, CORPUS_FIXTURE, PARITY_FIXTURE,
                                          ROOT, SETTINGS, corpus_files, file_sha256, ids_hash,
@@ -595,7 +595,7 @@ def test_training_errors_are_named():
 
 def test_training_speed_on_a_zipfian_corpus():
     """~200k words of Zipf-distributed pseudo-words: counting + merging to 2,000 tokens stays fast
-    (the Brown corpus, 1M words to 30k tokens: about 20 s; python -m nanobert.bench_tokenizer)."""
+    (the Brown corpus, 1M words to 30k tokens: about 20 s; python -m bench.tokenizer_speed)."""
     rng = random.Random(0)
     syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "gu", "de", "an", "el", "or", "is"]
     lexicon = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(5000)]

@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 import train
-from nanobert import safetensors
+from nanobert.formats import safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BROWN = ROOT / "data" / "brown"
@@ -123,7 +123,7 @@ def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
     the unigram baseline (the loss of ignoring context), and NSP accuracy beats always guessing
     the majority class by more than 3 standard errors of a coin-flip accuracy (measured here:
     MLM 6.38 vs unigram 6.84; NSP 0.594 vs majority 0.555, margin 0.020)."""
-    from nanobert.pretraining_data import PretrainingDataset
+    from nanobert.data.pretraining_data import PretrainingDataset
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**SMALL, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256}))
     out = tmp_path / "run"

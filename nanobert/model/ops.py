@@ -10,7 +10,7 @@ I (intermediate size), V (vocabulary), N (rows of a 2-D matmul, usually B*T).
 """
 import math
 
-from .backend import array_module, scatter_add
+from ..backend import array_module, scatter_add
 from .special import erf
 
 # ----------------------------------------------------------------------------- embedding

@@ -3,8 +3,8 @@ nanobert and of transformers' BertForPreTraining on torch, same config, batch an
 count, in one run. Prints median step times, their ratio, and nanobert's GFLOP/s next to
 NumPy's own large-matmul GFLOP/s.
 
-    python -m nanobert.bench                      # mini and base, float32, CPU
-    python -m nanobert.bench --configs mini --steps 10
+    python -m bench.train_step                      # mini and base, float32, CPU
+    python -m bench.train_step --configs mini --steps 10
 
 torch and transformers are needed for the comparison (pip install -e ".[reference]");
 without them only nanobert is timed.
@@ -20,6 +20,7 @@ import time
 import numpy
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm
+from nanobert.model.flops import step_flops
 
 CONFIGS = {   # name: (layers, hidden, heads, seq_len, batch)
     "mini": (4, 256, 4, 128, 32),
@@ -48,14 +49,6 @@ def make_batch(config, B, T, seed=0):
     types[:, T // 2:] = 1
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": numpy.ones((B, T), dtype=numpy.int64),
             "labels": labels, "next_sentence_label": rng.integers(0, 2, size=B)}
-
-
-def step_flops(config, B, T, num_masked):
-    """Matmul FLOPs of one training step (3x forward: forward + two backward matmuls)."""
-    H, I, L, V = config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.vocab_size
-    per_token = L * (2 * (4 * H * H + 2 * H * I) + 2 * 2 * T * H)   # dense layers + QK^T, PV
-    forward = B * T * per_token + num_masked * 2 * (H * H + H * V) + B * 2 * (H * H + 2 * H)
-    return 3 * forward
 
 
 def time_steps(step, steps, warmup=1):
@@ -118,7 +111,7 @@ def measure(framework, name, steps):
 def measure_in_subprocess(framework, name, steps):
     """Each measurement in a fresh process: torch's OpenMP pool and OpenBLAS's threads never
     share the cores at once, and neither inherits the other's memory."""
-    result = subprocess.run([sys.executable, "-m", "nanobert.bench", "--worker", framework, name,
+    result = subprocess.run([sys.executable, "-m", "bench.train_step", "--worker", framework, name,
                              "--steps", str(steps)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{framework} {name} benchmark failed:\n{result.stderr}")

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy
 
-from .fileio import atomic_open
+from ..formats.fileio import atomic_open
 
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"

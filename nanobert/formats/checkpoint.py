@@ -10,8 +10,8 @@ import shutil
 
 import numpy
 
-from .backend import to_host
-from .config import BertConfig
+from ..backend import to_host
+from ..model.config import BertConfig
 from .fileio import atomic_folder, atomic_open
 from . import safetensors
 

@@ -1,0 +1,1 @@
+"""Benchmarks: nanobert against PyTorch / transformers, run from the repository root."""

@@ -1,0 +1,1 @@
+"""Text and data: WordPiece, pretraining instances and shards, task readers, metrics."""

@@ -1,0 +1,1 @@
+"""Files: safetensors, HF checkpoints, atomic writes, models and data shipped in packages."""
