@@ -8,7 +8,8 @@
 from .model.config import BertConfig
 from .model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                           BertForSequenceClassification, BertForTokenClassification)
-from .model.bert import BertForPreTraining, BertModel
+from .model.bert import BertModel
+from .model.pretraining import BertForPreTraining
 from .model.optim import AdamW, average_gradients, clip_by_global_norm, learning_rate
 
 __all__ = ["BertConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",

@@ -20,8 +20,9 @@ from nanobert import BertConfig, BertForPreTraining, BertModel
 from nanobert.model import heads
 from nanobert.formats import safetensors
 from nanobert.backend import default_rng
-from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
-                            BertForTokenClassification, num_labels, with_labels)
+from nanobert.model.config import num_labels, with_labels
+from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
+                                  BertForSequenceClassification, BertForTokenClassification)
 from conftest import assert_close, numerical_grad, record, reference_fixture
 
 # ------------------------------------------------------------- 1. central differences
@@ -432,7 +433,7 @@ def bad_batch_cases():
          r"labels\[1\] = 2 is outside \[0, 2\)"),
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([0, 1])},
          r"labels has shape \(2,\), expected \(3,\)"),
-        (BertForSequenceClassification, {**inputs}, r"at least \['input_ids', 'labels'\]"),
+        (BertForSequenceClassification, {**inputs}, r"at least 'input_ids' and 'labels'"),
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([[0, 1.5], [0, 1], [1, 0]])},
          r"labels\[0, 1\] = 1.5 is outside \[0, 1\]"),
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([True, False, True])},

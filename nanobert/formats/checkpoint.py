@@ -11,9 +11,10 @@ import shutil
 import numpy
 
 from ..backend import to_host
-from ..model.config import BertConfig
-from .fileio import atomic_folder, atomic_open
+from ..model.config import BertConfig, num_labels, with_labels
+from ..model.params import init_params
 from . import safetensors
+from .fileio import atomic_folder, atomic_open
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -30,7 +31,8 @@ def check_state_dict(expected_shapes, tensors, what="model"):
                        if name in found and found[name] != tuple(shape))
     if missing or unexpected or misshaped:
         parts = []
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
+        for label, names in (("missing", missing), ("unexpected", unexpected),
+                             ("mis-shaped", misshaped)):
             if names:
                 parts.append(f"{label} ({len(names)}): " + ", ".join(names))
         raise ValueError(f"checkpoint does not fit {what}: " + "; ".join(parts))
@@ -62,8 +64,9 @@ def adapt_state_dict(tensors, base_prefix, expected):
     return tensors
 
 
-def load_pretrained(cls, path):
-    """-> (BertConfig, dict of host arrays) for model class `cls`, checked against it."""
+def read_checkpoint(path):
+    """-> (BertConfig, dict of host arrays as stored) from a folder with config.json and
+    model.safetensors."""
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint folder not found: {path}")
@@ -71,10 +74,98 @@ def load_pretrained(cls, path):
     weights = os.path.join(path, WEIGHTS_NAME)
     if not os.path.exists(weights):
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in {path} (nanobert reads safetensors only)")
+    return config, safetensors.load_file(weights)
+
+
+def load_pretrained(cls, path):
+    """-> (BertConfig, dict of host arrays) for model class `cls`, checked against it."""
+    config, tensors = read_checkpoint(path)
     expected = cls.param_shapes(config)
-    tensors = adapt_state_dict(safetensors.load_file(weights), cls.base_prefix, expected)
-    check_state_dict(expected, tensors, what=f"{cls.__name__} with {os.path.join(path, CONFIG_NAME)}")
+    tensors = adapt_state_dict(tensors, cls.base_prefix, expected)
+    check_state_dict(expected, tensors,
+                     what=f"{cls.__name__} with {os.path.join(path, CONFIG_NAME)}")
     return config, tensors
+
+# ------------------------------------------------------------- a task head from any BERT
+
+
+def load_for_task(cls, path, num_labels=None, id2label=None, reinit_head=False, seed=0):
+    """-> (config with the task's labels, params) for a task head class `cls` from any BERT
+    checkpoint: the encoder must fit; other heads' tensors and an unused pooler are dropped;
+    a missing pooler or head starts fresh (init from `seed`); a head of another shape is an
+    error unless reinit_head. What was dropped or started fresh is printed, as transformers
+    warns."""
+    config, tensors = read_checkpoint(path)
+    config = with_labels(config, num_labels=num_labels, id2label=id2label)
+    expected, head = cls.param_shapes(config), cls.head_shapes(config)
+    tensors = adapt_state_dict(tensors, "bert.", expected)
+    unused = _drop_other_heads(tensors, expected)
+    encoder, fresh = _encoder_tensors(cls, path, config, tensors, expected, head, seed)
+    reasons = _head_mismatches(cls, path, config, tensors, head, reinit_head)
+    head_tensors = {k: tensors[k] for k in head if k in tensors and k not in reasons}
+    fresh += sorted(k for k in head if k not in tensors)
+    head_tensors.update(init_params({k: head[k] for k in head if k not in head_tensors},
+                                    config, seed + 1))
+    _report(cls.__name__, path, unused, reasons, fresh)
+    return config, {**encoder, **head_tensors}
+
+
+def _drop_other_heads(tensors, expected):
+    """Remove (in place) the tensors of heads and a pooler this model does not have."""
+    other_heads = ("cls.", "classifier.", "qa_outputs.", "bert.pooler.")
+    unused = sorted(k for k in tensors if k not in expected and k.startswith(other_heads))
+    for k in unused:
+        del tensors[k]
+    return unused
+
+
+def _encoder_tensors(cls, path, config, tensors, expected, head, seed):
+    """The encoder's tensors, a missing pooler initialised; -> (tensors, fresh names)."""
+    fresh = sorted(k for k in expected if k.startswith("bert.pooler.") and k not in tensors)
+    encoder_shapes = {k: s for k, s in expected.items() if k not in head}
+    encoder = {k: v for k, v in tensors.items() if k not in head}
+    encoder.update(init_params({k: expected[k] for k in fresh}, config, seed))
+    check_state_dict(encoder_shapes, encoder,
+                     what=f"{cls.__name__} with {os.path.join(path, CONFIG_NAME)}")
+    return encoder, fresh
+
+
+def _head_mismatches(cls, path, config, tensors, head, reinit_head):
+    """{head tensor: why it starts fresh}; a mis-shaped head without reinit_head is an error."""
+    mismatched = [k for k, shape in head.items()
+                  if k in tensors and tuple(tensors[k].shape) != shape]
+    if mismatched and not reinit_head:
+        k = mismatched[0]
+        found, needed = tuple(tensors[k].shape), head[k]
+        model_name = cls.__name__
+        if not cls.head_ignores_num_labels:
+            model_name += f" with num_labels={num_labels(config)}"
+        raise ValueError(
+            f"{path}: the checkpoint's head {k} has shape {found} ({found[0]} labels) but "
+            f"{model_name} needs {needed} ({needed[0]} labels); pass reinit_head=True to start "
+            f"a fresh head, or num_labels={found[0]} to keep it")
+    reasons = {k: f"found shape {tuple(tensors[k].shape)} in the checkpoint and {head[k]} "
+                  f"in the model" for k in mismatched}
+    if reinit_head:
+        reasons.update({k: "reinit_head=True" for k in head if k in tensors and k not in reasons})
+    return reasons
+
+
+def _report(model_name, path, unused, reasons, fresh):
+    """transformers' warnings about unused and newly initialised weights, on stdout."""
+    if unused:
+        print(f"Some weights of the model checkpoint at {path} were not used when initializing "
+              f"{model_name}: {unused}")
+    if reasons:
+        print(f"Some weights of {model_name} were not initialized from the model checkpoint at "
+              f"{path} and are newly initialized:\n"
+              + "\n".join(f"- {k}: {why}" for k, why in sorted(reasons.items())))
+    if fresh:
+        print(f"Some weights of {model_name} were not initialized from the model checkpoint at "
+              f"{path} and are newly initialized: {sorted(fresh)}")
+    if reasons or fresh:
+        print("You should probably TRAIN this model on a down-stream task to be able to use it "
+              "for predictions and inference.")
 
 
 def save_pretrained(model, path):
@@ -121,7 +212,8 @@ def load_training_checkpoint(cls, folder):
         folder += ".old"
     state_path = os.path.join(folder, TRAINER_STATE_NAME)
     if not os.path.isfile(state_path):
-        raise FileNotFoundError(f"no resumable checkpoint at {folder} (missing {TRAINER_STATE_NAME})")
+        raise FileNotFoundError(f"no resumable checkpoint at {folder} "
+                                f"(missing {TRAINER_STATE_NAME})")
     config, params = load_pretrained(cls, folder)
     optimizer_state = safetensors.load_file(os.path.join(folder, OPTIMIZER_NAME))
     with open(state_path, encoding="utf-8") as f:

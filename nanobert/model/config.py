@@ -1,9 +1,12 @@
-"""BertConfig: the hyper-parameters of a BERT, read from and written to HF's config.json."""
+"""BertConfig: the hyper-parameters of a BERT, read from and written to HF's config.json,
+and the labels of a fine-tuning task as config.json stores them (id2label / label2id)."""
 import dataclasses
 import json
 import os
 
 from .ops import GELU_KINDS
+
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 
 
 @dataclasses.dataclass
@@ -43,10 +46,6 @@ class BertConfig:
         if kind != "absolute":
             raise ValueError(f"position_embedding_type {kind!r} is not supported (only 'absolute')")
 
-    @property
-    def head_size(self):
-        return self.hidden_size // self.num_attention_heads
-
     @classmethod
     def from_dict(cls, d):
         if d.get("model_type", "bert") != "bert":
@@ -80,5 +79,81 @@ class BertConfig:
             raise ValueError(f"{path} must hold a JSON object, got {type(d).__name__}")
         return cls.from_dict(d)
 
-    def to_json_string(self):
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+# ------------------------------------------------------------------------ task labels
+
+
+def _parse_id2label(id2label):
+    """{index: name} (int or string keys, as config.json has them) or a list of names ->
+    {int: name}, checked to be indexed 0..n-1."""
+    if isinstance(id2label, (list, tuple)):
+        id2label = dict(enumerate(id2label))
+    if not isinstance(id2label, dict) or not id2label:
+        raise ValueError(f"id2label must be a non-empty dict {{index: name}}, got {id2label!r}")
+    try:
+        by_index = {int(k): v for k, v in id2label.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"id2label keys must be integers 0..n-1, "
+                         f"got {sorted(map(str, id2label))}") from None
+    if sorted(by_index) != list(range(len(by_index))):
+        raise ValueError(f"id2label keys must be exactly 0..{len(by_index) - 1}, "
+                         f"got {sorted(by_index)}")
+    return by_index
+
+
+def _check_count(n, what="num_labels"):
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"{what} must be a positive integer, got {n!r}")
+    return n
+
+
+def num_labels(config):
+    """Number of labels as transformers counts them: len(id2label) (config.json stores
+    num_labels only that way), else a bare "num_labels" key, else 2 (HF's default)."""
+    stated = config.extra.get("num_labels")
+    if stated is not None:
+        _check_count(stated)
+    if config.extra.get("id2label") is None:
+        return 2 if stated is None else stated
+    count = len(_parse_id2label(config.extra["id2label"]))
+    if stated is not None and stated != count:
+        raise ValueError(f"config says num_labels={stated} but its id2label has {count} labels")
+    return count
+
+
+_num_labels = num_labels     # for the functions whose num_labels argument shadows it
+
+
+def with_labels(config, num_labels=None, id2label=None, problem_type=None):
+    """A copy of `config` whose extra holds id2label / label2id as config.json stores them
+    (string keys "0".."n-1"; label2id the inverse) and no separate "num_labels" key.
+
+    id2label (a dict {index: name} or a list of names) sets the labels; num_labels alone
+    keeps the existing names when the count is unchanged, else names them LABEL_0.. as HF.
+    problem_type (one of PROBLEM_TYPES) is stored when given.
+    """
+    count = _num_labels(config)
+    label2id = config.extra.get("label2id")
+    if num_labels is not None:
+        _check_count(num_labels)
+    if id2label is not None:
+        by_index = _parse_id2label(id2label)
+        if num_labels is not None and num_labels != len(by_index):
+            raise ValueError(f"num_labels={num_labels} but id2label has {len(by_index)} labels")
+        label2id = None
+    elif num_labels is not None and num_labels != count:
+        by_index, label2id = {i: f"LABEL_{i}" for i in range(num_labels)}, None
+    elif config.extra.get("id2label") is not None:
+        by_index = _parse_id2label(config.extra["id2label"])
+    else:
+        by_index = {i: f"LABEL_{i}" for i in range(count)}
+    extra = {k: v for k, v in config.extra.items() if k != "num_labels"}
+    extra["id2label"] = {str(i): by_index[i] for i in range(len(by_index))}
+    if not isinstance(label2id, dict) or len(label2id) != len(by_index):
+        label2id = {name: i for i, name in by_index.items()}
+    extra["label2id"] = dict(label2id)
+    if problem_type is not None:
+        extra["problem_type"] = problem_type
+    if extra.get("problem_type") not in (None, *PROBLEM_TYPES):
+        raise ValueError(f"problem_type must be one of {PROBLEM_TYPES}, "
+                         f"got {extra['problem_type']!r}")
+    return dataclasses.replace(config, extra=extra)

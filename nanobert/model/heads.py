@@ -18,133 +18,23 @@ The head dropout is `classifier_dropout` from config.json when set, else hidden_
 As in transformers (nn.Embedding(padding_idx=pad_token_id)) the [PAD] row of the word
 embeddings never gets a gradient.
 
-num_labels(config) reads the label count the way config.json stores it (id2label);
-with_labels(config, num_labels=, id2label=, problem_type=) returns a config carrying them.
+Each class is a head on the skeleton of bert.BertPreTrainedModel: it names its parameters
+(head_shapes), checks its targets and writes its head and loss as forward/backward pairs.
+The label count and names live in config.json (config.num_labels / with_labels).
 `from_pretrained` loads the encoder of any BERT checkpoint and starts a missing head fresh.
 """
 import dataclasses
-import os
 
 import numpy
 
 from . import ops
-from ..formats import safetensors
-from ..backend import array_module, to_device, to_host
-from ..formats.checkpoint import CONFIG_NAME, WEIGHTS_NAME, adapt_state_dict, check_state_dict
-from .config import BertConfig
+from ..backend import to_device, to_host
+from ..formats.checkpoint import load_for_task
 from ..formats.hub import resolve_model
-from .bert import (BertPreTrainedModel, _as_int_array, _check_range, bert_backward, bert_forward,
-                    bert_param_shapes, check_inputs, init_params, linear_backward_into)
-
-PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
-INPUT_KEYS = ("input_ids", "token_type_ids", "attention_mask")
-WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
-
-# ------------------------------------------------------------------------ loss op pairs
-
-
-def mse_forward(prediction, target):
-    """Mean squared error over every element (torch's MSELoss). Same shapes -> scalar."""
-    diff = prediction - target
-    return float((diff * diff).mean()), diff
-
-
-def mse_backward(dloss, diff):
-    return diff * (2.0 * dloss / diff.size)
-
-
-def bce_with_logits_forward(logits, targets):
-    """Mean binary cross-entropy of sigmoid(logits) against targets in [0, 1], over every
-    element (torch's BCEWithLogitsLoss). Written as max(x, 0) - x*y + log(1 + exp(-|x|)),
-    which never overflows."""
-    xp = array_module(logits)
-    per_element = xp.maximum(logits, 0.0) - logits * targets + xp.log1p(xp.exp(-xp.abs(logits)))
-    return float(per_element.mean()), (logits, targets)
-
-
-def bce_with_logits_backward(dloss, cache):
-    """-> dlogits = dloss * (sigmoid(x) - y) / N; sigmoid from exp(-|x|), so no overflow."""
-    logits, targets = cache
-    xp = array_module(logits)
-    e = xp.exp(-xp.abs(logits))
-    sigmoid = xp.where(logits >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-    return (sigmoid - targets) * (dloss / logits.size)
-
-# ----------------------------------------------------------------------- labels in config
-
-
-def _parse_id2label(id2label):
-    """{index: name} (int or string keys, as config.json has them) or a list of names ->
-    {int: name}, checked to be indexed 0..n-1."""
-    if isinstance(id2label, (list, tuple)):
-        id2label = dict(enumerate(id2label))
-    if not isinstance(id2label, dict) or not id2label:
-        raise ValueError(f"id2label must be a non-empty dict {{index: name}}, got {id2label!r}")
-    try:
-        by_index = {int(k): v for k, v in id2label.items()}
-    except (TypeError, ValueError):
-        raise ValueError(f"id2label keys must be integers 0..n-1, got {sorted(map(str, id2label))}") from None
-    if sorted(by_index) != list(range(len(by_index))):
-        raise ValueError(f"id2label keys must be exactly 0..{len(by_index) - 1}, got {sorted(by_index)}")
-    return by_index
-
-
-def _check_count(n, what="num_labels"):
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"{what} must be a positive integer, got {n!r}")
-    return n
-
-
-def num_labels(config):
-    """Number of labels as transformers counts them: len(id2label) (config.json stores
-    num_labels only that way), else a bare "num_labels" key, else 2 (HF's default)."""
-    stated = config.extra.get("num_labels")
-    if stated is not None:
-        _check_count(stated)
-    if config.extra.get("id2label") is None:
-        return 2 if stated is None else stated
-    count = len(_parse_id2label(config.extra["id2label"]))
-    if stated is not None and stated != count:
-        raise ValueError(f"config says num_labels={stated} but its id2label has {count} labels")
-    return count
-
-
-_num_labels = num_labels     # for the functions whose num_labels argument shadows it
-
-
-def with_labels(config, num_labels=None, id2label=None, problem_type=None):
-    """A copy of `config` whose extra holds id2label / label2id as config.json stores them
-    (string keys "0".."n-1"; label2id the inverse) and no separate "num_labels" key.
-
-    id2label (a dict {index: name} or a list of names) sets the labels; num_labels alone
-    keeps the existing names when the count is unchanged, else names them LABEL_0.. as HF.
-    problem_type (one of PROBLEM_TYPES) is stored when given.
-    """
-    count = _num_labels(config)
-    label2id = config.extra.get("label2id")
-    if num_labels is not None:
-        _check_count(num_labels)
-    if id2label is not None:
-        by_index = _parse_id2label(id2label)
-        if num_labels is not None and num_labels != len(by_index):
-            raise ValueError(f"num_labels={num_labels} but id2label has {len(by_index)} labels")
-        label2id = None
-    elif num_labels is not None and num_labels != count:
-        by_index, label2id = {i: f"LABEL_{i}" for i in range(num_labels)}, None
-    elif config.extra.get("id2label") is not None:
-        by_index = _parse_id2label(config.extra["id2label"])
-    else:
-        by_index = {i: f"LABEL_{i}" for i in range(count)}
-    extra = {k: v for k, v in config.extra.items() if k != "num_labels"}
-    extra["id2label"] = {str(i): by_index[i] for i in range(len(by_index))}
-    if not isinstance(label2id, dict) or len(label2id) != len(by_index):
-        label2id = {name: i for i, name in by_index.items()}
-    extra["label2id"] = dict(label2id)
-    if problem_type is not None:
-        extra["problem_type"] = problem_type
-    if extra.get("problem_type") not in (None, *PROBLEM_TYPES):
-        raise ValueError(f"problem_type must be one of {PROBLEM_TYPES}, got {extra['problem_type']!r}")
-    return dataclasses.replace(config, extra=extra)
+from .bert import BertPreTrainedModel, linear_backward_into
+from .config import BertConfig, num_labels, with_labels
+from .inputs import (as_int_array, as_real_array, check_inputs, check_per_example, check_range,
+                     shape_error)
 
 # ----------------------------------------------------------------------------- outputs
 
@@ -173,40 +63,29 @@ class MultipleChoiceModelOutput:
     logits: object              # [B, C]
     hidden_states: list         # L+1 arrays [B*C, T, H]
 
-# ------------------------------------------------------------------------- batch checks
-
-
-def _require(batch, keys, what):
-    if not isinstance(batch, dict) or any(k not in batch or batch[k] is None for k in keys):
-        found = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-        raise ValueError(f"a {what} batch is a dict with at least {list(keys)}, got {found}")
-
-
-def _as_real_array(batch, key, where):
-    """Float labels (regression, multi-label): any int or float array, finite -> float64."""
-    a = numpy.asarray(to_host(batch[key]))
-    real = numpy.issubdtype(a.dtype, numpy.integer) or numpy.issubdtype(a.dtype, numpy.floating)
-    if a.dtype == bool or not real:
-        raise ValueError(f"{where}: {key} must be a real-valued array, got dtype {a.dtype}")
-    a = a.astype(numpy.float64)
-    if not numpy.isfinite(a).all():
-        index = tuple(int(i) for i in numpy.argwhere(~numpy.isfinite(a))[0])
-        raise ValueError(f"{key}[{', '.join(map(str, index))}] = {a[index]} is not finite")
-    return a
-
-
-def _shape_error(key, shape, expected):
-    return ValueError(f"batch: {key} has shape {shape}, expected {' or '.join(map(str, expected))}")
-
 # ------------------------------------------------------------------------- the heads
 
 
+def classifier_forward(params, x, dropout_p, rng, training):
+    """The task layer of the paper: dropout, then one dense layer named "classifier".
+    x [..., H] -> logits [..., num_labels]."""
+    x, dropout = ops.dropout_forward(x, dropout_p, rng, training)
+    logits, linear = ops.linear_forward(x, params["classifier.weight"], params["classifier.bias"])
+    return logits, (dropout, linear)
+
+
+def classifier_backward(dlogits, cache, grads):
+    """dlogits [..., num_labels] -> dx [..., H]."""
+    dropout, linear = cache
+    dx = linear_backward_into(dlogits, linear, grads, "classifier")
+    return ops.dropout_backward(dx, dropout)
+
+
 class BertForTask(BertPreTrainedModel):
-    """What every task head shares: the encoder (with or without the pooler), num_labels
-    from config, the forward/backward composition, and from_pretrained from any BERT."""
-    base_prefix = "bert."
-    uses_pooler = True           # False for token classification and QA, as in transformers
-    head_ignores_num_labels = False      # True where num_labels plays no part in the head's shape
+    """What every task head shares: num_labels and label names from config, the classifier
+    dropout, and from_pretrained from any BERT checkpoint (nanobert.formats.checkpoint's
+    load_for_task decides what is kept and what starts fresh)."""
+    head_ignores_num_labels = False      # True where num_labels plays no part in the head
 
     def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
         if isinstance(config, BertConfig):
@@ -218,68 +97,9 @@ class BertForTask(BertPreTrainedModel):
         if not 0.0 <= self.classifier_dropout < 1.0:
             raise ValueError(f"classifier_dropout must be in [0, 1), got {dropout}")
 
-    @classmethod
-    def head_shapes(cls, config):
-        raise NotImplementedError
-
-    @classmethod
-    def param_shapes(cls, config):
-        return {**bert_param_shapes(config, "bert.", pooler=cls.uses_pooler), **cls.head_shapes(config)}
-
-    # Each subclass defines: _inputs (validate, flatten), _check_targets, _head_forward /
-    # _head_backward, _loss_forward / _loss_backward and _output.
-
-    def _inputs(self, input_ids, token_type_ids, attention_mask):
-        """-> host int64 arrays [B, T] (HF's keys), validated."""
-        return check_inputs(self.config, input_ids, token_type_ids, attention_mask)
-
-    def _forward(self, host):
-        """Encoder + head on a checked batch -> logits, caches, hidden_states."""
-        xp = self.xp
-        ids, types, mask = (to_device(host[k], xp) for k in INPUT_KEYS)
-        sequence, pooled, hidden_states, bert_cache = bert_forward(
-            self.params, "bert.", self.config, ids, types, mask, self.rng, self.training)
-        logits, head_cache = self._head_forward(sequence, pooled, host)
-        return logits, (bert_cache, head_cache), hidden_states
-
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
-        host = self._inputs(input_ids, token_type_ids, attention_mask)
-        logits, _, hidden_states = self._forward(host)
-        return self._output(logits, hidden_states)
-
-    def check_batch(self, batch):
-        """Validate a training batch on the host -> dict of NumPy arrays (inputs + targets)."""
-        _require(batch, ("input_ids", *self.target_keys), type(self).__name__)
-        host = self._inputs(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
-        host.update(self._check_targets(batch, host))
-        return host
-
-    def loss(self, batch):
-        """Forward only (evaluation): the loss of one batch, as a float."""
-        host = self.check_batch(batch)
-        logits, _, _ = self._forward(host)
-        return self._loss_forward(logits, host)[0]
-
-    def loss_and_grads(self, batch, return_outputs=False):
-        """Forward and backward over one batch -> (loss, grads), grads keyed like self.params;
-        with return_outputs also a dict with the logits, hidden_states and loss details."""
-        host = self.check_batch(batch)
-        logits, (bert_cache, head_cache), hidden_states = self._forward(host)
-        loss, loss_cache, outputs = self._loss_forward(logits, host)
-        grads = {}
-        dlogits = self._loss_backward(loss_cache)
-        dsequence, dpooled = self._head_backward(dlogits, head_cache, grads)
-        bert_backward(dsequence, dpooled, bert_cache, self.params, "bert.", grads)
-        for name, p in self.params.items():
-            if name not in grads:
-                grads[name] = self.xp.zeros_like(p)
-        if not return_outputs:
-            return loss, grads
-        output = self._output(logits, hidden_states)
-        outputs.update({f.name: getattr(output, f.name) for f in dataclasses.fields(output)})
-        return loss, grads, outputs
-
-    # -------------------------------------------------------------- from any checkpoint
+    def _classifier_forward(self, x):
+        return classifier_forward(self.params, x, self.classifier_dropout, self.rng,
+                                  self.training)
 
     @classmethod
     def from_pretrained(cls, path, num_labels=None, id2label=None, reinit_head=False,
@@ -294,64 +114,9 @@ class BertForTask(BertPreTrainedModel):
         of labels differs from num_labels is a ValueError; reinit_head=True starts a fresh head
         instead (whether or not its shape matches).
         """
-        path = resolve_model(path)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"checkpoint folder not found: {path}")
-        config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
-        config = with_labels(config, num_labels=num_labels, id2label=id2label)
-        weights = os.path.join(path, WEIGHTS_NAME)
-        if not os.path.exists(weights):
-            raise FileNotFoundError(f"no {WEIGHTS_NAME} in {path} (nanobert reads safetensors only)")
-        expected = cls.param_shapes(config)
-        head = cls.head_shapes(config)
-        tensors = adapt_state_dict(safetensors.load_file(weights), "bert.", expected)
-
-        other_heads = ("cls.", "classifier.", "qa_outputs.", "bert.pooler.")
-        unused = sorted(k for k in tensors if k not in expected and k.startswith(other_heads))
-        for k in unused:
-            del tensors[k]
-        fresh = sorted(k for k in expected if k.startswith("bert.pooler.") and k not in tensors)
-        encoder = {k: s for k, s in expected.items() if k not in head}
-        encoder_tensors = {k: v for k, v in tensors.items() if k not in head}
-        encoder_tensors.update(init_params({k: expected[k] for k in fresh}, config, seed))
-        check_state_dict(encoder, encoder_tensors,
-                         what=f"{cls.__name__} with {os.path.join(path, CONFIG_NAME)}")
-
-        mismatched = [k for k, shape in head.items() if k in tensors and tuple(tensors[k].shape) != shape]
-        if mismatched and not reinit_head:
-            k = mismatched[0]
-            found, needed = tuple(tensors[k].shape), head[k]
-            model_name = cls.__name__
-            if not cls.head_ignores_num_labels:
-                model_name += f" with num_labels={_num_labels(config)}"
-            raise ValueError(
-                f"{path}: the checkpoint's head {k} has shape {found} ({found[0]} labels) but "
-                f"{model_name} needs {needed} ({needed[0]} labels); pass reinit_head=True to start "
-                f"a fresh head, or num_labels={found[0]} to keep it")
-        reasons = {k: f"found shape {tuple(tensors[k].shape)} in the checkpoint and {head[k]} in the model"
-                   for k in mismatched}
-        if reinit_head:
-            reasons.update({k: "reinit_head=True" for k in head if k in tensors and k not in reasons})
-        head_tensors = {k: tensors[k] for k in head if k in tensors and k not in reasons}
-        missing_head = sorted(k for k in head if k not in tensors)
-        head_tensors.update(init_params({k: head[k] for k in head if k not in head_tensors},
-                                        config, seed + 1))
-        fresh += missing_head
-
-        if unused:
-            print(f"Some weights of the model checkpoint at {path} were not used when initializing "
-                  f"{cls.__name__}: {unused}")
-        if reasons:
-            print(f"Some weights of {cls.__name__} were not initialized from the model checkpoint at "
-                  f"{path} and are newly initialized:\n"
-                  + "\n".join(f"- {k}: {why}" for k, why in sorted(reasons.items())))
-        if fresh:
-            print(f"Some weights of {cls.__name__} were not initialized from the model checkpoint at "
-                  f"{path} and are newly initialized: {sorted(fresh)}")
-        if reasons or fresh:
-            print("You should probably TRAIN this model on a down-stream task to be able to use it "
-                  "for predictions and inference.")
-        model = cls(config, seed=seed, dtype=dtype, device=device, params={**encoder_tensors, **head_tensors})
+        config, params = load_for_task(cls, resolve_model(path), num_labels, id2label,
+                                       reinit_head, seed)
+        model = cls(config, seed=seed, dtype=dtype, device=device, params=params)
         return model.eval()
 
 
@@ -380,42 +145,33 @@ class BertForSequenceClassification(BertForTask):
             return kind
         if self.num_labels == 1:
             return "regression"
-        return ("single_label_classification" if numpy.issubdtype(numpy.asarray(labels).dtype, numpy.integer)
-                else "multi_label_classification")
+        integer = numpy.issubdtype(numpy.asarray(labels).dtype, numpy.integer)
+        return "single_label_classification" if integer else "multi_label_classification"
 
     def _check_targets(self, batch, host):
         B, C = host["input_ids"].shape[0], self.num_labels
         kind = self.problem_type(to_host(batch["labels"]))
         if kind == "single_label_classification":
-            labels = _as_int_array(batch, "labels", "batch")
-            if labels.shape not in ((B,), (B, 1)):
-                raise _shape_error("labels", labels.shape, [(B,)])
-            labels = labels.reshape(B)
-            _check_range(labels, "labels", 0, C, allowed=(ops.IGNORE_INDEX,))
-            return {"labels": labels.astype(numpy.int64), "problem_type": kind}
-        labels = _as_real_array(batch, "labels", "batch")
+            labels = check_per_example(batch, "labels", B, 0, C, allowed=(ops.IGNORE_INDEX,))
+            return {"labels": labels, "problem_type": kind}
+        labels = as_real_array(batch, "labels", "batch")
         if kind == "regression" and C == 1:
             if labels.shape not in ((B,), (B, 1)):   # HF squeezes logits and labels
-                raise _shape_error("labels", labels.shape, [(B,)])
+                raise shape_error("labels", labels.shape, [(B,)])
             return {"labels": labels.reshape(B), "problem_type": kind}
         if labels.shape != (B, C):
-            raise _shape_error("labels", labels.shape, [(B, C)])
+            raise shape_error("labels", labels.shape, [(B, C)])
         if kind == "multi_label_classification" and ((labels < 0) | (labels > 1)).any():
             index = tuple(int(i) for i in numpy.argwhere((labels < 0) | (labels > 1))[0])
-            raise ValueError(f"labels[{', '.join(map(str, index))}] = {labels[index]} is outside [0, 1] "
-                             f"(multi-label targets are probabilities)")
+            raise ValueError(f"labels[{', '.join(map(str, index))}] = {labels[index]} is outside "
+                             f"[0, 1] (multi-label targets are probabilities)")
         return {"labels": labels, "problem_type": kind}
 
     def _head_forward(self, sequence, pooled, host):
-        x, drop_cache = ops.dropout_forward(pooled, self.classifier_dropout, self.rng, self.training)
-        logits, linear_cache = ops.linear_forward(x, self.params["classifier.weight"],
-                                                  self.params["classifier.bias"])   # [B, C]
-        return logits, (drop_cache, linear_cache)
+        return self._classifier_forward(pooled)                        # [B, C]
 
     def _head_backward(self, dlogits, cache, grads):
-        drop_cache, linear_cache = cache
-        dx = linear_backward_into(dlogits, linear_cache, grads, "classifier")
-        return None, ops.dropout_backward(dx, drop_cache)        # dsequence, dpooled
+        return None, classifier_backward(dlogits, cache, grads)        # dsequence, dpooled
 
     def _loss_forward(self, logits, host):
         kind = host["problem_type"]
@@ -423,21 +179,22 @@ class BertForSequenceClassification(BertForTask):
         labels = to_device(host["labels"], self.xp, logits.dtype if float_labels else None)
         if kind == "single_label_classification":
             loss, cache = ops.cross_entropy_forward(logits, labels)
-            return loss, (kind, cache, logits.shape), {"problem_type": kind, "num_counted": cache[-1]}
+            outputs = {"logits": logits, "problem_type": kind, "num_counted": cache.count}
+            return loss, (kind, cache, logits.shape), outputs
         if kind == "regression":
             prediction = logits.reshape(labels.shape)                # [B, 1] -> [B] when C == 1
-            loss, cache = mse_forward(prediction, labels)
+            loss, cache = ops.mse_forward(prediction, labels)
         else:
-            loss, cache = bce_with_logits_forward(logits, labels)
-        return loss, (kind, cache, logits.shape), {"problem_type": kind}
+            loss, cache = ops.bce_with_logits_forward(logits, labels)
+        return loss, (kind, cache, logits.shape), {"logits": logits, "problem_type": kind}
 
     def _loss_backward(self, loss_cache):
         kind, cache, shape = loss_cache
         if kind == "single_label_classification":
             return ops.cross_entropy_backward(1.0, cache)
         if kind == "regression":
-            return mse_backward(1.0, cache).reshape(shape)
-        return bce_with_logits_backward(1.0, cache)
+            return ops.mse_backward(1.0, cache).reshape(shape)
+        return ops.bce_with_logits_backward(1.0, cache)
 
     def _output(self, logits, hidden_states):
         return SequenceClassifierOutput(logits, hidden_states)
@@ -458,28 +215,23 @@ class BertForTokenClassification(BertForTask):
                 "classifier.bias": (num_labels(config),)}
 
     def _check_targets(self, batch, host):
-        labels = _as_int_array(batch, "labels", "batch")
+        labels = as_int_array(batch, "labels", "batch")
         if labels.shape != host["input_ids"].shape:
-            raise _shape_error("labels", labels.shape, [host["input_ids"].shape])
-        _check_range(labels, "labels", 0, self.num_labels, allowed=(ops.IGNORE_INDEX,))
+            raise shape_error("labels", labels.shape, [host["input_ids"].shape])
+        check_range(labels, "labels", 0, self.num_labels, allowed=(ops.IGNORE_INDEX,))
         return {"labels": labels.astype(numpy.int64)}
 
     def _head_forward(self, sequence, pooled, host):
-        x, drop_cache = ops.dropout_forward(sequence, self.classifier_dropout, self.rng, self.training)
-        logits, linear_cache = ops.linear_forward(x, self.params["classifier.weight"],
-                                                  self.params["classifier.bias"])   # [B, T, C]
-        return logits, (drop_cache, linear_cache)
+        return self._classifier_forward(sequence)                      # [B, T, C]
 
     def _head_backward(self, dlogits, cache, grads):
-        drop_cache, linear_cache = cache
-        dx = linear_backward_into(dlogits, linear_cache, grads, "classifier")
-        return ops.dropout_backward(dx, drop_cache), None
+        return classifier_backward(dlogits, cache, grads), None
 
     def _loss_forward(self, logits, host):
         C = logits.shape[-1]
         labels = to_device(host["labels"].reshape(-1), self.xp)
         loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels)   # [B*T, C]
-        return loss, (cache, logits.shape), {"num_counted": cache[-1]}
+        return loss, (cache, logits.shape), {"logits": logits, "num_counted": cache.count}
 
     def _loss_backward(self, loss_cache):
         cache, shape = loss_cache
@@ -516,9 +268,9 @@ class BertForQuestionAnswering(BertForTask):
         B, T = host["input_ids"].shape
         out = {}
         for key in self.target_keys:
-            positions = _as_int_array(batch, key, "batch")
+            positions = as_int_array(batch, key, "batch")
             if positions.shape not in ((B,), (B, 1)):
-                raise _shape_error(key, positions.shape, [(B,)])
+                raise shape_error(key, positions.shape, [(B,)])
             positions = positions.reshape(B).astype(numpy.int64)
             clamped = numpy.clip(positions, 0, T)
             out[key] = numpy.where(clamped == T, ops.IGNORE_INDEX, clamped)
@@ -540,8 +292,10 @@ class BertForQuestionAnswering(BertForTask):
             logits[..., 0], to_device(host["start_positions"], xp))
         end_loss, end_cache = ops.cross_entropy_forward(
             logits[..., 1], to_device(host["end_positions"], xp))
-        outputs = {"start_loss": start_loss, "end_loss": end_loss}
-        outputs.update({k: v for k, v in host.items() if k.endswith(("_clamped_to_0", "_ignored"))})
+        outputs = {"start_loss": start_loss, "end_loss": end_loss,
+                   "start_logits": logits[..., 0].copy(), "end_logits": logits[..., 1].copy()}
+        counts = ("_clamped_to_0", "_ignored")
+        outputs.update({k: v for k, v in host.items() if k.endswith(counts)})
         return (start_loss + end_loss) / 2, (start_cache, end_cache), outputs
 
     def _loss_backward(self, loss_cache):
@@ -551,7 +305,8 @@ class BertForQuestionAnswering(BertForTask):
         return self.xp.stack([dstart, dend], axis=-1)                  # [B, T, 2]
 
     def _output(self, logits, hidden_states):
-        return QuestionAnsweringModelOutput(logits[..., 0].copy(), logits[..., 1].copy(), hidden_states)
+        return QuestionAnsweringModelOutput(logits[..., 0].copy(), logits[..., 1].copy(),
+                                            hidden_states)
 
 
 class BertForMultipleChoice(BertForTask):
@@ -579,7 +334,8 @@ class BertForMultipleChoice(BertForTask):
             if a is not None:
                 a = numpy.asarray(to_host(a))
                 if a.shape != ids.shape:
-                    raise ValueError(f"inputs: {key} has shape {a.shape} but input_ids has {ids.shape}")
+                    raise ValueError(f"inputs: {key} has shape {a.shape} "
+                                     f"but input_ids has {ids.shape}")
                 a = a.reshape(B * C, T)
             flat.append(a)
         host = check_inputs(self.config, ids.reshape(B * C, T), *flat)
@@ -588,27 +344,19 @@ class BertForMultipleChoice(BertForTask):
 
     def _check_targets(self, batch, host):
         B, C = host["input_ids"].shape[0] // host["num_choices"], host["num_choices"]
-        labels = _as_int_array(batch, "labels", "batch")
-        if labels.shape not in ((B,), (B, 1)):
-            raise _shape_error("labels", labels.shape, [(B,)])
-        labels = labels.reshape(B)
-        _check_range(labels, "labels", 0, C, allowed=(ops.IGNORE_INDEX,))
-        return {"labels": labels.astype(numpy.int64)}
+        labels = check_per_example(batch, "labels", B, 0, C, allowed=(ops.IGNORE_INDEX,))
+        return {"labels": labels}
 
     def _head_forward(self, sequence, pooled, host):
-        x, drop_cache = ops.dropout_forward(pooled, self.classifier_dropout, self.rng, self.training)
-        scores, linear_cache = ops.linear_forward(x, self.params["classifier.weight"],
-                                                  self.params["classifier.bias"])   # [B*C, 1]
-        return scores.reshape(-1, host["num_choices"]), (drop_cache, linear_cache)  # [B, C]
+        scores, cache = self._classifier_forward(pooled)               # [B*C, 1]
+        return scores.reshape(-1, host["num_choices"]), cache          # [B, C]
 
     def _head_backward(self, dlogits, cache, grads):
-        drop_cache, linear_cache = cache
-        dx = linear_backward_into(dlogits.reshape(-1, 1), linear_cache, grads, "classifier")
-        return None, ops.dropout_backward(dx, drop_cache)
+        return None, classifier_backward(dlogits.reshape(-1, 1), cache, grads)
 
     def _loss_forward(self, logits, host):
         loss, cache = ops.cross_entropy_forward(logits, to_device(host["labels"], self.xp))
-        return loss, cache, {"num_counted": cache[-1]}
+        return loss, cache, {"logits": logits, "num_counted": cache.count}
 
     def _loss_backward(self, cache):
         return ops.cross_entropy_backward(1.0, cache)

@@ -9,6 +9,7 @@ T (sequence length), H (hidden size), A (attention heads), D = H / A (head size)
 I (intermediate size), V (vocabulary), N (rows of a 2-D matmul, usually B*T).
 """
 import math
+from typing import NamedTuple
 
 from ..backend import array_module, scatter_add
 from .special import erf
@@ -182,6 +183,17 @@ def attention_mask_bias(attention_mask, dtype):
     return bias[:, None, None, :]
 
 
+class AttentionCache(NamedTuple):
+    qkv: tuple                 # linear cache of the stacked projection
+    q: object                  # [B, A, T, D], already scaled by 1/sqrt(D)
+    k: object                  # [B, A, T, D]
+    v: object                  # [B, A, T, D]
+    probs: object              # [B, A, T, T], softmax before dropout
+    probs_dropped: object      # [B, A, T, T], what multiplied v
+    dropout_mask: object
+    num_heads: int
+
+
 def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
     """Multi-head scaled dot-product self-attention, all heads at once.
 
@@ -201,31 +213,39 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
     context = probs_dropped @ v                            # [B, A, T, D]
     context = context.transpose(0, 2, 1, 3).reshape(B, T, H)
-    cache = (qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A)
+    cache = AttentionCache(qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A)
     return context, cache
 
 
 def self_attention_backward(dcontext, cache):
     """-> dx [B, T, H], dw_qkv [3H, H], db_qkv [3H]."""
     xp = array_module(dcontext)
-    qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A = cache
     B, T, H = dcontext.shape
+    A = cache.num_heads
     D = H // A
     dcontext = dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3)  # [B, A, T, D]
-    dv = probs_dropped.transpose(0, 1, 3, 2) @ dcontext            # [B, A, T, D]
-    dprobs = dcontext @ v.transpose(0, 1, 3, 2)                    # [B, A, T, T]
-    dprobs = dropout_backward(dprobs, dropout_cache)
-    dscores = softmax_backward(dprobs, softmax_cache)              # mask bias is constant
-    dq = dscores @ k                                               # w.r.t. the scaled q
+    dv = cache.probs_dropped.transpose(0, 1, 3, 2) @ dcontext      # [B, A, T, D]
+    dprobs = dcontext @ cache.v.transpose(0, 1, 3, 2)              # [B, A, T, T]
+    dprobs = dropout_backward(dprobs, cache.dropout_mask)
+    dscores = softmax_backward(dprobs, cache.probs)                # mask bias is constant
+    dq = dscores @ cache.k                                         # w.r.t. the scaled q
     dq *= 1.0 / math.sqrt(D)
-    dk = dscores.transpose(0, 1, 3, 2) @ q
+    dk = dscores.transpose(0, 1, 3, 2) @ cache.q
     dqkv = xp.stack([dq, dk, dv])                                  # [3, B, A, T, D]
     dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * H)
-    return linear_backward(dqkv, qkv_cache)
+    return linear_backward(dqkv, cache.qkv)
 
 # ------------------------------------------------------------------------- cross-entropy
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100     # label of a position or example that no loss counts (torch's default)
+
+
+class CrossEntropyCache(NamedTuple):
+    shifted: object            # [N, C] logits minus their row max
+    log_z: object              # [N] log of the softmax denominator
+    safe_labels: object        # [N] labels with ignored rows set to 0
+    valid: object              # [N] bool, rows the loss counts
+    count: int                 # how many rows it counts
 
 
 def cross_entropy_forward(logits, labels):
@@ -243,14 +263,43 @@ def cross_entropy_forward(logits, labels):
     rows = xp.arange(labels.shape[0])
     nll = log_z - shifted[rows, safe_labels]               # -log p(label), [N]
     loss = float((nll * valid).sum()) / max(count, 1)
-    return loss, (shifted, log_z, safe_labels, valid, count)
+    return loss, CrossEntropyCache(shifted, log_z, safe_labels, valid, count)
 
 
 def cross_entropy_backward(dloss, cache):
     """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows."""
-    xp = array_module(cache[0])
-    shifted, log_z, safe_labels, valid, count = cache
-    dlogits = xp.exp(shifted - log_z[:, None])             # softmax
-    dlogits[xp.arange(dlogits.shape[0]), safe_labels] -= 1.0
-    dlogits *= (dloss / max(count, 1)) * valid[:, None]
+    xp = array_module(cache.shifted)
+    dlogits = xp.exp(cache.shifted - cache.log_z[:, None])         # softmax
+    dlogits[xp.arange(dlogits.shape[0]), cache.safe_labels] -= 1.0
+    dlogits *= (dloss / max(cache.count, 1)) * cache.valid[:, None]
     return dlogits
+
+# ------------------------------------------------------------------ regression losses
+
+
+def mse_forward(prediction, target):
+    """Mean squared error over every element (torch's MSELoss). Same shapes -> scalar."""
+    diff = prediction - target
+    return float((diff * diff).mean()), diff
+
+
+def mse_backward(dloss, diff):
+    return diff * (2.0 * dloss / diff.size)
+
+
+def bce_with_logits_forward(logits, targets):
+    """Mean binary cross-entropy of sigmoid(logits) against targets in [0, 1], over every
+    element (torch's BCEWithLogitsLoss). Written as max(x, 0) - x*y + log(1 + exp(-|x|)),
+    which never overflows."""
+    xp = array_module(logits)
+    per_element = xp.maximum(logits, 0.0) - logits * targets + xp.log1p(xp.exp(-xp.abs(logits)))
+    return float(per_element.mean()), (logits, targets)
+
+
+def bce_with_logits_backward(dloss, cache):
+    """-> dlogits = dloss * (sigmoid(x) - y) / N; sigmoid from exp(-|x|), so no overflow."""
+    logits, targets = cache
+    xp = array_module(logits)
+    e = xp.exp(-xp.abs(logits))
+    sigmoid = xp.where(logits >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    return (sigmoid - targets) * (dloss / logits.size)

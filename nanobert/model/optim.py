@@ -138,8 +138,9 @@ class AdamW:
     def load_state_dict(self, state):
         missing = [k for n in self.params for k in ("m/" + n, "v/" + n) if k not in state]
         if missing or "step" not in state:
-            raise ValueError(f"optimizer state does not fit the model: missing {missing[:5] or ['step']}"
-                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise ValueError(f"optimizer state does not fit the model: "
+                             f"missing {missing[:5] or ['step']}{more}")
         xp = array_module(next(iter(self.params.values())))
         for name, p in self.params.items():
             for moments, key in ((self.m, "m/" + name), (self.v, "v/" + name)):

@@ -1,0 +1,180 @@
+"""BERT's pretraining heads (section 3.1 of the paper) and BertForPreTraining.
+
+    masked LM:   sequence_output at the masked positions -> dense + GELU + LayerNorm
+                 -> logits = x @ word_embeddings.T + bias   (decoder tied to the input table)
+    NSP:         pooled [CLS] -> cls.seq_relationship -> 2 logits (0: B follows A, 1: random)
+    loss:        MLM mean cross-entropy + NSP mean cross-entropy
+
+Both heads are op pairs with the encoder's calling convention (bert.py); BertForPreTraining
+plugs them into the same skeleton as every fine-tuning head.
+"""
+import dataclasses
+from typing import NamedTuple
+
+import numpy
+
+from . import ops
+from ..backend import array_module, to_device
+from .bert import BertPreTrainedModel, add_grad, layernorm_backward_into, linear_backward_into
+from .inputs import as_int_array, check_range
+
+
+def pretraining_head_shapes(config):
+    """The MLM transform + output bias (its decoder weight is the tied word embedding
+    table, so it has no entry of its own) and the NSP classifier."""
+    H = config.hidden_size
+    return {
+        "cls.predictions.bias": (config.vocab_size,),
+        "cls.predictions.transform.dense.weight": (H, H),
+        "cls.predictions.transform.dense.bias": (H,),
+        "cls.predictions.transform.LayerNorm.weight": (H,),
+        "cls.predictions.transform.LayerNorm.bias": (H,),
+        "cls.seq_relationship.weight": (2, H),
+        "cls.seq_relationship.bias": (2,),
+    }
+
+# ------------------------------------------------------------------------ masked LM head
+
+
+class MLMCache(NamedTuple):
+    prefix: str                # the encoder's, for the tied word-embedding table
+    dense: tuple
+    gelu: tuple
+    layernorm: tuple
+    decoder: tuple
+    positions: object          # [M] indices into B*T
+    sequence_shape: tuple      # [B, T, H]
+
+
+def mlm_head_forward(params, prefix, sequence_output, positions, config):
+    """Masked-LM logits at the masked positions only, as the original (gather first: the
+    [M, V] vocabulary projection is the costliest matmul, so skip the unmasked rows).
+
+    sequence_output [B, T, H], positions [M] indices into B*T -> logits [M, V].
+    The decoder is the encoder's word-embedding table (prefix + "embeddings...") itself,
+    plus an output bias.
+    """
+    H = sequence_output.shape[-1]
+    x = sequence_output.reshape(-1, H)[positions]                  # [M, H]
+    t = "cls.predictions.transform."
+    x, dense = ops.linear_forward(x, params[t + "dense.weight"], params[t + "dense.bias"])
+    x, gelu = ops.gelu_forward(x, config.hidden_act)
+    x, layernorm = ops.layernorm_forward(x, params[t + "LayerNorm.weight"],
+                                         params[t + "LayerNorm.bias"], config.layer_norm_eps)
+    logits, decoder = ops.linear_forward(x, params[prefix + "embeddings.word_embeddings.weight"],
+                                         params["cls.predictions.bias"])
+    cache = MLMCache(prefix, dense, gelu, layernorm, decoder, positions, sequence_output.shape)
+    return logits, cache
+
+
+def mlm_head_backward(dlogits, cache, grads):
+    """dlogits [M, V] -> dsequence_output [B, T, H] (zero except at the masked positions)."""
+    xp = array_module(dlogits)
+    dx, dw, db = ops.linear_backward(dlogits, cache.decoder)
+    add_grad(grads, cache.prefix + "embeddings.word_embeddings.weight", dw)   # the tied decoder
+    add_grad(grads, "cls.predictions.bias", db)
+    dx = layernorm_backward_into(dx, cache.layernorm, grads, "cls.predictions.transform.LayerNorm")
+    dx = ops.gelu_backward(dx, cache.gelu)
+    dx = linear_backward_into(dx, cache.dense, grads, "cls.predictions.transform.dense")
+    B, T, H = cache.sequence_shape
+    dsequence = xp.zeros((B * T, H), dtype=dx.dtype)
+    dsequence[cache.positions] = dx                                # positions are distinct
+    return dsequence.reshape(B, T, H)
+
+# ------------------------------------------------------------------------------ NSP head
+
+
+def nsp_head_forward(params, pooled_output):
+    """pooled_output [B, H] -> NSP logits [B, 2]."""
+    return ops.linear_forward(pooled_output, params["cls.seq_relationship.weight"],
+                              params["cls.seq_relationship.bias"])
+
+
+def nsp_head_backward(dlogits, cache, grads):
+    """dlogits [B, 2] -> dpooled_output [B, H]."""
+    return linear_backward_into(dlogits, cache, grads, "cls.seq_relationship")
+
+# ---------------------------------------------------------------------------- the model
+
+
+@dataclasses.dataclass
+class BertForPreTrainingOutput:
+    prediction_logits: object          # [B, T, V]
+    seq_relationship_logits: object    # [B, 2]
+    hidden_states: list
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """BERT + the masked-LM and next-sentence heads; loss = MLM mean + NSP mean.
+
+    batch: input_ids, token_type_ids, attention_mask, labels [B, T] (the original token at
+    a masked position, -100 elsewhere), next_sentence_label [B] (optional; without it the
+    loss is MLM alone and the NSP head gets zero gradients).
+    """
+    target_keys = ("labels",)
+
+    @classmethod
+    def head_shapes(cls, config):
+        return pretraining_head_shapes(config)
+
+    def _check_targets(self, batch, host):
+        B, T = host["input_ids"].shape
+        labels = as_int_array(batch, "labels", "batch")
+        if labels.shape != (B, T):
+            raise ValueError(f"batch: labels has shape {labels.shape} but input_ids has {(B, T)}")
+        check_range(labels, "labels", 0, self.config.vocab_size, allowed=(ops.IGNORE_INDEX,))
+        flat_labels = labels.reshape(-1).astype(numpy.int64)
+        positions = numpy.flatnonzero(flat_labels != ops.IGNORE_INDEX)   # sorted, [M]
+        targets = {"labels": labels.astype(numpy.int64), "masked_lm_positions": positions,
+                   "masked_lm_ids": flat_labels[positions]}
+        if batch.get("next_sentence_label") is not None:
+            nsp = as_int_array(batch, "next_sentence_label", "batch")
+            if nsp.shape != (B,):
+                raise ValueError(f"batch: next_sentence_label has shape {nsp.shape}, "
+                                 f"expected {(B,)}")
+            check_range(nsp, "next_sentence_label", 0, 2, allowed=(ops.IGNORE_INDEX,))
+            targets["next_sentence_label"] = nsp.astype(numpy.int64)
+        return targets
+
+    def _head_forward(self, sequence, pooled, host):
+        """-> (MLM logits [M, V] at the masked positions, or [B*T, V] at inference;
+        NSP logits [B, 2])."""
+        B, T, _ = sequence.shape
+        positions = host.get("masked_lm_positions")
+        positions = self.xp.arange(B * T) if positions is None else to_device(positions, self.xp)
+        mlm_logits, mlm_cache = mlm_head_forward(self.params, self.base_prefix, sequence,
+                                                 positions, self.config)
+        nsp_logits, nsp_cache = nsp_head_forward(self.params, pooled)
+        return (mlm_logits, nsp_logits), (mlm_cache, nsp_cache)
+
+    def _head_backward(self, dlogits, cache, grads):
+        (dmlm, dnsp), (mlm_cache, nsp_cache) = dlogits, cache
+        dsequence = mlm_head_backward(dmlm, mlm_cache, grads)
+        dpooled = None if dnsp is None else nsp_head_backward(dnsp, nsp_cache, grads)
+        return dsequence, dpooled
+
+    def _loss_forward(self, logits, host):
+        xp = self.xp
+        mlm_logits, nsp_logits = logits
+        mlm_labels = to_device(host["masked_lm_ids"], xp)
+        mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels)
+        outputs = {"mlm_loss": mlm_loss, "nsp_loss": None, "mlm_logits": mlm_logits,
+                   "nsp_logits": None, "num_masked": len(host["masked_lm_positions"]),
+                   "mlm_correct": int((mlm_logits.argmax(-1) == mlm_labels).sum())}
+        if "next_sentence_label" not in host:
+            return mlm_loss, (mlm_cache, None), outputs
+        nsp_labels = to_device(host["next_sentence_label"], xp)
+        nsp_loss, nsp_cache = ops.cross_entropy_forward(nsp_logits, nsp_labels)
+        outputs.update(nsp_loss=nsp_loss, nsp_logits=nsp_logits,
+                       nsp_correct=int((nsp_logits.argmax(-1) == nsp_labels).sum()))
+        return mlm_loss + nsp_loss, (mlm_cache, nsp_cache), outputs
+
+    def _loss_backward(self, cache):
+        mlm_cache, nsp_cache = cache
+        dnsp = None if nsp_cache is None else ops.cross_entropy_backward(1.0, nsp_cache)
+        return ops.cross_entropy_backward(1.0, mlm_cache), dnsp
+
+    def _output(self, logits, hidden_states):
+        mlm_logits, nsp_logits = logits                    # inference: every position
+        B, T, _ = hidden_states[-1].shape
+        return BertForPreTrainingOutput(mlm_logits.reshape(B, T, -1), nsp_logits, hidden_states)
