@@ -4,6 +4,8 @@ Parameter names are HF state-dict names, so converting is renaming at most: a le
 LayerNorm gamma/beta, a `bert.` prefix present or absent, the tied MLM decoder (weight =
 word embeddings, bias = cls.predictions.bias) stored or not.
 """
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -22,7 +24,8 @@ TIED_DECODER = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"
 
 
 def check_state_dict(expected_shapes, tensors, what="model"):
-    """Raise one ValueError listing every missing, unexpected and mis-shaped tensor."""
+    """Raise one ValueError listing every missing, unexpected and mis-shaped tensor, or
+    naming a tensor that is not floating point (an I32 table would be cast silently)."""
     found = {name: tuple(numpy.shape(t)) for name, t in tensors.items()}
     missing = sorted(set(expected_shapes) - set(found))
     unexpected = sorted(set(found) - set(expected_shapes))
@@ -36,6 +39,26 @@ def check_state_dict(expected_shapes, tensors, what="model"):
             if names:
                 parts.append(f"{label} ({len(names)}): " + ", ".join(names))
         raise ValueError(f"checkpoint does not fit {what}: " + "; ".join(parts))
+    for name, t in tensors.items():
+        dtype = numpy.dtype(getattr(t, "dtype", numpy.asarray(t).dtype))
+        if dtype.kind != "f":
+            raise ValueError(f"checkpoint does not fit {what}: {name} is stored as {dtype}, "
+                             f"but every parameter is floating point")
+
+
+def check_finite(tensors, what):
+    """Refuse to save a NaN or an infinity: a diverged run must never replace a good
+    checkpoint. Names the first bad tensor (in the dict's order) and how much of it is bad."""
+    for name, t in tensors.items():
+        t = numpy.asarray(t)
+        if t.dtype.kind == "f" and not numpy.isfinite(t).all():
+            bad = int(t.size - numpy.isfinite(t).sum())
+            raise NonFiniteError(f"refusing to save {what}: {name} holds {bad} non-finite "
+                                 f"value(s) (nan/inf) of {t.size}")
+
+
+class NonFiniteError(ValueError):
+    """A tensor about to be saved holds NaN or inf; nothing was written."""
 
 
 def _canonical_name(name):
@@ -176,9 +199,31 @@ def save_pretrained(model, path):
     config["architectures"] = [type(model).__name__]
     config["torch_dtype"] = str(model.dtype)
     tensors = {name: numpy.ascontiguousarray(to_host(p)) for name, p in model.params.items()}
-    safetensors.save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
-    with atomic_open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
-        f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    check_finite(tensors, os.path.join(path, WEIGHTS_NAME))
+    with reporting_full_disk(path, _nbytes(tensors)):
+        safetensors.save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+        with atomic_open(os.path.join(path, CONFIG_NAME), "w", encoding="utf-8") as f:
+            f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _nbytes(tensors):
+    return sum(t.nbytes for t in tensors.values())
+
+
+@contextlib.contextmanager
+def reporting_full_disk(path, needed_bytes):
+    """A full disk mid-save becomes one line that says where and how much space was needed
+    (the atomic writes have already left the previous file or folder as it was)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        parent = os.path.dirname(os.path.abspath(path))
+        free = shutil.disk_usage(parent).free if os.path.isdir(parent) else 0
+        raise OSError(error.errno, f"no space left on the device while saving {path}: it needs "
+                                   f"about {needed_bytes / 1e6:.1f} MB and {free / 1e6:.1f} MB "
+                                   f"are free; the previous save there is intact") from None
 
 # ------------------------------------------------------------------- training checkpoints
 
@@ -195,11 +240,14 @@ def save_training_checkpoint(folder, model, optimizer, state, vocab_file=None):
     deleted. A crash at any point leaves a complete checkpoint (`folder` or `folder.old`,
     which load_training_checkpoint falls back to).
     """
-    with atomic_folder(folder) as building:
+    optimizer_state = optimizer.state_dict()
+    check_finite(optimizer_state, os.path.join(folder, OPTIMIZER_NAME))
+    needed = _nbytes(model.params) + _nbytes(optimizer_state)
+    with reporting_full_disk(folder, needed), atomic_folder(folder) as building:
         save_pretrained(model, building)
         if vocab_file is not None:
             shutil.copyfile(vocab_file, os.path.join(building, "vocab.txt"))
-        safetensors.save_file(optimizer.state_dict(), os.path.join(building, OPTIMIZER_NAME))
+        safetensors.save_file(optimizer_state, os.path.join(building, OPTIMIZER_NAME))
         with atomic_open(os.path.join(building, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
             json.dump(state, f, indent=1, sort_keys=True)
 

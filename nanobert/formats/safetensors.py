@@ -56,6 +56,8 @@ def _read_header(f, path):
         header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: header is not valid UTF-8 JSON: {error}") from None
+    except RecursionError:  # e.g. 200,000 nested "[": hostile, never a real header
+        raise ValueError(f"{path}: header JSON is nested too deeply to be a tensor table") from None
     except ValueError as error:  # raised by _no_duplicates
         raise ValueError(f"{path}: {error}") from None
     if not isinstance(header, dict):
