@@ -133,7 +133,8 @@ def make_targets(task, rng, inputs):
     if task == "regression":
         return {"labels": rng.normal(0.0, 2.0, size=B)}
     if task == "multi_label":
-        return {"labels": np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 0.25, 1]], dtype=np.float64)}
+        return {"labels": np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 0.25, 1]],
+                                   dtype=np.float64)}
     if task == "token_cls":
         labels = rng.integers(0, TASKS[task][1], size=(B, T))
         labels[inputs["attention_mask"] == 0] = IGNORE      # padding
@@ -160,7 +161,8 @@ def written_out_loss(task, out, targets):
     if task == "multi_label":
         return F.binary_cross_entropy_with_logits(out.logits, targets["labels"])
     if task == "token_cls":
-        return F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), targets["labels"].reshape(-1))
+        return F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]),
+                               targets["labels"].reshape(-1))
     if task == "qa":
         ignored = out.start_logits.shape[1]                             # T
         start = targets["start_positions"].clamp(0, ignored)
@@ -219,7 +221,8 @@ def make_fixture():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"npz to write (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"npz to write (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     fixture = make_fixture()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
-from reference.bert_adam import AdamWeightDecay, bert_learning_rate, clip_by_global_norm, uses_weight_decay
+from reference.bert_adam import (AdamWeightDecay, bert_learning_rate, clip_by_global_norm,
+                                  uses_weight_decay)
 
 DEFAULT_OUT = Path("tests/fixtures/pretraining_float64.npz")
 SEED = 1234
@@ -200,14 +201,19 @@ def run_optimizer(mode, model, batch, names):
     """
     named = dict(model.named_parameters())
     params = [named[n] for n in names]
-    schedule = lambda step: bert_learning_rate(step, PEAK_LR, WARMUP_STEPS, NUM_TRAIN_STEPS)
+
+    def schedule(step):
+        return bert_learning_rate(step, PEAK_LR, WARMUP_STEPS, NUM_TRAIN_STEPS)
+
     if mode == "torch":
         groups = [
-            dict(params=[named[n] for n in names if uses_weight_decay(n)], weight_decay=WEIGHT_DECAY),
+            dict(params=[named[n] for n in names if uses_weight_decay(n)],
+                 weight_decay=WEIGHT_DECAY),
             dict(params=[named[n] for n in names if not uses_weight_decay(n)], weight_decay=0.0),
         ]
         optimizer = torch.optim.AdamW(groups, lr=PEAK_LR, betas=(0.9, 0.999), eps=1e-8)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step) / PEAK_LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                      lambda step: schedule(step) / PEAK_LR)
     elif mode == "bert":
         optimizer = AdamWeightDecay([(n, named[n]) for n in names], WEIGHT_DECAY, 0.9, 0.999, 1e-6)
     else:
@@ -284,7 +290,8 @@ def make_fixture():
     padded = batch["attention_mask"] == 0
     assert emb_out.grad is not None and torch.all(emb_out.grad[padded] == 0)
     assert model.bert.embeddings.word_embeddings.padding_idx == PAD
-    assert torch.any(named["bert.embeddings.word_embeddings.weight"].grad[PAD] != 0)  # decoder's part
+    # decoder's part
+    assert torch.any(named["bert.embeddings.word_embeddings.weight"].grad[PAD] != 0)
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
 
     # transformers adds finfo(float64).min at masked keys; the original adds -10000. Both
@@ -317,7 +324,8 @@ def make_fixture():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"npz to write (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"npz to write (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     fixture = make_fixture()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -325,7 +333,8 @@ def main(argv=None):
     config = json.loads(str(fixture["config_json"]))
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(fixture)} arrays, "
           f"L={config['num_hidden_layers']} H={config['hidden_size']})")
-    print(f"mlm_loss {fixture['mlm_loss']:.17g}  nsp_loss {fixture['nsp_loss']:.17g}  loss {fixture['loss']:.17g}")
+    print(f"mlm_loss {fixture['mlm_loss']:.17g}  nsp_loss {fixture['nsp_loss']:.17g}  "
+          f"loss {fixture['loss']:.17g}")
     for mode in ("torch", "bert"):
         print(f"opt_{mode}/loss", np.array2string(fixture[f"opt_{mode}/loss"], precision=10))
 

@@ -66,7 +66,8 @@ def test_checkpoint_that_does_not_fit_lists_missing_unexpected_and_misshaped(tmp
     message = str(info.value)
     assert "missing (1): pooler.dense.bias" in message, message
     assert "unexpected (1): encoder.layer.0.extra.weight" in message, message
-    assert "embeddings.word_embeddings.weight: checkpoint (51, 16), config (50, 16)" in message, message
+    assert ("embeddings.word_embeddings.weight: checkpoint (51, 16), config (50, 16)"
+            in message), message
 
 
 def test_missing_files_name_the_path(tmp_path):
@@ -84,7 +85,8 @@ def test_legacy_gamma_beta_names_and_a_stored_tied_decoder_load(tmp_path):
     model = BertForPreTraining(BertConfig(**CONFIG), seed=5)
     model.save_pretrained(tmp_path)
     tensors = safetensors.load_file(tmp_path / "model.safetensors")
-    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma")
+                .replace("LayerNorm.bias", "LayerNorm.beta"): v
                for k, v in tensors.items()}
     renamed["cls.predictions.decoder.weight"] = tensors["bert.embeddings.word_embeddings.weight"]
     renamed["cls.predictions.decoder.bias"] = renamed.pop("cls.predictions.bias")
@@ -114,8 +116,10 @@ def test_transformers_loads_a_nanobert_checkpoint_with_the_same_loss_and_logits(
     hf_out = hf_batch_loss(hf, batch)
     loss, _, out = model.loss_and_grads(batch, return_outputs=True)
     masked = batch["labels"] != -100
-    assert_close(out["mlm_logits"], hf_out.prediction_logits.numpy()[masked], 1e-4, "HF round trip float32 logits")
-    assert_close(out["nsp_logits"], hf_out.seq_relationship_logits.numpy(), 1e-4, "HF round trip float32 logits")
+    assert_close(out["mlm_logits"], hf_out.prediction_logits.numpy()[masked], 1e-4,
+                 "HF round trip float32 logits")
+    assert_close(out["nsp_logits"], hf_out.seq_relationship_logits.numpy(), 1e-4,
+                 "HF round trip float32 logits")
     assert_close(loss, hf_out.loss.item(), 1e-5, "HF round trip float32 loss")
 
 
@@ -133,15 +137,19 @@ def test_nanobert_loads_a_transformers_checkpoint_with_the_same_loss_and_logits(
     hf_out = hf_batch_loss(hf, batch)
     loss, _, out = model.loss_and_grads(batch, return_outputs=True)
     masked = batch["labels"] != -100
-    assert_close(out["mlm_logits"], hf_out.prediction_logits.numpy()[masked], 1e-4, "HF round trip float32 logits")
+    assert_close(out["mlm_logits"], hf_out.prediction_logits.numpy()[masked], 1e-4,
+                 "HF round trip float32 logits")
     assert_close(loss, hf_out.loss.item(), 1e-5, "HF round trip float32 loss")
     encoder = transformers.BertModel.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         ref = encoder(input_ids=torch.from_numpy(batch["input_ids"]),
                       attention_mask=torch.from_numpy(batch["attention_mask"]))
-    ours = BertModel.from_pretrained(tmp_path)(batch["input_ids"], attention_mask=batch["attention_mask"])
-    assert_close(ours.last_hidden_state, ref.last_hidden_state.numpy(), 1e-4, "HF round trip float32 BertModel")
-    assert_close(ours.pooler_output, ref.pooler_output.numpy(), 1e-4, "HF round trip float32 BertModel")
+    ours = BertModel.from_pretrained(tmp_path)(batch["input_ids"],
+                                               attention_mask=batch["attention_mask"])
+    assert_close(ours.last_hidden_state, ref.last_hidden_state.numpy(), 1e-4,
+                 "HF round trip float32 BertModel")
+    assert_close(ours.pooler_output, ref.pooler_output.numpy(), 1e-4,
+                 "HF round trip float32 BertModel")
 
 
 def test_real_sentence_transformers_bert_matches_transformers():

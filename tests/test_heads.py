@@ -131,7 +131,8 @@ def test_regression_gradients_match_central_differences(outputs, **shape):
                        problem_type=None if outputs == 1 else "regression", **shape)
     rng = numpy.random.default_rng(shape["seed"])
     batch = make_inputs(rng, shape["batch"], shape["seq_len"])
-    batch["labels"] = rng.normal(size=(shape["batch"],) if outputs == 1 else (shape["batch"], outputs))
+    batch["labels"] = rng.normal(size=(shape["batch"],) if outputs == 1
+                                 else (shape["batch"], outputs))
     check_gradients(model, batch, "sequence regression (MSE)")
 
 
@@ -197,7 +198,8 @@ TOL = {numpy.float64: 1e-10, numpy.float32: 1e-4}
 TASKS = {"seq_cls": BertForSequenceClassification, "regression": BertForSequenceClassification,
          "multi_label": BertForSequenceClassification, "token_cls": BertForTokenClassification,
          "qa": BertForQuestionAnswering, "choice": BertForMultipleChoice}
-BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
+BATCH_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions",
+              "end_positions")
 
 
 @pytest.fixture(scope="module", params=["committed", "live"])
@@ -263,8 +265,10 @@ def test_inferred_problem_types_match_transformers():
                        ("multi_label", "multi_label_classification")):
         r = task_ref(ref, task)
         model = load_model(r, task, numpy.float64)
-        assert "problem_type" not in model.config.extra or model.config.extra["problem_type"] is None
-        _, _, out = model.loss_and_grads({k: r[k] for k in BATCH_KEYS if k in r}, return_outputs=True)
+        assert ("problem_type" not in model.config.extra
+                or model.config.extra["problem_type"] is None)
+        _, _, out = model.loss_and_grads({k: r[k] for k in BATCH_KEYS if k in r},
+                                         return_outputs=True)
         assert out["problem_type"] == kind
 
 
@@ -301,7 +305,8 @@ def perturbed(model, seed=0, scale=0.05):
 
 
 def logits_of(out):
-    return numpy.stack([out.start_logits, out.end_logits]) if hasattr(out, "start_logits") else out.logits
+    return (numpy.stack([out.start_logits, out.end_logits]) if hasattr(out, "start_logits")
+            else out.logits)
 
 
 def call(model, inputs):
@@ -313,11 +318,14 @@ def test_num_labels_reads_id2label_and_defaults_to_two():
     assert num_labels(config) == 2
     assert num_labels(with_labels(config, num_labels=5)) == 5
     named = with_labels(config, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
-    assert named.extra["id2label"] == {"0": "O", "1": "B-PER", "2": "I-PER"}   # config.json's string keys
+    # config.json's string keys
+    assert named.extra["id2label"] == {"0": "O", "1": "B-PER", "2": "I-PER"}
     assert named.extra["label2id"] == {"O": 0, "B-PER": 1, "I-PER": 2}
-    assert num_labels(BertConfig.from_dict({**CONFIG, "id2label": {"0": "a", "1": "b", "2": "c"}})) == 3
+    assert num_labels(BertConfig.from_dict({**CONFIG,
+                                            "id2label": {"0": "a", "1": "b", "2": "c"}})) == 3
     assert num_labels(BertConfig.from_dict({**CONFIG, "num_labels": 4})) == 4
-    assert with_labels(named, num_labels=3).extra["id2label"] == named.extra["id2label"]   # names kept
+    # names kept
+    assert with_labels(named, num_labels=3).extra["id2label"] == named.extra["id2label"]
     with pytest.raises(ValueError, match="num_labels=4 but its id2label has 3"):
         num_labels(BertConfig.from_dict({**CONFIG, "num_labels": 4,
                                          "id2label": {"0": "a", "1": "b", "2": "c"}}))
@@ -338,16 +346,19 @@ def test_save_then_load_is_exact_with_labels_in_config_json(tmp_path, cls):
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["architectures"] == [cls.__name__]
-    assert saved["id2label"] == {"0": "neg", "1": "pos"} and saved["label2id"] == {"neg": 0, "pos": 1}
+    assert (saved["id2label"] == {"0": "neg", "1": "pos"}
+            and saved["label2id"] == {"neg": 0, "pos": 1})
     again = cls.from_pretrained(tmp_path, dtype=numpy.float64)
     assert set(again.params) == set(model.params) == set(cls.param_shapes(config))
     for name, p in model.params.items():
         numpy.testing.assert_array_equal(again.params[name], p, err_msg=name)
-    assert ("bert.pooler.dense.weight" in model.params) == cls.uses_pooler   # HF: no pooler for tokens / QA
+    # HF: no pooler for tokens / QA
+    assert ("bert.pooler.dense.weight" in model.params) == cls.uses_pooler
 
 
 @pytest.mark.parametrize("cls", heads.TASK_HEADS)
-def test_encoder_loads_from_a_pretraining_checkpoint_and_a_fresh_head_is_reported(tmp_path, cls, capsys):
+def test_encoder_loads_from_a_pretraining_checkpoint_and_a_fresh_head_is_reported(tmp_path, cls,
+                                                                                  capsys):
     pretrained = BertForPreTraining(BertConfig(**CONFIG), seed=4, dtype=numpy.float64)
     pretrained.save_pretrained(tmp_path)
     capsys.readouterr()
@@ -383,32 +394,44 @@ def test_bare_encoder_checkpoint_without_prefix_feeds_every_head(tmp_path, capsy
     capsys.readouterr()
     BertForSequenceClassification.from_pretrained(tmp_path / "tokens", num_labels=7)
     printed = capsys.readouterr().out
-    assert "newly initialized: ['bert.pooler.dense.bias', 'bert.pooler.dense.weight']" in printed, printed
+    assert ("newly initialized: ['bert.pooler.dense.bias', 'bert.pooler.dense.weight']"
+            in printed), printed
 
 
 def test_head_with_another_number_of_labels_is_an_error_unless_reinit_head(tmp_path, capsys):
-    model = BertForSequenceClassification(with_labels(BertConfig(**CONFIG), num_labels=3), seed=6)
+    model = BertForSequenceClassification(with_labels(BertConfig(**CONFIG), num_labels=3),
+                                          seed=6)
     model.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"classifier.weight has shape \(3, 16\) \(3 labels\) but "
-                                         r"BertForSequenceClassification with num_labels=5 needs \(5, 16\)"):
+    with pytest.raises(ValueError, match=r"classifier.weight has shape \(3, 16\) \(3 labels\) "
+                                         r"but BertForSequenceClassification with num_labels=5 "
+                                         r"needs \(5, 16\)"):
         BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5)
-    with pytest.raises(ValueError, match=r"\(3 labels\) but BertForMultipleChoice .* \(1 labels\)"):
+    with pytest.raises(ValueError,
+                       match=r"\(3 labels\) but BertForMultipleChoice .* \(1 labels\)"):
         BertForMultipleChoice.from_pretrained(tmp_path)
     capsys.readouterr()
-    fresh = BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5, reinit_head=True)
+    fresh = BertForSequenceClassification.from_pretrained(tmp_path, num_labels=5,
+                                                          reinit_head=True)
     printed = capsys.readouterr().out
-    assert "classifier.weight: found shape (3, 16) in the checkpoint and (5, 16) in the model" in printed
-    assert fresh.params["classifier.weight"].shape == (5, 16) and not fresh.params["classifier.bias"].any()
-    kept = BertForSequenceClassification.from_pretrained(tmp_path)           # 3 labels, from config.json
-    numpy.testing.assert_array_equal(kept.params["classifier.weight"], model.params["classifier.weight"])
+    assert ("classifier.weight: found shape (3, 16) in the checkpoint and (5, 16) in the model"
+            in printed)
+    assert (fresh.params["classifier.weight"].shape == (5, 16)
+            and not fresh.params["classifier.bias"].any())
+    # 3 labels, from config.json
+    kept = BertForSequenceClassification.from_pretrained(tmp_path)
+    numpy.testing.assert_array_equal(kept.params["classifier.weight"],
+                                     model.params["classifier.weight"])
     capsys.readouterr()
-    again = BertForSequenceClassification.from_pretrained(tmp_path, reinit_head=True)  # same shape, fresh
+    # same shape, fresh
+    again = BertForSequenceClassification.from_pretrained(tmp_path, reinit_head=True)
     assert "- classifier.weight: reinit_head=True" in capsys.readouterr().out
     assert not again.params["classifier.bias"].any()
-    assert not numpy.array_equal(again.params["classifier.weight"], model.params["classifier.weight"])
+    assert not numpy.array_equal(again.params["classifier.weight"],
+                                 model.params["classifier.weight"])
     # the same classifier serves token classification, as in transformers
     tokens = BertForTokenClassification.from_pretrained(tmp_path)
-    numpy.testing.assert_array_equal(tokens.params["classifier.weight"], model.params["classifier.weight"])
+    numpy.testing.assert_array_equal(tokens.params["classifier.weight"],
+                                     model.params["classifier.weight"])
 
 
 def test_encoder_that_does_not_fit_is_still_an_error(tmp_path):
@@ -434,7 +457,8 @@ def bad_batch_cases():
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([0, 1])},
          r"labels has shape \(2,\), expected \(3,\)"),
         (BertForSequenceClassification, {**inputs}, r"at least 'input_ids' and 'labels'"),
-        (BertForSequenceClassification, {**inputs, "labels": numpy.array([[0, 1.5], [0, 1], [1, 0]])},
+        (BertForSequenceClassification,
+         {**inputs, "labels": numpy.array([[0, 1.5], [0, 1], [1, 0]])},
          r"labels\[0, 1\] = 1.5 is outside \[0, 1\]"),
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([True, False, True])},
          "must be a real-valued array, got dtype bool"),
@@ -453,7 +477,8 @@ def bad_batch_cases():
          r"input_ids must be \[batch, num_choices, seq_len\], got shape \(3, 7\)"),
         (BertForMultipleChoice, {**choice_inputs, "labels": numpy.array([0, 3])},
          r"labels\[1\] = 3 is outside \[0, 3\)"),
-        (BertForMultipleChoice, {**choice_inputs, "attention_mask": numpy.ones((2, 3, T + 1), dtype=int),
+        (BertForMultipleChoice, {**choice_inputs,
+                                 "attention_mask": numpy.ones((2, 3, T + 1), dtype=int),
                                  "labels": numpy.array([0, 1])},
          r"attention_mask has shape \(2, 3, 8\) but input_ids has \(2, 3, 7\)"),
     ]
@@ -478,8 +503,10 @@ def test_regression_labels_must_be_finite():
 
 # (class, id2label or None for the default two labels, batch targets from the inputs)
 EXPORTS = [
-    (BertForSequenceClassification, ["neg", "neu", "pos"], lambda inputs: {"labels": numpy.array([2, 0, 1])}),
-    (BertForSequenceClassification, ["score"], lambda inputs: {"labels": numpy.array([0.5, -1.0, 2.0])}),
+    (BertForSequenceClassification, ["neg", "neu", "pos"],
+     lambda inputs: {"labels": numpy.array([2, 0, 1])}),
+    (BertForSequenceClassification, ["score"],
+     lambda inputs: {"labels": numpy.array([0.5, -1.0, 2.0])}),
     (BertForTokenClassification, ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
      lambda inputs: {"labels": numpy.where(inputs["attention_mask"] == 1, 3, -100)}),
     (BertForQuestionAnswering, None, lambda inputs: {"start_positions": numpy.array([1, 2, 9]),
@@ -497,7 +524,8 @@ def export_inputs(cls):
 
 def hf_outputs(hf, inputs, targets=None):
     import torch
-    tensors = {k: torch.from_numpy(numpy.asarray(v)) for k, v in {**inputs, **(targets or {})}.items()}
+    tensors = {k: torch.from_numpy(numpy.asarray(v))
+               for k, v in {**inputs, **(targets or {})}.items()}
     if "labels" in tensors and tensors["labels"].dtype == torch.float64:
         tensors["labels"] = tensors["labels"].float()
     with torch.no_grad():
@@ -511,13 +539,16 @@ def hf_logits(out):
 
 
 @pytest.mark.parametrize("cls, labels, targets", EXPORTS, ids=EXPORT_IDS)
-def test_transformers_loads_a_nanobert_head_with_the_same_logits_and_loss(tmp_path, cls, labels, targets):
+def test_transformers_loads_a_nanobert_head_with_the_same_logits_and_loss(tmp_path, cls, labels,
+                                                                          targets):
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = BertConfig(**CONFIG) if labels is None else with_labels(BertConfig(**CONFIG), id2label=labels)
+    config = (BertConfig(**CONFIG) if labels is None
+              else with_labels(BertConfig(**CONFIG), id2label=labels))
     model = perturbed(cls(config, seed=7, dtype=numpy.float32))
     model.save_pretrained(tmp_path)
-    hf, info = getattr(transformers, cls.__name__).from_pretrained(tmp_path, output_loading_info=True)
+    hf, info = getattr(transformers, cls.__name__).from_pretrained(tmp_path,
+                                                                   output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     hf.eval()
     if labels is not None:
@@ -527,18 +558,20 @@ def test_transformers_loads_a_nanobert_head_with_the_same_logits_and_loss(tmp_pa
     batch = {**inputs, **targets(inputs)}
     hf_out = hf_outputs(hf, inputs, targets(inputs))
     loss, _, out = model.loss_and_grads(batch, return_outputs=True)
-    assert_close(logits_of(call(model, inputs)), hf_logits(hf_out), 1e-5, "HF export float32 logits")
+    assert_close(logits_of(call(model, inputs)), hf_logits(hf_out), 1e-5,
+                 "HF export float32 logits")
     assert_close(loss, hf_out.loss.item(), 1e-5, "HF export float32 loss")
 
 
 @pytest.mark.parametrize("cls, labels, targets", EXPORTS, ids=EXPORT_IDS)
-def test_nanobert_loads_a_transformers_head_with_the_same_logits_and_loss(tmp_path, cls, labels, targets,
-                                                                          capsys):
+def test_nanobert_loads_a_transformers_head_with_the_same_logits_and_loss(tmp_path, cls, labels,
+                                                                          targets, capsys):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     extra = {}
     if labels is not None:
-        extra = {"id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+        extra = {"id2label": dict(enumerate(labels)),
+                 "label2id": {n: i for i, n in enumerate(labels)}}
     torch.manual_seed(0)
     hf = getattr(transformers, cls.__name__)(transformers.BertConfig(**CONFIG, **extra)).eval()
     with torch.no_grad():                              # move away from LN = 1, bias = 0
@@ -553,5 +586,6 @@ def test_nanobert_loads_a_transformers_head_with_the_same_logits_and_loss(tmp_pa
     inputs = export_inputs(cls)
     hf_out = hf_outputs(hf, inputs, targets(inputs))
     loss, _, out = model.loss_and_grads({**inputs, **targets(inputs)}, return_outputs=True)
-    assert_close(logits_of(call(model, inputs)), hf_logits(hf_out), 1e-5, "HF import float32 logits")
+    assert_close(logits_of(call(model, inputs)), hf_logits(hf_out), 1e-5,
+                 "HF import float32 logits")
     assert_close(loss, hf_out.loss.item(), 1e-5, "HF import float32 loss")

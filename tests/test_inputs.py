@@ -13,7 +13,8 @@ def model():
 
 
 def test_hidden_size_must_divide_into_heads():
-    with pytest.raises(ValueError, match=r"hidden_size \(30\) is not divisible by num_attention_heads \(4\)"):
+    with pytest.raises(ValueError,
+                       match=r"hidden_size \(30\) is not divisible by num_attention_heads \(4\)"):
         BertConfig(hidden_size=30, num_attention_heads=4)
 
 
@@ -37,16 +38,23 @@ def test_config_round_trips_unknown_keys():
 
 
 @pytest.mark.parametrize("change, pattern", [
-    (lambda b: b.update(input_ids=b["input_ids"] + 100), r"input_ids\[0, 0\] = \d+ is outside \[0, 50\)"),
+    (lambda b: b.update(input_ids=b["input_ids"] + 100),
+     r"input_ids\[0, 0\] = \d+ is outside \[0, 50\)"),
     (lambda b: b["input_ids"].__setitem__((1, 3), -1), r"input_ids\[1, 3\] = -1"),
-    (lambda b: b["token_type_ids"].__setitem__((2, 4), 2), r"token_type_ids\[2, 4\] = 2 is outside \[0, 2\)"),
+    (lambda b: b["token_type_ids"].__setitem__((2, 4), 2),
+     r"token_type_ids\[2, 4\] = 2 is outside \[0, 2\)"),
     (lambda b: b["labels"].__setitem__((0, 1), 50), r"labels\[0, 1\] = 50"),
     (lambda b: b["attention_mask"].__setitem__((0, 1), 3), r"attention_mask\[0, 1\] = 3"),
-    (lambda b: b.update(next_sentence_label=numpy.array([0, 2, 1])), r"next_sentence_label\[1\] = 2"),
-    (lambda b: b.update(input_ids=b["input_ids"].astype(numpy.float32)), "input_ids must be an integer array"),
-    (lambda b: b.update(labels=b["labels"][:, :4]), r"labels has shape \(3, 4\) but input_ids has \(3, 9\)"),
-    (lambda b: b.update(attention_mask=b["attention_mask"][:2]), r"attention_mask has shape \(2, 9\)"),
-    (lambda b: b.update(next_sentence_label=numpy.zeros(2, dtype=int)), r"next_sentence_label has shape \(2,\)"),
+    (lambda b: b.update(next_sentence_label=numpy.array([0, 2, 1])),
+     r"next_sentence_label\[1\] = 2"),
+    (lambda b: b.update(input_ids=b["input_ids"].astype(numpy.float32)),
+     "input_ids must be an integer array"),
+    (lambda b: b.update(labels=b["labels"][:, :4]),
+     r"labels has shape \(3, 4\) but input_ids has \(3, 9\)"),
+    (lambda b: b.update(attention_mask=b["attention_mask"][:2]),
+     r"attention_mask has shape \(2, 9\)"),
+    (lambda b: b.update(next_sentence_label=numpy.zeros(2, dtype=int)),
+     r"next_sentence_label has shape \(2,\)"),
     (lambda b: b.update(input_ids=b["input_ids"][0]), r"input_ids must be \[batch, seq_len\]"),
     (lambda b: b.pop("labels"), "at least 'input_ids' and 'labels'"),
 ])

@@ -43,12 +43,15 @@ def make_case(seed, batch, seq_len, heads, head_size, layers, vocab, act, dropou
        heads=st.integers(1, 3), head_size=st.integers(1, 3), layers=st.integers(1, 2),
        vocab=st.integers(3, 9), act=st.sampled_from(["gelu", "gelu_new"]),
        dropout=st.sampled_from([0.0, 0.1]))
-@example(seed=0, batch=1, seq_len=1, heads=1, head_size=3, layers=1, vocab=3, act="gelu", dropout=0.0)
-@example(seed=1, batch=3, seq_len=5, heads=1, head_size=3, layers=2, vocab=4, act="gelu", dropout=0.1)
+@example(seed=0, batch=1, seq_len=1, heads=1, head_size=3, layers=1, vocab=3, act="gelu",
+         dropout=0.0)
+@example(seed=1, batch=3, seq_len=5, heads=1, head_size=3, layers=2, vocab=4, act="gelu",
+         dropout=0.1)
 def test_pretraining_loss_gradients_match_central_differences(
         seed, batch, seq_len, heads, head_size, layers, vocab, act, dropout):
     assume(heads * head_size >= 3)      # LayerNorm of 2 features is constant: zero gradients
-    model, batch_dict = make_case(seed, batch, seq_len, heads, head_size, layers, vocab, act, dropout)
+    model, batch_dict = make_case(seed, batch, seq_len, heads, head_size, layers, vocab, act,
+                                  dropout)
     model.train()
 
     def loss():
@@ -67,7 +70,8 @@ def test_pretraining_loss_gradients_match_central_differences(
             # nn.Embedding(padding_idx=0); tests/test_heads.py checks that row on its own
             candidates = candidates[p.shape[1]:]
         n = len(candidates)
-        index = candidates if n <= ENTRIES_PER_TENSOR else pick.choice(candidates, ENTRIES_PER_TENSOR, replace=False)
+        index = (candidates if n <= ENTRIES_PER_TENSOR
+                 else pick.choice(candidates, ENTRIES_PER_TENSOR, replace=False))
         numeric = numerical_grad(loss, p, index, h=3e-5, five_point=True)
         analytic = grads[name].reshape(-1)[index]
         # relative to the whole tensor's gradient, so entries near 0 don't divide by ~0; and

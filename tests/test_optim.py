@@ -57,7 +57,8 @@ def test_torch_mode_is_bias_corrected_with_decoupled_decay():
 
 
 def test_layernorm_and_bias_are_not_decayed():
-    names = ["bert.embeddings.LayerNorm.weight", "x.layer_norm.weight", "dense.bias", "dense.weight"]
+    names = ["bert.embeddings.LayerNorm.weight", "x.layer_norm.weight", "dense.bias",
+             "dense.weight"]
     optimizer = AdamW({n: numpy.ones(1) for n in names}, weight_decay=0.01)
     assert [optimizer.weight_decay[n] for n in names] == [0.0, 0.0, 0.0, 0.01]
 
@@ -84,7 +85,8 @@ def test_accumulating_equal_micro_batches_equals_one_big_batch(seed):
         where = rng.choice(T, size=2, replace=False)
         labels[b, where] = ids[b, where]
     batch = {"input_ids": ids, "labels": labels, "next_sentence_label": rng.integers(0, 2, size=B),
-             "attention_mask": numpy.ones((B, T), dtype=int), "token_type_ids": numpy.zeros((B, T), dtype=int)}
+             "attention_mask": numpy.ones((B, T), dtype=int),
+             "token_type_ids": numpy.zeros((B, T), dtype=int)}
     halves = [{k: v[i:i + 2] for k, v in batch.items()} for i in (0, 2)]
     loss, grads = model.loss_and_grads(batch)
     acc_loss, acc_grads, outputs = average_gradients(model.loss_and_grads, halves)

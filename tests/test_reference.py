@@ -42,9 +42,12 @@ def test_forward_matches_reference_layer_by_layer(ref, dtype):
         assert_close(h, ref[f"hidden/{i}"], tol, f"reference {tag} hidden_states")
     assert_close(out["pooler_output"], ref["pooler_output"], tol, f"reference {tag} pooler_output")
     masked = ref["labels"] != -100                       # nanobert computes MLM logits only here
-    assert_close(out["mlm_logits"], ref["prediction_logits"][masked], tol, f"reference {tag} MLM logits")
-    assert_close(out["nsp_logits"], ref["seq_relationship_logits"], tol, f"reference {tag} NSP logits")
-    for key, value in (("mlm_loss", out["mlm_loss"]), ("nsp_loss", out["nsp_loss"]), ("loss", loss)):
+    assert_close(out["mlm_logits"], ref["prediction_logits"][masked], tol,
+                 f"reference {tag} MLM logits")
+    assert_close(out["nsp_logits"], ref["seq_relationship_logits"], tol,
+                 f"reference {tag} NSP logits")
+    for key, value in (("mlm_loss", out["mlm_loss"]), ("nsp_loss", out["nsp_loss"]),
+                       ("loss", loss)):
         assert_close(value, ref[key], tol, f"reference {tag} losses")
 
 
@@ -52,7 +55,8 @@ def test_forward_matches_reference_layer_by_layer(ref, dtype):
 def test_full_sequence_logits_match_reference(ref, dtype):
     out = load_model(ref, dtype)(ref["input_ids"], ref["token_type_ids"], ref["attention_mask"])
     tag = numpy.dtype(dtype).name
-    assert_close(out.prediction_logits, ref["prediction_logits"], TOL[dtype], f"reference {tag} MLM logits")
+    assert_close(out.prediction_logits, ref["prediction_logits"], TOL[dtype],
+                 f"reference {tag} MLM logits")
     assert_close(out.seq_relationship_logits, ref["seq_relationship_logits"], TOL[dtype],
                  f"reference {tag} NSP logits")
 
@@ -80,7 +84,8 @@ def test_every_gradient_matches_reference(ref, dtype):
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32])
 def test_five_optimizer_steps_match_reference(ref, mode, dtype):
     model = load_model(ref, dtype).eval()
-    peak, warmup, total = float(ref["opt/peak_lr"]), int(ref["opt/warmup_steps"]), int(ref["opt/num_train_steps"])
+    peak, warmup, total = (float(ref["opt/peak_lr"]), int(ref["opt/warmup_steps"]),
+                           int(ref["opt/num_train_steps"]))
     optimizer = AdamW(model.params, lr=peak, mode=mode, weight_decay=float(ref["opt/weight_decay"]))
     tag = f"{numpy.dtype(dtype).name} {mode}"
     losses, norms = [], []
@@ -89,10 +94,12 @@ def test_five_optimizer_steps_match_reference(ref, mode, dtype):
         losses.append(loss)
         norms.append(clip_by_global_norm(grads, 1.0, mode=mode))
         lr = learning_rate(step, peak, warmup, total)
-        assert abs(lr - ref[f"opt_{mode}/lr"][step]) <= 1e-15, (step, lr, ref[f"opt_{mode}/lr"][step])
+        assert abs(lr - ref[f"opt_{mode}/lr"][step]) <= 1e-15, (step, lr,
+                                                                 ref[f"opt_{mode}/lr"][step])
         optimizer.step(grads, lr=lr)
     assert_close(losses, ref[f"opt_{mode}/loss"], TOL[dtype], f"reference {tag} AdamW losses")
-    assert_close(norms, ref[f"opt_{mode}/grad_norm"], TOL[dtype], f"reference {tag} AdamW grad norms")
+    assert_close(norms, ref[f"opt_{mode}/grad_norm"], TOL[dtype],
+                 f"reference {tag} AdamW grad norms")
     for name, p in model.params.items():
         expected = ref[f"opt_{mode}/param/{name}"]
         if dtype == numpy.float32 and name.endswith("attention.self.key.bias"):
