@@ -229,15 +229,15 @@ def test_transformers_runs_the_best_checkpoint_to_the_same_logits(tiny_bert, tmp
     best = out / "best"
     args = finetune.resolve_task(finetune.parse_args([*argv, "--model", str(best)]))
     tokenizer = BertTokenizer.from_pretrained(best)
-    splits, label_list = finetune.load_data(args, tokenizer)
-    _, features = splits["dev"]
+    loaded = finetune.load_data(args, tokenizer)
+    _, features = loaded.splits["dev"]
     rows = list(range(min(4, len(features))))
     batch = features.batch(rows)
     hf_tokenizer = transformers.BertTokenizer.from_pretrained(best)
     assert hf_tokenizer.do_lower_case == tokenizer.do_lower_case
     assert hf_tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(batch["input_ids"].ravel())) == \
         batch["input_ids"].ravel().tolist()
-    ours = finetune.HEADS[task].from_pretrained(best, dtype=numpy.float32)
+    ours = finetune.TASKS[task].head.from_pretrained(best, dtype=numpy.float32)
     ours.eval()
     hf, info = getattr(transformers, hf_class).from_pretrained(best, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
@@ -248,5 +248,5 @@ def test_transformers_runs_the_best_checkpoint_to_the_same_logits(tiny_bert, tmp
         want = hf(**{n: torch.from_numpy(numpy.asarray(batch[n], dtype=numpy.int64)) for n in names})
     for name in ("start_logits", "end_logits") if task == "squad" else ("logits",):
         numpy.testing.assert_allclose(getattr(got, name), getattr(want, name).numpy(), atol=1e-5, rtol=0)
-    if label_list:
-        assert hf.config.id2label == dict(enumerate(label_list))
+    if loaded.label_list:
+        assert hf.config.id2label == dict(enumerate(loaded.label_list))
