@@ -66,6 +66,11 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 DEMO_DATASET = "movie-sentiment"
 DEMO = {"max_train_examples": 4000, "epochs": 1}
 SPLITS = ("train", "dev", "test")
+# the windows and the post-processing of SQuAD: run_squad.py's flags and defaults
+SQUAD_OPTIONS = (("--doc-stride", 128, "squad: window step over the paragraph"),
+                 ("--max-query-length", 64, "squad: question WordPieces kept"),
+                 ("--n-best-size", 20, "squad: start/end candidates per window"),
+                 ("--max-answer-length", 30, "squad: longest answer in WordPieces"))
 
 
 class Data(NamedTuple):
@@ -162,14 +167,8 @@ def add_model_arguments(g):
                    help="start a fresh head when the checkpoint's has another number of labels")
     g.add_argument("--max-seq-length", type=int, metavar="N",
                    help="WordPieces per input, [CLS]/[SEP] included (default 128, squad 384)")
-    g.add_argument("--doc-stride", type=int, metavar="N", default=128,
-                   help="squad: window step over the paragraph")
-    g.add_argument("--max-query-length", type=int, metavar="N", default=64,
-                   help="squad: question WordPieces kept")
-    g.add_argument("--n-best-size", type=int, metavar="N", default=20,
-                   help="squad: start/end candidates per window")
-    g.add_argument("--max-answer-length", type=int, metavar="N", default=30,
-                   help="squad: longest answer in WordPieces")
+    for flag, default, explanation in SQUAD_OPTIONS:
+        g.add_argument(flag, type=int, metavar="N", default=default, help=explanation)
     g.add_argument("--null-score-diff-threshold", type=float, default=0.0,
                    help="squad v2.0: answer \"\" iff null score - best span score > this "
                         "(the original flag)")
