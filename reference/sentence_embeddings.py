@@ -49,9 +49,11 @@ def make_fixture():
     folder = resolve_model("all-MiniLM-L6-v2")
     texts = sentences()
     st = SentenceTransformer(folder, device="cpu")
-    embeddings = st.encode(texts, batch_size=len(texts), normalize_embeddings=True, convert_to_numpy=True)
+    embeddings = st.encode(texts, batch_size=len(texts), normalize_embeddings=True,
+                           convert_to_numpy=True)
     tokenizer = transformers.BertTokenizer.from_pretrained(folder)
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=st.max_seq_length, return_tensors="np")
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=st.max_seq_length,
+                      return_tensors="np")
     model = transformers.BertModel.from_pretrained(folder).eval()
     short = tokenizer(texts[:HIDDEN_ROWS], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -61,7 +63,8 @@ def make_fixture():
             "attention_mask": batch["attention_mask"].astype(np.int64),
             "last_hidden_state": out.last_hidden_state.numpy().astype(np.float32),
             "pooler_output": out.pooler_output.numpy().astype(np.float32),
-            "embeddings": embeddings.astype(np.float32), "max_seq_length": np.int64(st.max_seq_length)}
+            "embeddings": embeddings.astype(np.float32),
+            "max_seq_length": np.int64(st.max_seq_length)}
 
 
 def main():
@@ -70,8 +73,8 @@ def main():
     args = p.parse_args()
     fixture = make_fixture()
     np.savez_compressed(args.out, **fixture)
-    print(f"wrote {args.out}: {len(fixture['sentences'])} sentences, hidden states of {HIDDEN_ROWS}, "
-          f"max_seq_length {int(fixture['max_seq_length'])}")
+    print(f"wrote {args.out}: {len(fixture['sentences'])} sentences, hidden states of "
+          f"{HIDDEN_ROWS}, max_seq_length {int(fixture['max_seq_length'])}")
 
 
 if __name__ == "__main__":

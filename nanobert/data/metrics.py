@@ -30,6 +30,11 @@ def accuracy(predictions, labels):
     return float((predictions == labels).mean())
 
 
+def _f1(precision, recall):
+    """The harmonic mean of precision and recall; 0.0 when both are 0."""
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
 def precision_recall_f1(predictions, labels, positive=1):
     """Binary precision, recall and F1 of the `positive` class (MRPC / QQP report F1).
     A score whose denominator is zero is 0.0 (as sklearn with zero_division=0)."""
@@ -39,8 +44,7 @@ def precision_recall_f1(predictions, labels, positive=1):
     actual = int((labels == positive).sum())
     precision = true_positive / predicted if predicted else 0.0
     recall = true_positive / actual if actual else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return precision, recall, f1
+    return precision, recall, _f1(precision, recall)
 
 
 def f1_score(predictions, labels, positive=1):
@@ -71,7 +75,8 @@ def matthews_corrcoef(predictions, labels):
 def pearson(x, y):
     x, y = (numpy.asarray(a, dtype=numpy.float64).ravel() for a in (x, y))
     if x.shape != y.shape or x.size < 2:
-        raise ValueError(f"pearson needs two equally long series of at least 2 values, got {x.size} and {y.size}")
+        raise ValueError(f"pearson needs two equally long series of at least 2 values, got "
+                         f"{x.size} and {y.size}")
     x, y = x - x.mean(), y - y.mean()
     denominator = numpy.sqrt((x @ x) * (y @ y))
     return float(x @ y / denominator) if denominator > 0 else 0.0
@@ -135,7 +140,8 @@ def conlleval(gold_sentences, predicted_sentences):
     {type: {"precision", "recall", "f1", "found_gold", "found_predicted", "correct"}}}.
     """
     if len(gold_sentences) != len(predicted_sentences):
-        raise ValueError(f"{len(gold_sentences)} gold sentences but {len(predicted_sentences)} predicted")
+        raise ValueError(f"{len(gold_sentences)} gold sentences but {len(predicted_sentences)} "
+                         "predicted")
     correct_chunk, found_gold, found_guessed = (collections.Counter() for _ in range(3))
     correct_tags = tokens = 0
     in_correct = False
@@ -170,23 +176,25 @@ def conlleval(gold_sentences, predicted_sentences):
         if not boundary:
             correct_tags += correct == guessed and guessed_type == correct_type
             tokens += 1
-        last_correct, last_correct_type, last_guessed, last_guessed_type = correct, correct_type, guessed, guessed_type
+        last_correct, last_correct_type = correct, correct_type
+        last_guessed, last_guessed_type = guessed, guessed_type
     if in_correct:
         correct_chunk[last_correct_type] += 1
 
     def prf(correct, guessed, gold):
         precision = 100.0 * correct / guessed if guessed else 0.0
         recall = 100.0 * correct / gold if gold else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        return {"precision": precision, "recall": recall, "f1": f1}
+        return {"precision": precision, "recall": recall, "f1": _f1(precision, recall)}
 
     total = sum(correct_chunk.values())
     result = prf(total, sum(found_guessed.values()), sum(found_gold.values()))
-    result.update(accuracy=100.0 * correct_tags / tokens if tokens else 0.0, tokens=tokens, correct=total,
-                  found_gold=sum(found_gold.values()), found_predicted=sum(found_guessed.values()))
+    result.update(accuracy=100.0 * correct_tags / tokens if tokens else 0.0, tokens=tokens,
+                  correct=total, found_gold=sum(found_gold.values()),
+                  found_predicted=sum(found_guessed.values()))
     result["per_type"] = {
-        kind: {**prf(correct_chunk[kind], found_guessed[kind], found_gold[kind]), "correct": correct_chunk[kind],
-               "found_gold": found_gold[kind], "found_predicted": found_guessed[kind]}
+        kind: {**prf(correct_chunk[kind], found_guessed[kind], found_gold[kind]),
+               "correct": correct_chunk[kind], "found_gold": found_gold[kind],
+               "found_predicted": found_guessed[kind]}
         for kind in sorted(set(found_gold) | set(found_guessed))}
     return result
 
@@ -230,7 +238,7 @@ def squad_f1(gold, prediction, version="2.0"):
     if same == 0:
         return 0.0
     precision, recall = same / len(predicted_tokens), same / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return _f1(precision, recall)
 
 
 def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabilities=None,
@@ -275,11 +283,12 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
     raw_exact, raw_f1 = exact, f1
     if no_answer_probabilities is not None:
         def thresholded(scores):
-            return {q: (float(not has_answer[q]) if no_answer_probabilities[q] > no_answer_threshold else s)
+            return {q: (float(not has_answer[q])
+                        if no_answer_probabilities[q] > no_answer_threshold else s)
                     for q, s in scores.items()}
         exact, f1 = thresholded(raw_exact), thresholded(raw_f1)
-    result = {"exact": 100.0 * sum(exact.values()) / len(exact), "f1": 100.0 * sum(f1.values()) / len(f1),
-              "total": len(exact)}
+    result = {"exact": 100.0 * sum(exact.values()) / len(exact),
+              "f1": 100.0 * sum(f1.values()) / len(f1), "total": len(exact)}
     for name, wanted in (("HasAns", True), ("NoAns", False)):
         ids = [q for q in exact if has_answer[q] == wanted]
         if ids:
@@ -288,7 +297,8 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
             result[f"{name}_total"] = len(ids)
     if no_answer_probabilities is not None:
         for name, scores in (("exact", raw_exact), ("f1", raw_f1)):
-            best, threshold = _best_threshold(predictions, scores, no_answer_probabilities, has_answer)
+            best, threshold = _best_threshold(predictions, scores, no_answer_probabilities,
+                                              has_answer)
             result[f"best_{name}"], result[f"best_{name}_thresh"] = best, threshold
     return result
 

@@ -25,9 +25,8 @@ import os
 
 import numpy
 
+from ..model.ops import IGNORE_INDEX          # label of positions the loss skips
 from .tokenizer import BertTokenizer
-
-IGNORE_INDEX = -100          # label of positions the loss skips (HF / PyTorch convention)
 
 # ----------------------------------------------------------------------------- files
 
@@ -46,7 +45,8 @@ def read_text(path):
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: not UTF-8 (byte {raw[e.start]:#04x} at offset {e.start})") from None
+        raise ValueError(f"{path}:{line}: not UTF-8 (byte {raw[e.start]:#04x} at offset "
+                         f"{e.start})") from None
 
 
 def read_text_lines(path):
@@ -85,31 +85,34 @@ class GlueLayout:
 
 # The GLUE TSV layouts (train.tsv / dev.tsv; test.tsv lacks the label column and is read as
 # unlabeled), by the column names of each file's header:
-#   task   task kind  text A         text B         label          labels
-#   CoLA   classify   column 3       -              column 1       0 / 1   (no header: source,
-#                                                                  label, original mark, sentence;
-#                                                                  its test.tsv: index, sentence)
-#   SST-2  classify   sentence       -              label          0 / 1
-#   MRPC   pair       #1 String      #2 String      Quality        0 / 1   (file starts with a BOM)
-#   RTE    pair       sentence1      sentence2      label          entailment / not_entailment
-#   MNLI   pair       sentence1      sentence2      gold_label     contradiction / entailment / neutral
-#   QNLI   pair       question       sentence       label          entailment / not_entailment
-#   QQP    pair       question1      question2      is_duplicate   0 / 1
-#   STS-B  regress    sentence1      sentence2      score          a number in [0, 5]
-#   WNLI   pair       sentence1      sentence2      label          0 / 1
+#   task   task kind  text A      text B      label         labels
+#   CoLA   classify   column 3    -           column 1      0 / 1   (no header: source, label,
+#                                                                   original mark, sentence;
+#                                                                   its test.tsv: index, sentence)
+#   SST-2  classify   sentence    -           label         0 / 1
+#   MRPC   pair       #1 String   #2 String   Quality       0 / 1   (file starts with a BOM)
+#   RTE    pair       sentence1   sentence2   label         entailment / not_entailment
+#   MNLI   pair       sentence1   sentence2   gold_label    contradiction / entailment / neutral
+#   QNLI   pair       question    sentence    label         entailment / not_entailment
+#   QQP    pair       question1   question2   is_duplicate  0 / 1
+#   STS-B  regress    sentence1   sentence2   score         a number in [0, 5]
+#   WNLI   pair       sentence1   sentence2   label         0 / 1
+ENTAILMENT_LABELS = ("entailment", "not_entailment")
 GLUE_TASKS = {
-    "cola": GlueLayout("classify", (3,), 1, ("0", "1"), "matthews", header=False, test_columns=("sentence",)),
+    "cola": GlueLayout("classify", (3,), 1, ("0", "1"), "matthews", header=False,
+                       test_columns=("sentence",)),
     "sst-2": GlueLayout("classify", ("sentence",), "label", ("0", "1"), "accuracy"),
     "mrpc": GlueLayout("pair", ("#1 String", "#2 String"), "Quality", ("0", "1"), "f1"),
-    "rte": GlueLayout("pair", ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"), "accuracy"),
+    "rte": GlueLayout("pair", ("sentence1", "sentence2"), "label", ENTAILMENT_LABELS, "accuracy"),
     "mnli": GlueLayout("pair", ("sentence1", "sentence2"), "gold_label",
                        ("contradiction", "entailment", "neutral"), "accuracy"),
-    "qnli": GlueLayout("pair", ("question", "sentence"), "label", ("entailment", "not_entailment"), "accuracy"),
+    "qnli": GlueLayout("pair", ("question", "sentence"), "label", ENTAILMENT_LABELS, "accuracy"),
     "qqp": GlueLayout("pair", ("question1", "question2"), "is_duplicate", ("0", "1"), "f1"),
     "sts-b": GlueLayout("regress", ("sentence1", "sentence2"), "score", None, "spearman"),
     "wnli": GlueLayout("pair", ("sentence1", "sentence2"), "label", ("0", "1"), "accuracy"),
 }
-GLUE_ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-mm": "mnli", "mnli-m": "mnli"}
+GLUE_ALIASES = {"sst2": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-mm": "mnli",
+                "mnli-m": "mnli"}
 
 
 def glue_layout(name):
@@ -121,11 +124,15 @@ def glue_layout(name):
 
 def parse_columns(spec):
     """'0,1' -> (0, 1); 'sentence1,sentence2' -> ('sentence1', 'sentence2')."""
-    items = [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
+    if isinstance(spec, str):
+        items = [s.strip() for s in spec.split(",") if s.strip()]
+    else:
+        items = list(spec)
     return tuple(int(s) if isinstance(s, int) or s.isdigit() else s for s in items)
 
 
-def read_tsv(path, text_columns, label_column=None, header=True, regression=False, require_labels=True):
+def read_tsv(path, text_columns, label_column=None, header=True, regression=False,
+             require_labels=True):
     """Tab-separated examples, one per line, no quoting (as GLUE's files: csv with quotechar
     None). Columns are header names or 0-based numbers. With a header every line must have
     as many fields as the header; without one, at least enough for the columns used.
@@ -136,18 +143,41 @@ def read_tsv(path, text_columns, label_column=None, header=True, regression=Fals
     lines = read_text_lines(path)
     while lines and not lines[-1].strip():
         lines.pop()
-    names = None
-    if header:
-        names = lines[0].split("\t")
+    names = lines[0].split("\t") if header else None
     if len(lines) <= bool(header):
         raise ValueError(f"{path}: no examples (only a header line)")
+    text_index, label_index = _column_indexes(path, names, text_columns, label_column,
+                                              require_labels)
+    needed = max(text_index + ([label_index] if label_index is not None else [])) + 1
+    examples = []
+    for number, line in enumerate(lines[1 if header else 0:], 2 if header else 1):
+        where = _where(path, number)
+        if not line.strip():
+            raise ValueError(f"{where}: blank line (one example per line)")
+        fields = line.split("\t")
+        if names is not None and len(fields) != len(names):
+            raise ValueError(f"{where}: {len(fields)} tab-separated fields, but the header has "
+                             f"{len(names)}")
+        if len(fields) < needed:
+            raise ValueError(f"{where}: {len(fields)} tab-separated fields, expected at least "
+                             f"{needed}")
+        texts = [fields[i] for i in text_index]
+        label = None
+        if label_index is not None:
+            label = _label(fields[label_index].strip(), regression, where)
+        examples.append(TextExample(texts[0], texts[1] if len(texts) > 1 else None, label, where))
+    return examples
 
+
+def _column_indexes(path, names, text_columns, label_column, require_labels):
+    """-> (text column indexes, label column index or None) of a TSV with header `names`
+    (None: no header, columns must be numbers)."""
     def index(column, role):
         if isinstance(column, int):
             return column
         if names is None:
-            raise ValueError(f"{path}: {role} column {column!r} is given by name, but the file is read "
-                             "without a header (use column numbers, or a header)")
+            raise ValueError(f"{path}: {role} column {column!r} is given by name, but the file is "
+                             "read without a header (use column numbers, or a header)")
         if column not in names:
             return None
         return names.index(column)
@@ -160,32 +190,22 @@ def read_tsv(path, text_columns, label_column=None, header=True, regression=Fals
     if label_index is None and require_labels:
         raise ValueError(f"{path}:1: no label column {label_column!r} in the header {names}"
                          if label_column is not None else f"{path}: a label column is needed")
-    needed = max(text_index + ([label_index] if label_index is not None else [])) + 1
-    examples = []
-    for number, line in enumerate(lines[1 if header else 0:], 2 if header else 1):
-        where = _where(path, number)
-        if not line.strip():
-            raise ValueError(f"{where}: blank line (one example per line)")
-        fields = line.split("\t")
-        if names is not None and len(fields) != len(names):
-            raise ValueError(f"{where}: {len(fields)} tab-separated fields, but the header has {len(names)}")
-        if len(fields) < needed:
-            raise ValueError(f"{where}: {len(fields)} tab-separated fields, expected at least {needed}")
-        texts = [fields[i] for i in text_index]
-        label = None
-        if label_index is not None:
-            label = fields[label_index].strip()
-            if regression:
-                try:
-                    label = float(label)
-                except ValueError:
-                    raise ValueError(f"{where}: label {label!r} is not a number") from None
-                if not numpy.isfinite(label):
-                    raise ValueError(f"{where}: label {label!r} is not a finite number")
-            elif not label:
-                raise ValueError(f"{where}: empty label")
-        examples.append(TextExample(texts[0], texts[1] if len(texts) > 1 else None, label, where))
-    return examples
+    return text_index, label_index
+
+
+def _label(text, regression, where):
+    """A TSV label: the stripped string, or a finite float for regression."""
+    if not regression:
+        if not text:
+            raise ValueError(f"{where}: empty label")
+        return text
+    try:
+        label = float(text)
+    except ValueError:
+        raise ValueError(f"{where}: label {text!r} is not a number") from None
+    if not numpy.isfinite(label):
+        raise ValueError(f"{where}: label {label!r} is not a finite number")
+    return label
 
 
 def read_glue(path, task, require_labels=True):
@@ -329,19 +349,17 @@ def encode_pair(tokenizer, text_a, text_b, max_seq_length):
 def featurize_texts(tokenizer, examples, max_seq_length, label_list=None, regression=False):
     """Sentences / pairs -> Features with targets["labels"] (ids, or floats for regression)
     when the examples are labeled. stats: examples, truncated."""
-    input_ids, token_type_ids, truncated = [], [], 0
-    for e in examples:
-        ids, types, cut = encode_pair(tokenizer, e.text_a, e.text_b, max_seq_length)
-        input_ids.append(ids)
-        token_type_ids.append(types)
-        truncated += cut
+    encoded = [encode_pair(tokenizer, e.text_a, e.text_b, max_seq_length) for e in examples]
     targets = {}
     if examples and all(e.label is not None for e in examples):
         if regression:
             targets["labels"] = numpy.array([e.label for e in examples], dtype=numpy.float64)
         else:
-            targets["labels"] = numpy.array(encode_labels(examples, label_list), dtype=numpy.int64)
-    return Features(input_ids, token_type_ids, targets, stats={"examples": len(examples), "truncated": truncated})
+            targets["labels"] = numpy.array(encode_labels(examples, label_list),
+                                            dtype=numpy.int64)
+    return Features([ids for ids, _, _ in encoded], [types for _, types, _ in encoded], targets,
+                    stats={"examples": len(examples),
+                           "truncated": sum(cut for _, _, cut in encoded)})
 
 # -------------------------------------------------------------------------- CoNLL NER
 
@@ -377,7 +395,8 @@ def read_conll(path):
 
     def flush():
         if words:
-            sentences.append(TokenExample(list(words), list(tags) if columns > 1 else None, list(numbers), path))
+            sentences.append(TokenExample(list(words), list(tags) if columns > 1 else None,
+                                          list(numbers), path))
             words.clear(), tags.clear(), numbers.clear()
 
     for number, line in enumerate(lines, 1):
@@ -392,8 +411,8 @@ def read_conll(path):
         if columns is None:
             columns = len(fields)
         elif len(fields) != columns:
-            raise ValueError(f"{where}: {len(fields)} columns, but the first line of the file has {columns} "
-                             f"(expected 'word ... tag'): {line!r}")
+            raise ValueError(f"{where}: {len(fields)} columns, but the first line of the file "
+                             f"has {columns} (expected 'word ... tag'): {line!r}")
         if columns > 1:
             _check_tag(fields[-1], where)
             tags.append(fields[-1])
@@ -444,7 +463,8 @@ def featurize_tokens(tokenizer, examples, max_seq_length, label_list=None):
         for k, word in enumerate(e.words):
             pieces = tokenizer.encode(word, add_special_tokens=False)
             if labeled and e.tags[k] not in index:
-                raise ValueError(f"{_where(e.path, e.lines[k])}: tag {e.tags[k]!r} is not in the label set {label_list}")
+                raise ValueError(f"{_where(e.path, e.lines[k])}: tag {e.tags[k]!r} is not in "
+                                 f"the label set {label_list}")
             if not pieces:
                 stats["words_without_pieces"] += 1
                 firsts.append(-1)
@@ -459,7 +479,8 @@ def featurize_tokens(tokenizer, examples, max_seq_length, label_list=None):
                 cut = True
                 pieces = pieces[:room]
             firsts.append(len(ids))
-            row_labels.extend([index[e.tags[k]] if labeled else IGNORE_INDEX] + [IGNORE_INDEX] * (len(pieces) - 1))
+            label = index[e.tags[k]] if labeled else IGNORE_INDEX
+            row_labels.extend([label] + [IGNORE_INDEX] * (len(pieces) - 1))
             ids.extend(pieces)
         ids.append(tokenizer.sep_token_id)
         row_labels.append(IGNORE_INDEX)
@@ -469,7 +490,8 @@ def featurize_tokens(tokenizer, examples, max_seq_length, label_list=None):
         labels.append(row_labels)
         first_token.append(firsts)
     targets = {"labels": labels} if labeled else {}
-    return Features(input_ids, token_type_ids, targets, meta={"first_token": first_token}, stats=stats)
+    return Features(input_ids, token_type_ids, targets, meta={"first_token": first_token},
+                    stats=stats)
 
 # ----------------------------------------------------------------------- SWAG (choice)
 
@@ -495,10 +517,12 @@ def read_swag(path, require_labels=True):
         header = next(reader)
     except csv.Error as e:
         raise ValueError(f"{path}:1: {e}") from None
-    endings = sorted((c for c in header if c.startswith("ending") and c[6:].isdigit()), key=lambda c: int(c[6:]))
+    endings = sorted((c for c in header if c.startswith("ending") and c[6:].isdigit()),
+                     key=lambda c: int(c[6:]))
     missing = [c for c in ("sent1", "sent2") if c not in header] + ([] if endings else ["ending0"])
     if missing:
-        raise ValueError(f"{path}:1: the header lacks the column(s) {missing} (SWAG: sent1, sent2, ending0..)")
+        raise ValueError(f"{path}:1: the header lacks the column(s) {missing} (SWAG: sent1, "
+                         "sent2, ending0..)")
     if "label" not in header and require_labels:
         raise ValueError(f"{path}:1: the header has no 'label' column")
     col = {c: header.index(c) for c in header}
@@ -521,10 +545,11 @@ def read_swag(path, require_labels=True):
         if "label" in col:
             text = row[col["label"]].strip()
             if not (text.isdigit() and int(text) < len(endings)):
-                raise ValueError(f"{where}: label {text!r} is not a choice number 0..{len(endings) - 1}")
+                raise ValueError(f"{where}: label {text!r} is not a choice number "
+                                 f"0..{len(endings) - 1}")
             label = int(text)
-        examples.append(ChoiceExample(row[col["sent1"]], row[col["sent2"]], [row[col[c]] for c in endings],
-                                      label, where))
+        examples.append(ChoiceExample(row[col["sent1"]], row[col["sent2"]],
+                                      [row[col[c]] for c in endings], label, where))
     if not examples:
         raise ValueError(f"{path}: no examples (only a header line)")
     return examples
@@ -535,11 +560,13 @@ def featurize_choices(tokenizer, examples, max_seq_length):
     targets["labels"] the right choice. stats: examples, truncated (examples with a cut)."""
     input_ids, token_type_ids, truncated = [], [], 0
     for e in examples:
-        rows = [encode_pair(tokenizer, e.context, f"{e.start} {ending}".strip(), max_seq_length) for ending in e.endings]
+        rows = [encode_pair(tokenizer, e.context, f"{e.start} {ending}".strip(), max_seq_length)
+                for ending in e.endings]
         input_ids.append([r[0] for r in rows])
         token_type_ids.append([r[1] for r in rows])
         truncated += any(r[2] for r in rows)
     targets = {}
     if examples and all(e.label is not None for e in examples):
         targets["labels"] = numpy.array([e.label for e in examples], dtype=numpy.int64)
-    return Features(input_ids, token_type_ids, targets, stats={"examples": len(examples), "truncated": truncated})
+    return Features(input_ids, token_type_ids, targets,
+                    stats={"examples": len(examples), "truncated": truncated})

@@ -18,15 +18,16 @@ import os
 import random
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SYLLABLES = ["var", "len", "hol", "dor", "mis", "tra", "bel", "kor", "sun", "wick", "ham", "ton", "ford", "mere",
-             "by", "stad", "vik", "gard", "lin", "ros"]
-FIRST = ["Anna", "Pieter", "Mara", "Johan", "Elise", "Tomas", "Ida", "Hugo", "Lena", "Oskar", "Greta", "Emil",
-         "Nora", "Felix", "Clara", "Viktor"]
-LAST = ["Brandt", "Holm", "Castellan", "Wren", "Dalby", "Okafor", "Marsh", "Lindqvist", "Ferreira", "Novak",
-        "Ashdown", "Kowal"]
-RIVERS = ["Olm", "Serra", "Blackwater", "Tane", "Vesk", "Amber", "Lune", "Corrin", "Drava", "Whitmoor"]
-GOODS = ["blue pottery", "smoked eel", "clockmaking", "wool blankets", "rye bread", "glass beads", "copper kettles",
-         "rope", "cider", "salt"]
+SYLLABLES = ["var", "len", "hol", "dor", "mis", "tra", "bel", "kor", "sun", "wick", "ham", "ton",
+             "ford", "mere", "by", "stad", "vik", "gard", "lin", "ros"]
+FIRST = ["Anna", "Pieter", "Mara", "Johan", "Elise", "Tomas", "Ida", "Hugo", "Lena", "Oskar",
+         "Greta", "Emil", "Nora", "Felix", "Clara", "Viktor"]
+LAST = ["Brandt", "Holm", "Castellan", "Wren", "Dalby", "Okafor", "Marsh", "Lindqvist", "Ferreira",
+        "Novak", "Ashdown", "Kowal"]
+RIVERS = ["Olm", "Serra", "Blackwater", "Tane", "Vesk", "Amber", "Lune", "Corrin", "Drava",
+          "Whitmoor"]
+GOODS = ["blue pottery", "smoked eel", "clockmaking", "wool blankets", "rye bread", "glass beads",
+         "copper kettles", "rope", "cider", "salt"]
 FILLERS = [
     "The streets are narrow and paved with grey stone.",
     "Visitors often arrive by the morning train from the coast.",
@@ -45,7 +46,8 @@ FILLERS = [
     "Festivals with music and dancing take place in late summer.",
     "The surrounding farmland produces barley and potatoes.",
 ]
-UNSTATED = ["What is the population of {t}?", "Which mountain overlooks {t}?", "Who is the mayor of {t}?"]
+UNSTATED = ["What is the population of {t}?", "Which mountain overlooks {t}?",
+            "Who is the mayor of {t}?"]
 
 
 def towns(rng, n, taken):
@@ -59,16 +61,19 @@ def towns(rng, n, taken):
 
 
 def facts(rng, town):
-    return {"town": town, "founder": f"{rng.choice(FIRST)} {rng.choice(LAST)}", "year": str(rng.randint(1150, 1890)),
-            "river": rng.choice(RIVERS), "good": rng.choice(GOODS)}
+    return {"town": town, "founder": f"{rng.choice(FIRST)} {rng.choice(LAST)}",
+            "year": str(rng.randint(1150, 1890)), "river": rng.choice(RIVERS),
+            "good": rng.choice(GOODS)}
 
 
 def squad_paragraph(rng, f):
     t = f["town"]
     stated = [(f"{t} was founded in {f['year']} by {f['founder']}.",
                [(f"When was {t} founded?", f["year"]), (f"Who founded {t}?", f["founder"])]),
-              (f"The river {f['river']} flows through {t}.", [(f"Which river flows through {t}?", f["river"])]),
-              (f"Today {t} is best known for its {f['good']}.", [(f"What is {t} best known for?", f["good"])])]
+              (f"The river {f['river']} flows through {t}.",
+               [(f"Which river flows through {t}?", f["river"])]),
+              (f"Today {t} is best known for its {f['good']}.",
+               [(f"What is {t} best known for?", f["good"])])]
     sentences = rng.sample(FILLERS, 9)
     for sentence, _ in stated:
         sentences.insert(rng.randint(0, len(sentences)), sentence)
@@ -78,18 +83,20 @@ def squad_paragraph(rng, f):
         for question, answer in questions:
             start = context.index(answer, context.index(sentence))
             qas.append({"id": f"{t.lower()}-{len(qas)}", "question": question,
-                        "answers": [{"text": answer, "answer_start": start}], "is_impossible": False})
-    qas.append({"id": f"{t.lower()}-{len(qas)}", "question": rng.choice(UNSTATED).format(t=t), "answers": [],
-                "is_impossible": True})
+                        "answers": [{"text": answer, "answer_start": start}],
+                        "is_impossible": False})
+    qas.append({"id": f"{t.lower()}-{len(qas)}", "question": rng.choice(UNSTATED).format(t=t),
+                "answers": [], "is_impossible": True})
     return {"context": context, "qas": qas}
 
 
 def swag_rows(rng, f, start_id):
     t = f["town"]
+    founders = [f"{a} {b}" for a, b in zip(rng.sample(FIRST, 6), rng.sample(LAST, 6))]
     items = [(f"{t} was founded in {f['year']} by {f['founder']}.", "Its founder was",
-              f["founder"], [f"{a} {b}" for a, b in zip(rng.sample(FIRST, 6), rng.sample(LAST, 6))]),
-             (f"The river {f['river']} flows through {t}.", "The river that flows through it is the",
-              f["river"], RIVERS),
+              f["founder"], founders),
+             (f"The river {f['river']} flows through {t}.",
+              "The river that flows through it is the", f["river"], RIVERS),
              (f"Today {t} is best known for its {f['good']}.", "People come to the town for its",
               f["good"], GOODS)]
     rows = []
@@ -98,8 +105,8 @@ def swag_rows(rng, f, start_id):
         endings = wrong + [right + "."]
         endings[:3] = [w + "." for w in endings[:3]]
         rng.shuffle(endings)
-        rows.append([start_id + len(rows), f"synthetic{start_id}", 0, f"{sent1} {sent2}", sent1, sent2, "gold",
-                     *endings, endings.index(right + ".")])
+        rows.append([start_id + len(rows), f"synthetic{start_id}", 0, f"{sent1} {sent2}", sent1,
+                     sent2, "gold", *endings, endings.index(right + ".")])
     return rows
 
 
@@ -108,16 +115,19 @@ def main():
     taken = set()
     for split, n in (("train", 30), ("dev", 10)):
         paragraphs = [squad_paragraph(rng, facts(rng, t)) for t in towns(rng, n, taken)]
+        squad = {"version": "v2.0",
+                 "data": [{"title": "synthetic towns", "paragraphs": paragraphs}]}
         with open(os.path.join(HERE, f"squad_synthetic_{split}.json"), "w", encoding="utf-8") as f:
-            json.dump({"version": "v2.0", "data": [{"title": "synthetic towns", "paragraphs": paragraphs}]}, f, indent=1)
+            json.dump(squad, f, indent=1)
     for split, n in (("train", 80), ("dev", 20)):
         rows = []
         for t in towns(rng, n, taken):
             rows += swag_rows(rng, facts(rng, t), len(rows))
-        with open(os.path.join(HERE, f"swag_synthetic_{split}.csv"), "w", encoding="utf-8", newline="") as f:
+        path = os.path.join(HERE, f"swag_synthetic_{split}.csv")
+        with open(path, "w", encoding="utf-8", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
-                             "ending0", "ending1", "ending2", "ending3", "label"])
+            writer.writerow(["", "video-id", "fold-ind", "startphrase", "sent1", "sent2",
+                             "gold-source", "ending0", "ending1", "ending2", "ending3", "label"])
             writer.writerows(rows)
 
 
