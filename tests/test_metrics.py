@@ -160,7 +160,7 @@ def test_squad_v1_evaluation():
 
 
 def test_squad_v2_evaluation_and_null_threshold():
-    gold = {"has": ["Paris"], "none": [], "none2": [""]}
+    gold = {"has": ["Paris"], "none": [], "none2": []}
     predictions = {"has": "Paris", "none": "", "none2": "somewhere"}
     result = metrics.squad_evaluate(gold, predictions, "2.0")
     assert result["exact"] == approx(200 / 3)
@@ -171,3 +171,13 @@ def test_squad_v2_evaluation_and_null_threshold():
     thresholded = metrics.squad_evaluate(gold, predictions, "2.0", odds, no_answer_threshold=1.0)
     assert thresholded["exact"] == approx(100.0)
     assert thresholded["best_exact"] == approx(100.0) and thresholded["best_exact_thresh"] == -3.0
+
+
+def test_squad_v2_an_answer_list_of_empty_text_still_has_an_answer():
+    """evaluate-v2.0.py: has_answer = bool(qa["answers"]), before normalising; the empty text
+    is then scored against gold [""] (so only "no answer" matches it)."""
+    gold = {"has": ["Paris"], "none": [], "empty_text": [""]}
+    predictions = {"has": "Paris", "none": "", "empty_text": "somewhere"}
+    result = metrics.squad_evaluate(gold, predictions, "2.0")
+    assert (result["HasAns_exact"], result["HasAns_total"], result["NoAns_total"]) == \
+        (50.0, 2, 1)

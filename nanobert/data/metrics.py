@@ -250,11 +250,13 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
 
     v1.1 (evaluate-v1.1.py): every question counts, a missing prediction scores 0; EM and F1
     are the maximum over the gold answers.
-    v2.0 (evaluate-v2.0.py): gold answers that normalise to "" are dropped and a question
-    without any is unanswerable (gold [""]); questions without a prediction are left out;
-    reports HasAns_* / NoAns_* splits. With no_answer_probabilities ({id: score}, e.g. the
-    null-odds that post-processing writes) a score above no_answer_threshold turns the
-    prediction into "no answer", and best_exact / best_f1 give the best threshold over them.
+    v2.0 (evaluate-v2.0.py): a question "has an answer" when its answer list is non-empty
+    (before normalising, as the official script); for scoring, gold answers that normalise
+    to "" are dropped and a question without any is scored against gold [""]; questions
+    without a prediction are left out; reports HasAns_* / NoAns_* splits. With
+    no_answer_probabilities ({id: score}, e.g. the null-odds that post-processing writes) a
+    score above no_answer_threshold turns the prediction into "no answer", and best_exact /
+    best_f1 give the best threshold over them.
     """
     if version not in ("1.1", "2.0"):
         raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
@@ -268,7 +270,7 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
             golds = list(answers)
         else:
             golds = [a for a in answers if normalize_answer(a)] or [""]
-            has_answer[qid] = golds != [""]
+            has_answer[qid] = bool(answers)
             if qid not in predictions:
                 continue
             prediction = predictions[qid]
@@ -282,6 +284,10 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
 
     raw_exact, raw_f1 = exact, f1
     if no_answer_probabilities is not None:
+        missing = [q for q in exact if q not in no_answer_probabilities]
+        if missing:
+            raise ValueError(f"no no-answer probability for {len(missing)} scored question(s), "
+                             f"e.g. {missing[0]!r}")
         def thresholded(scores):
             return {q: (float(not has_answer[q])
                         if no_answer_probabilities[q] > no_answer_threshold else s)
@@ -304,11 +310,16 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
 
 
 def _best_threshold(predictions, scores, no_answer_probabilities, has_answer):
-    """evaluate-v2.0.py's find_best_thresh: sweep the threshold over the sorted scores,
-    starting from 'every question answered with no-answer'."""
-    current = best = sum(1 for q in scores if not has_answer[q])
+    """evaluate-v2.0.py's find_best_thresh: start from 'every question answered with
+    no-answer' (counted over all gold questions) and lower the threshold one question at a
+    time in increasing probability; ties keep the order of no_answer_probabilities (the
+    null-odds file's), as the official stable sort does."""
+    current = best = sum(1 for q in has_answer if not has_answer[q])
     threshold = 0.0
-    for qid in sorted(scores, key=lambda q: no_answer_probabilities[q]):
+    by_probability = sorted(no_answer_probabilities, key=lambda q: no_answer_probabilities[q])
+    for qid in by_probability:
+        if qid not in scores:
+            continue
         if has_answer[qid]:
             current += scores[qid]
         elif predictions[qid]:

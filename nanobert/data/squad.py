@@ -129,7 +129,7 @@ def read_squad(path, is_training, version_2_with_negative=None):
         version_2_with_negative = _has_impossible_questions(dataset, data)
     stats = {"questions": 0, "examples": 0, "answer_mismatch": 0, "impossible": 0,
              "version": "2.0" if version_2_with_negative else "1.1"}
-    examples = []
+    examples, first_seen = [], {}
     if not data:
         raise ValueError(f"{path}: 'data' is empty")
     for a, entry in enumerate(data):
@@ -139,6 +139,10 @@ def read_squad(path, is_training, version_2_with_negative=None):
             for q, qa in enumerate(_field(paragraph, "qas", list, at)):
                 where = f"{at}.qas[{q}]"
                 qas_id = _field(qa, "id", (str, int), where)
+                if str(qas_id) in first_seen:    # scores are per id: a repeat would be lost
+                    raise ValueError(f"{where}: question id {str(qas_id)!r} repeats "
+                                     f"{first_seen[str(qas_id)]}")
+                first_seen[str(qas_id)] = where
                 question = _field(qa, "question", str, where)
                 is_impossible = (bool(qa.get("is_impossible", False)) if version_2_with_negative
                                  else False)
@@ -162,6 +166,10 @@ def read_squad(path, is_training, version_2_with_negative=None):
     stats["examples"] = len(examples)
     if not stats["questions"]:
         raise ValueError(f"{path}: no questions")
+    if is_training and not examples:
+        raise ValueError(f"{path}: no usable training question: all {stats['questions']} were "
+                         f"skipped ({stats['answer_mismatch']} whose answer text is not at its "
+                         f"answer_start in the context)")
     return examples, stats
 
 
@@ -390,6 +398,10 @@ def _nbest(example, features, prelim, n_best_size, do_lower_case, strip_accents)
     null = next((p for p in prelim if p[2] == 0), None)    # v2.0's null span: the one at [CLS]
     if null is not None and "" not in seen:
         nbest.append({"text": "", "start_logit": null[4], "end_logit": null[5]})
+    if null is not None and len(nbest) == 1:
+        # Only the null answer survived: a nonce span as transformers' run_squad, so that the
+        # null odds (null - best non-null score) exist for every v2.0 question.
+        nbest.insert(0, {"text": "empty", "start_logit": 0.0, "end_logit": 0.0})
     if not nbest:                        # no valid span at all (as the original: a nonce answer)
         nbest.append({"text": "empty", "start_logit": 0.0, "end_logit": 0.0})
     scores = numpy.array([n["start_logit"] + n["end_logit"] for n in nbest], dtype=numpy.float64)
@@ -416,8 +428,8 @@ def write_predictions(examples, features, start_logits, end_logits, n_best_size=
                                          start_logits, end_logits, n_best_size,
                                          max_answer_length, version_2_with_negative)
         nbest = _nbest(example, features, prelim, n_best_size, do_lower_case, strip_accents)
-        best_non_null = next((n for n in nbest if n["text"]), None)
-        if not version_2_with_negative or best_non_null is None:
+        best_non_null = next((n for n in nbest if n["text"]), None)   # never None in v2.0
+        if not version_2_with_negative:
             predictions[example.qas_id] = nbest[0]["text"]
         else:
             score_diff = score_null - best_non_null["start_logit"] - best_non_null["end_logit"]
