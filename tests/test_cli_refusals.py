@@ -1,0 +1,59 @@
+"""The command lines refuse what cannot work, at once and in one line: every numeric flag is
+range-checked by argparse (exit status 2), and a run whose loss, gradients or weights turn
+non-finite stops with a non-zero exit naming the step, before anything is saved."""
+import os
+
+import numpy
+import pytest
+
+import finetune
+from nanobert.model.optim import AdamW
+from test_finetune import data, make_tiny_bert
+
+FINETUNE_BAD_FLAGS = [
+    ("--batch-size", "0"), ("--batch-size", "-3"), ("--grad-accum", "0"), ("--lr", "nan"),
+    ("--lr", "-1e-5"), ("--lr", "1e39"), ("--lr", "0"), ("--epochs", "0"), ("--epochs", "inf"),
+    ("--max-steps", "0"), ("--warmup", "-1"), ("--weight-decay", "-0.1"),
+    ("--max-grad-norm", "0"), ("--seed", "-1"), ("--eval-batch-size", "0"),
+    ("--log-every", "0"), ("--max-seq-length", "2"), ("--doc-stride", "0"),
+    ("--max-train-examples", "-5"), ("--max-eval-examples", "x"),
+    ("--null-score-diff-threshold", "nan"), ("--n-best-size", "0"),
+]
+
+
+@pytest.mark.parametrize("flag, value", FINETUNE_BAD_FLAGS)
+def test_finetune_refuses_a_bad_numeric_flag_at_parse_time(flag, value, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        finetune.parse_args([flag, value])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {flag}" in error, error
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.mark.parametrize("steps, message", [
+    (None, r"loss is nan at step \d+ \(first non-finite weight: classifier\.bias\)"),
+    (1, r"weights are not finite after step 1 \(first: classifier\.bias\); nothing was saved"),
+])
+def test_finetune_stops_when_the_weights_turn_non_finite(tiny_bert, tmp_path, monkeypatch, steps,
+                                                         message):
+    """A diverging update (forced here: each step writes a NaN) stops the run at the next step
+    or, after the last step, before the dev evaluation, naming the bad tensor: no best/
+    checkpoint of NaN weights is ever written."""
+    step = AdamW.step
+
+    def diverging_step(self, grads, lr=None):
+        step(self, grads, lr)
+        self.params["classifier.bias"][0] = numpy.nan
+    monkeypatch.setattr(AdamW, "step", diverging_step)
+    out = tmp_path / "run"
+    argv = ["--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev",
+            data("sst2_dev.tsv"), "--model", tiny_bert, "--out", str(out), "--epochs", "1",
+            "--batch-size", "8"] + (["--max-steps", str(steps)] if steps else [])
+    with pytest.raises(SystemExit, match=message):
+        finetune.main(argv)
+    assert not os.path.exists(out / "best")
