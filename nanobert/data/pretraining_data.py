@@ -430,7 +430,7 @@ def create_pretraining_data(input_paths, output_dir, tokenizer, max_seq_length=1
         # 3. the original's final shuffle, applied while gathering rows into the shards
         permutation = shuffle_permutation(rng, statistics["count"])
         shards = _write_shards(permutation, scratch, building, options, token_dtype, log)
-        del permutation, corpus                  # unmap the scratch files before deleting them
+        del permutation, corpus             # corpus maps the scratch files: unmap them first
         shutil.rmtree(scratch)
         # 4. vocab copy and manifest; leaving the block swaps the folder into place
         manifest = _write_manifest(building, tokenizer, vocab, vocab_tokens, options, shards,
