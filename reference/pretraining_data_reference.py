@@ -47,7 +47,8 @@ def read_corpus(input_files, tokenizer):
 
 
 def create_training_instances(documents, tokenizer, max_seq_length, dupe_factor, short_seq_prob,
-                              masked_lm_prob, max_predictions_per_seq, rng, do_whole_word_mask=False):
+                              masked_lm_prob, max_predictions_per_seq, rng,
+                              do_whole_word_mask=False):
     documents = list(documents)
     rng.shuffle(documents)
     vocab_words = list(tokenizer.vocab.keys())
@@ -61,8 +62,9 @@ def create_training_instances(documents, tokenizer, max_seq_length, dupe_factor,
     return instances
 
 
-def instances_from_document(documents, document_index, max_seq_length, short_seq_prob, masked_lm_prob,
-                            max_predictions_per_seq, vocab_words, rng, do_whole_word_mask):
+def instances_from_document(documents, document_index, max_seq_length, short_seq_prob,
+                            masked_lm_prob, max_predictions_per_seq, vocab_words, rng,
+                            do_whole_word_mask):
     document = documents[document_index]
     max_num_tokens = max_seq_length - 3
     target = max_num_tokens
@@ -108,7 +110,8 @@ def instances_from_document(documents, document_index, max_seq_length, short_seq
                 tokens = ["[CLS]"] + first + ["[SEP]"] + second + ["[SEP]"]
                 segment_ids = [0] * (len(first) + 2) + [1] * (len(second) + 1)
                 tokens, positions, labels = masked_lm_predictions(
-                    tokens, masked_lm_prob, max_predictions_per_seq, vocab_words, rng, do_whole_word_mask)
+                    tokens, masked_lm_prob, max_predictions_per_seq, vocab_words, rng,
+                    do_whole_word_mask)
                 out.append(Instance(tokens, segment_ids, positions, labels, random_next))
             chunk = []
             length = 0
@@ -179,7 +182,8 @@ def features(instances, tokenizer, max_seq_length, max_predictions_per_seq):
         k = len(instance.masked_lm_positions)
         pad = max_predictions_per_seq - k
         rows["masked_lm_positions"].append(list(instance.masked_lm_positions) + [0] * pad)
-        rows["masked_lm_ids"].append(tokenizer.convert_tokens_to_ids(instance.masked_lm_labels) + [0] * pad)
+        rows["masked_lm_ids"].append(
+            tokenizer.convert_tokens_to_ids(instance.masked_lm_labels) + [0] * pad)
         rows["masked_lm_weights"].append([1.0] * k + [0.0] * pad)
         rows["next_sentence_labels"].append(1 if instance.is_random_next else 0)
     return {k: numpy.asarray(v, dtype=numpy.float32 if k == "masked_lm_weights" else numpy.int64)
@@ -191,8 +195,9 @@ def run(input_files, tokenizer, max_seq_length=128, max_predictions_per_seq=20, 
     """The original main(): random.Random(seed), read, make, shuffle -> feature arrays."""
     rng = random.Random(seed)
     documents = read_corpus(input_files, tokenizer)
-    instances = create_training_instances(documents, tokenizer, max_seq_length, dupe_factor, short_seq_prob,
-                                          masked_lm_prob, max_predictions_per_seq, rng, do_whole_word_mask)
+    instances = create_training_instances(documents, tokenizer, max_seq_length, dupe_factor,
+                                          short_seq_prob, masked_lm_prob, max_predictions_per_seq,
+                                          rng, do_whole_word_mask)
     return features(instances, tokenizer, max_seq_length, max_predictions_per_seq)
 
 

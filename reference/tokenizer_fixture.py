@@ -52,7 +52,8 @@ def read_lines(path):
 
 
 def corpus_files(root=ROOT):
-    return sorted(p for p in Path(root).glob(CORPUS_GLOB) if p.is_file() and not p.name.startswith("vocab"))
+    return sorted(p for p in Path(root).glob(CORPUS_GLOB)
+                  if p.is_file() and not p.name.startswith("vocab"))
 
 
 def file_sha256(path):
@@ -89,7 +90,7 @@ def fast_tokenizer(vocab, **settings):
     import importlib.util
     import transformers
     transformers.logging.set_verbosity_error()
-    # 5.x moved the Python tokenizer to tokenization_bert_legacy; BertTokenizer is the Rust one there
+    # 5.x moved the Python tokenizer to tokenization_bert_legacy; BertTokenizer is the Rust one
     if importlib.util.find_spec("transformers.models.bert.tokenization_bert_legacy") is not None:
         return transformers.BertTokenizer(vocab=str(vocab), **settings)
     return transformers.BertTokenizerFast(str(vocab), **settings)
@@ -138,8 +139,9 @@ def make_parity(vocab, texts):
     fixture["calls"] = calls
     batch = texts[:16]
     out = slow(batch, padding="longest", return_token_type_ids=True, return_attention_mask=True)
-    fixture["batch"] = {"texts": batch, **{k: [list(x) for x in out[k]]
-                                           for k in ("input_ids", "token_type_ids", "attention_mask")}}
+    fixture["batch"] = {"texts": batch,
+                        **{k: [list(x) for x in out[k]]
+                           for k in ("input_ids", "token_type_ids", "attention_mask")}}
     fixture["decode"] = []
     for text in texts:
         ids = slow(text)["input_ids"]
@@ -177,8 +179,8 @@ def check_nanobert(vocab, fixture, hashes):
                 path = key.rsplit(":", 1)[0]
                 lines = read_lines(ROOT / path)
                 got = [ids_hash(tok.encode(t, add_special_tokens=False)) for t in lines]
-                print(f"nanobert {name}: {path} {int((numpy.array(got) == value).sum())}/{len(lines)} "
-                      "lines identical")
+                same = int((numpy.array(got) == value).sum())
+                print(f"nanobert {name}: {path} {same}/{len(lines)} lines identical")
 
 
 def main():
@@ -188,7 +190,8 @@ def main():
     PARITY_FIXTURE.parent.mkdir(parents=True, exist_ok=True)
     PARITY_FIXTURE.write_text(json.dumps(fixture, ensure_ascii=True, separators=(",", ":")) + "\n")
     for name, bad in fixture["fast_disagrees"].items():
-        print(f"Rust BertTokenizer {name}: differs from the Python one on {len(bad)} of {len(texts)} texts:")
+        print(f"Rust BertTokenizer {name}: differs from the Python one on {len(bad)} of "
+              f"{len(texts)} texts:")
         for i in bad:
             print(f"    {texts[i]!r}")
     files = corpus_files()

@@ -66,7 +66,8 @@ def test_files_are_utf8_in_bert_format(texts):
             assert line == line.strip(), f"{split} line {lineno}: leading/trailing space {line!r}"
             assert "  " not in line, f"{split} line {lineno}: double space {line!r}"
         for i, doc in enumerate(text[:-1].split("\n\n")):
-            assert doc and all(doc.split("\n")), f"{split} document {i} is empty or has an empty line"
+            assert doc and all(doc.split("\n")), \
+                f"{split} document {i} is empty or has an empty line"
 
 
 def test_no_pos_tag_residue(texts):
@@ -131,14 +132,16 @@ def test_first_sentence_and_gzip_header(texts):
         'primary election produced "no evidence" that any irregularities took place.')
     for split in SPLITS:
         header = (BROWN / f"{split}.txt.gz").read_bytes()[:10]
-        assert header[:2] == b"\x1f\x8b" and header[4:8] == b"\0\0\0\0", f"{split}: gzip mtime not 0"
+        assert header[:2] == b"\x1f\x8b" and header[4:8] == b"\0\0\0\0", \
+            f"{split}: gzip mtime not 0"
         assert not header[3] & 0x08, f"{split}: gzip header holds a file name"
 
 
 def test_readme_examples_are_in_the_corpus(texts):
     readme = (BROWN / "README.md").read_text(encoding="utf-8")
     assert "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2" in readme
-    examples = re.findall(r"^    (\S.*)$", readme.split("## Example lines", 1)[1].split("\n## ", 1)[0], re.M)
+    section = readme.split("## Example lines", 1)[1].split("\n## ", 1)[0]
+    examples = re.findall(r"^    (\S.*)$", section, re.M)
     assert len(examples) == 3
     lines = set(texts["train"].split("\n")) | set(texts["heldout"].split("\n"))
     for example in examples:
@@ -187,7 +190,8 @@ def test_split_token_rejects_untagged(token):
     # the extra period after an abbreviation at the end
     ("won/vbn by/in Ivan/np Allen/np Jr./np ./.", "won by Ivan Allen Jr."),
     # single quotes: opening joins the next word, closing the previous one
-    ("more/ap '/' pro/nn '/' letters/nns than/cs '/' con/nn '/' ./.", "more 'pro' letters than 'con'."),
+    ("more/ap '/' pro/nn '/' letters/nns than/cs '/' con/nn '/' ./.",
+     "more 'pro' letters than 'con'."),
     ("get/vb 'em/ppo all/abn right/rb '/' ''/'' ./.", "get 'em all right'.\""),
     # Form C's Roman-numeral comma and its doubled commas
     ("World/nn-tl War/nn-tl 2/cd-tl ,/, German/jj bomber/nn", "World War 2 German bomber"),

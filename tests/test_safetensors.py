@@ -1,4 +1,5 @@
-"""nanobert.formats.safetensors: round trips, the reference package, malformed files, atomic save."""
+"""nanobert.formats.safetensors: round trips, the reference package, malformed files, atomic
+save."""
 import errno
 import io
 import json
@@ -24,7 +25,8 @@ metadata_dicts = st.dictionaries(st.text(max_size=8), st.text(max_size=8), min_s
 
 def assert_same_tensors(expected, actual):
     """Same names, dtypes, shapes and bytes (bitwise, so NaN payloads and -0.0 count)."""
-    assert sorted(actual) == sorted(expected), f"names: expected {sorted(expected)}, got {sorted(actual)}"
+    assert sorted(actual) == sorted(expected), \
+        f"names: expected {sorted(expected)}, got {sorted(actual)}"
     for name, want in expected.items():
         got = actual[name]
         assert (got.dtype, got.shape) == (want.dtype, want.shape), \
@@ -51,7 +53,8 @@ def entry(name, begin, end, shape=None, dtype="F32"):
 
 @settings(max_examples=60, deadline=None)
 @given(tensors=tensor_dicts, metadata=st.none() | metadata_dicts)
-def test_round_trip_keeps_names_dtypes_shapes_bits_and_metadata(tmp_path_factory, tensors, metadata):
+def test_round_trip_keeps_names_dtypes_shapes_bits_and_metadata(tmp_path_factory, tensors,
+                                                                metadata):
     path = tmp_path_factory.mktemp("round_trip") / "model.safetensors"
     nst.save_file(tensors, path, metadata=metadata)
     assert_same_tensors(tensors, nst.load_file(path))
@@ -59,14 +62,16 @@ def test_round_trip_keeps_names_dtypes_shapes_bits_and_metadata(tmp_path_factory
     expected = {name: (DTYPES[array.dtype.type], array.shape) for name, array in tensors.items()}
     assert header == expected, f"read_header: expected {expected}, got {header}"
     loaded_metadata = nst.load_metadata(path)
-    assert loaded_metadata == (metadata or {}), f"metadata: expected {metadata}, got {loaded_metadata}"
+    assert loaded_metadata == (metadata or {}), \
+        f"metadata: expected {metadata}, got {loaded_metadata}"
     data_start = 8 + struct.unpack("<Q", path.read_bytes()[:8])[0]
     assert data_start % 8 == 0, f"data buffer starts at byte {data_start}, not a multiple of 8"
 
 
 def test_loaded_arrays_are_writable_aligned_and_own_their_memory(tmp_path):
     path = tmp_path / "model.safetensors"
-    nst.save_file({"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int8)}, path)
+    nst.save_file({"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int8)},
+                  path)
     loaded = nst.load_file(path)
     for name, array in loaded.items():
         flags = array.flags
@@ -94,7 +99,8 @@ def test_load_dtype_casts_floating_tensors_and_keeps_integer_and_bool_ones(tmp_p
                    "flag": np.array([True, False])}, path)
     loaded = nst.load_file(path, dtype=np.float64)
     got = {name: array.dtype for name, array in loaded.items()}
-    want = {"weight": np.dtype(np.float64), "position_ids": np.dtype(np.int64), "flag": np.dtype(bool)}
+    want = {"weight": np.dtype(np.float64), "position_ids": np.dtype(np.int64),
+            "flag": np.dtype(bool)}
     assert got == want, f"dtypes after load_file(dtype=float64): expected {want}, got {got}"
     assert loaded["weight"][0] == np.float64(np.float32(0.1)), loaded["weight"]
 
@@ -145,7 +151,8 @@ def test_bf16_is_the_top_half_of_a_float32(tmp_path):
     path = raw_file(tmp_path / "bf16.safetensors", entry("w", 0, 14, [7], "BF16"), bits.tobytes())
     got = nst.load_file(path)["w"]
     want = np.array([1.0, -2.5, 0.0, -0.0, np.inf, -np.inf, 2.0**-133], np.float32)
-    assert got.dtype == np.float32 and got.tobytes() == want.tobytes(), f"expected {want}, got {got}"
+    assert got.dtype == np.float32 and got.tobytes() == want.tobytes(), \
+        f"expected {want}, got {got}"
     assert nst.read_header(path) == {"w": ("BF16", (7,))}, nst.read_header(path)
 
 
@@ -248,10 +255,13 @@ MALFORMED = {  # id: (file bytes, or (header, data) for raw_file; expected messa
         ((entry("a", 0, 8), bytes(4)), r"\[0, 8\] out of range of the 4-byte data buffer"),
     "offsets reversed": ((entry("a", 4, 0, [1]), bytes(4)), r"\[4, 0\] out of range"),
     "offsets overlap":
-        (({**entry("a", 0, 8), **entry("b", 4, 12)}, bytes(12)), r"'b' data_offsets \[4, 12\] overlap"),
+        (({**entry("a", 0, 8), **entry("b", 4, 12)}, bytes(12)),
+         r"'b' data_offsets \[4, 12\] overlap"),
     "offsets leave a gap":
-        (({**entry("a", 0, 4), **entry("b", 8, 12)}, bytes(12)), r"'b' data_offsets \[8, 12\] leave a gap"),
-    "trailing data": ((entry("a", 0, 4), bytes(8)), "tensors end at byte 4 of a 8-byte data buffer"),
+        (({**entry("a", 0, 4), **entry("b", 8, 12)}, bytes(12)),
+         r"'b' data_offsets \[8, 12\] leave a gap"),
+    "trailing data":
+        ((entry("a", 0, 4), bytes(8)), "tensors end at byte 4 of a 8-byte data buffer"),
     "bytes do not match shape":
         ((entry("a", 0, 8, [3]), bytes(8)), r"hold 8 bytes, but F32 \[3\] needs 12"),
     "duplicate names": ((DUPLICATE.encode(), bytes(8)), r"duplicate name\(s\) \['a'\]"),
@@ -289,7 +299,8 @@ def test_reference_rejects_the_same_malformed_files(tmp_path, case):
 
 def test_unsupported_reference_dtype_is_refused_with_the_list_we_read(tmp_path):
     path = raw_file(tmp_path / "fp8.safetensors", entry("a", 0, 2, [2], "F8_E4M3"), bytes(2))
-    with pytest.raises(ValueError, match=r"unsupported dtype 'F8_E4M3' \(nanobert reads BOOL, .*BF16"):
+    with pytest.raises(ValueError,
+                       match=r"unsupported dtype 'F8_E4M3' \(nanobert reads BOOL, .*BF16"):
         nst.load_file(path)
 
 
@@ -346,7 +357,10 @@ class DiskFullAfterHeader(io.BufferedWriter):
 
 
 def disk_full_while_writing(monkeypatch):
-    monkeypatch.setattr(os, "fdopen", lambda fd, mode, **kw: DiskFullAfterHeader(io.FileIO(fd, mode)))
+    def fdopen(fd, mode, **kw):
+        return DiskFullAfterHeader(io.FileIO(fd, mode))
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
     return OSError
 
 
@@ -366,7 +380,8 @@ def interrupted_before_replace(monkeypatch):
 
 @pytest.mark.parametrize("inject_failure",
                          [disk_full_while_writing, fsync_fails, interrupted_before_replace])
-def test_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypatch, inject_failure):
+def test_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypatch,
+                                                              inject_failure):
     path = tmp_path / "model.safetensors"
     nst.save_file({"w": np.arange(4, dtype=np.float32)}, path)
     before = path.read_bytes()
@@ -381,8 +396,17 @@ def test_failed_save_keeps_the_previous_file_and_no_temporary(tmp_path, monkeypa
 
 def test_save_syncs_the_data_before_replacing_the_target(tmp_path, monkeypatch):
     calls, real_fsync, real_replace = [], os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append("replace"), real_replace(a, b))[1])
+
+    def fsync(fd):
+        calls.append("fsync")
+        return real_fsync(fd)
+
+    def replace(a, b):
+        calls.append("replace")
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
     nst.save_file({"w": np.zeros(3)}, tmp_path / "model.safetensors")
     assert calls[:2] == ["fsync", "replace"], f"calls in order: {calls}"
 

