@@ -56,6 +56,7 @@ from nanobert.formats.checkpoint import first_non_finite
 from nanobert.formats.fileio import atomic_folder, atomic_open
 from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
+from nanobert.model.optim import warmup_steps
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
 
@@ -737,7 +738,7 @@ def train(args, task, model, tokenizer, data):
     features = data.splits["train"][1]
     steps_per_epoch = math.ceil(len(features) / args.batch_size)
     num_train_steps = args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
-    warmup = int(args.warmup * num_train_steps) if args.warmup < 1 else int(args.warmup)
+    warmup = warmup_steps(args.warmup, num_train_steps)
     optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
                       weight_decay=args.weight_decay)
     print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "

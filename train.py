@@ -26,7 +26,7 @@ import types
 import numpy
 
 from nanobert import (AdamW, BertConfig, BertForPreTraining, average_gradients,
-                      clip_by_global_norm, learning_rate)
+                      clip_by_global_norm, flags, learning_rate)
 from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
 from nanobert.data.pretraining_instances import read_documents
@@ -34,6 +34,7 @@ from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train
 from nanobert.formats.checkpoint import load_training_checkpoint, save_training_checkpoint
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
+from nanobert.model.optim import warmup_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")
@@ -60,17 +61,17 @@ def parse_args(argv=None):
     g.add_argument("--heldout", nargs="*", default=[os.path.join(BROWN, "heldout.txt.gz")],
                    help="held-out text for evaluation (default: Brown's held-out documents; "
                         "none to skip)")
-    g.add_argument("--heldout-dupe-factor", type=int, default=1,
+    g.add_argument("--heldout-dupe-factor", type=flags.positive_int, default=1,
                    help="passes over the held-out text (more pairs/masks for a tighter estimate)")
     g.add_argument("--vocab", help="vocab.txt to use (default: <first data folder>/"
                                    "vocab-<size>.txt, trained from --data if missing)")
-    g.add_argument("--vocab-size", type=int, default=8192,
+    g.add_argument("--vocab-size", type=flags.positive_int, default=8192,
                    help="size of a vocab trained here (default 8192)")
     g.add_argument("--cased", action="store_true",
                    help="keep case and accents (default: uncased)")
-    g.add_argument("--dupe-factor", type=int, default=5,
+    g.add_argument("--dupe-factor", type=flags.positive_int, default=5,
                    help="passes over the corpus with new masks/pairs (default 5)")
-    g.add_argument("--max-predictions-per-seq", type=int, default=20)
+    g.add_argument("--max-predictions-per-seq", type=flags.positive_int, default=20)
     g.add_argument("--whole-word-mask", action="store_true")
     g.add_argument("--dynamic-masking", action="store_true",
                    help="draw new masks every time an instance is used")
@@ -82,45 +83,47 @@ def parse_args(argv=None):
                    help="model size (default tiny: L=2, H=128)")
     g.add_argument("--config",
                    help="a config.json instead of --preset (vocab_size is set from the vocab)")
-    g.add_argument("--max-seq-length", type=int, default=128,
+    g.add_argument("--max-seq-length", type=flags.in_range(int, 5), default=128,
                    help="phase-1 sequence length (default 128)")
-    g.add_argument("--phase2-max-seq-length", type=int, default=0,
+    g.add_argument("--phase2-max-seq-length", type=flags.non_negative_int, default=0,
                    help="if set (BERT: 512), the last --phase2-fraction of the steps use this "
                         "length")
-    g.add_argument("--phase2-fraction", type=float, default=0.1)
+    g.add_argument("--phase2-fraction", default=0.1,
+                   type=flags.in_range(float, 0.0, 1.0, low_open=True, high_open=True))
     g = p.add_argument_group("optimisation")
-    g.add_argument("--batch-size", type=int, default=32,
+    g.add_argument("--batch-size", type=flags.positive_int, default=32,
                    help="sequences per optimizer step (default 32)")
-    g.add_argument("--grad-accum", type=int, default=1,
+    g.add_argument("--grad-accum", type=flags.positive_int, default=1,
                    help="split each batch into this many micro-batches")
-    g.add_argument("--lr", type=float, default=5e-4,
+    g.add_argument("--lr", type=flags.learning_rate, default=5e-4,
                    help="peak learning rate (default 5e-4, for the tiny preset)")
-    g.add_argument("--warmup", type=float, default=0.05,
+    g.add_argument("--warmup", type=flags.non_negative_float, default=0.05,
                    help="warmup: a fraction of the steps (<1) or a count")
-    g.add_argument("--steps", type=int, help="optimizer steps (default: as many as --minutes "
-                                             "allows, estimated from the first steps)")
-    g.add_argument("--minutes", type=float, default=10.0,
+    g.add_argument("--steps", type=flags.positive_int,
+                   help="optimizer steps (default: as many as --minutes allows, estimated from "
+                        "the first steps)")
+    g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True), default=10.0,
                    help="time budget for training (default 10)")
     g.add_argument("--optimizer", choices=("bert", "torch"), default="bert",
                    help="AdamW flavour: the original AdamWeightDecay (default) or "
                         "torch.optim.AdamW's")
-    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--weight-decay", type=flags.non_negative_float, default=0.01)
     g = p.add_argument_group("run")
     g.add_argument("--out", default=os.path.join("runs", "pretrain"),
                    help="output folder (default runs/pretrain)")
     g.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint exactly")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=flags.non_negative_int, default=0)
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    g.add_argument("--log-every", type=int, default=20)
-    g.add_argument("--eval-every", type=int, default=500,
+    g.add_argument("--log-every", type=flags.positive_int, default=20)
+    g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
                    help="held-out evaluation interval in steps (0: only at the end)")
-    g.add_argument("--eval-batches", type=int, default=50,
+    g.add_argument("--eval-batches", type=flags.positive_int, default=50,
                    help="held-out batches per evaluation (default 50)")
-    g.add_argument("--checkpoint-every", type=int, default=500)
-    g.add_argument("--stop-at-step", type=int, help="checkpoint and stop at this step (the "
-                                                   "schedule still spans --steps; continue "
-                                                   "with --resume)")
+    g.add_argument("--checkpoint-every", type=flags.positive_int, default=500)
+    g.add_argument("--stop-at-step", type=flags.positive_int,
+                   help="checkpoint and stop at this step (the schedule still spans --steps; "
+                        "continue with --resume)")
     return p.parse_args(argv)
 
 # ----------------------------------------------------------------------------- vocab and data
@@ -256,11 +259,6 @@ def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
         with open(metrics_path, "w", encoding="utf-8") as f:
             f.writelines(kept)
     return config, model, optimizer, state
-
-
-def warmup_steps(warmup, num_train_steps):
-    """--warmup as a step count: a fraction of the schedule (< 1) or a count."""
-    return int(warmup * num_train_steps) if warmup < 1 else int(warmup)
 
 
 def steps_for_budget(model, data, micro_batch, grad_accum, minutes):

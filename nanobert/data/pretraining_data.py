@@ -59,6 +59,7 @@ import warnings
 
 import numpy
 
+from .. import flags
 from ..formats.fileio import atomic_folder, atomic_open, read_json
 from ..model.ops import IGNORE_INDEX
 from .pretraining_instances import (VocabInfo, _vocab_tokens, create_training_instances,
@@ -904,21 +905,21 @@ def build_parser():
     add("--do-lower-case", action=argparse.BooleanOptionalAction, default=None,
         help="lower-case and strip accents (uncased model); default: the folder's "
              "tokenizer_config.json, else yes")
-    add("--max-seq-length", type=int, default=128,
+    add("--max-seq-length", type=flags.in_range(int, 5), default=128,
         help="tokens per instance, with [CLS] and 2x [SEP] (default 128)")
-    add("--max-predictions-per-seq", type=int, default=20,
+    add("--max-predictions-per-seq", type=flags.positive_int, default=20,
         help="most masked positions per instance (default 20)")
-    add("--masked-lm-prob", type=float, default=0.15,
+    add("--masked-lm-prob", type=flags.in_range(float, 0.0, 1.0, low_open=True), default=0.15,
         help="fraction of tokens to predict (default 0.15)")
-    add("--dupe-factor", type=int, default=10,
+    add("--dupe-factor", type=flags.positive_int, default=10,
         help="passes over the corpus, each with new pairs and masks (default 10)")
-    add("--short-seq-prob", type=float, default=0.1,
+    add("--short-seq-prob", type=flags.probability, default=0.1,
         help="probability of a shorter target length per document (default 0.1)")
-    add("--seed", type=int, default=12345,
+    add("--seed", type=flags.non_negative_int, default=12345,
         help="seed of the Python random.Random that drives everything (default 12345)")
     add("--whole-word-mask", action="store_true",
         help="mask whole words (a piece and its ## pieces) together")
-    add("--instances-per-shard", type=int, default=100_000,
+    add("--instances-per-shard", type=flags.positive_int, default=100_000,
         help="rows per shard (default 100000)")
     add("--errors", choices=("strict", "replace"), default="strict",
         help="bytes that are not UTF-8: stop with an error naming the file and byte "

@@ -1,9 +1,9 @@
 """BertConfig: the hyper-parameters of a BERT, read from and written to HF's config.json,
 and the labels of a fine-tuning task as config.json stores them (id2label / label2id)."""
 import dataclasses
-import json
 import os
 
+from ..formats.fileio import read_json
 from .ops import GELU_KINDS
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -65,19 +65,11 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path):
+        """config.json, or the config.json inside a folder."""
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no config.json at {path}")
-        try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not valid UTF-8 JSON: {e}") from e
-        if not isinstance(d, dict):
-            raise ValueError(f"{path} must hold a JSON object, got {type(d).__name__}")
-        return cls.from_dict(d)
+        return cls.from_dict(read_json(path, "config.json"))
 
 # ------------------------------------------------------------------------ task labels
 

@@ -27,6 +27,11 @@ def learning_rate(step, peak_lr, warmup_steps, num_train_steps):
     return peak_lr * max(0.0, 1.0 - step / num_train_steps)
 
 
+def warmup_steps(warmup, num_train_steps):
+    """A --warmup flag as a step count: a fraction of the schedule (< 1) or a count."""
+    return int(warmup * num_train_steps) if warmup < 1 else int(warmup)
+
+
 def global_norm(grads):
     """sqrt of the sum of squares of every gradient, as one float."""
     total = 0.0
