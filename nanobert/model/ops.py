@@ -254,8 +254,8 @@ IGNORE_INDEX = -100     # label of a position or example that no loss counts (to
 
 
 class CrossEntropyCache(NamedTuple):
-    shifted: object            # [N, C] logits minus their row max
-    log_z: object              # [N] log of the softmax denominator
+    exp_shifted: object        # [N, C] exp(logits - row max): the softmax before normalising
+    sum_exp: object            # [N] its row sums
     safe_labels: object        # [N] labels with ignored rows set to 0
     valid: object              # [N] bool, rows the loss counts
     count: int                 # how many rows it counts
@@ -270,21 +270,28 @@ def cross_entropy_forward(logits, labels):
     xp = array_module(logits)
     valid = labels != IGNORE_INDEX                         # [N]
     count = int(valid.sum())
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_z = xp.log(xp.exp(shifted).sum(axis=-1))           # [N]
+    row_max = logits.max(axis=-1, keepdims=True)
+    exp_shifted = logits - row_max                         # the one [N, C] buffer
+    xp.exp(exp_shifted, out=exp_shifted)
+    sum_exp = exp_shifted.sum(axis=-1)                     # [N]
     safe_labels = xp.where(valid, labels, 0)
     rows = xp.arange(labels.shape[0])
-    nll = log_z - shifted[rows, safe_labels]               # -log p(label), [N]
+    label_logit = logits[rows, safe_labels] - row_max[:, 0]
+    nll = xp.log(sum_exp) - label_logit                    # -log p(label), [N]
     loss = float((nll * valid).sum()) / max(count, 1)
-    return loss, CrossEntropyCache(shifted, log_z, safe_labels, valid, count)
+    return loss, CrossEntropyCache(exp_shifted, sum_exp, safe_labels, valid, count)
 
 
 def cross_entropy_backward(dloss, cache):
-    """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows."""
-    xp = array_module(cache.shifted)
-    dlogits = xp.exp(cache.shifted - cache.log_z[:, None])         # softmax
-    dlogits[xp.arange(dlogits.shape[0]), cache.safe_labels] -= 1.0
-    dlogits *= (dloss / max(cache.count, 1)) * cache.valid[:, None]
+    """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows.
+
+    Built in the cache's [N, C] buffer (for the MLM head, [M, V] is the largest array of
+    the step): one pass, no new array; so call it once per forward."""
+    xp = array_module(cache.exp_shifted)
+    row_scale = (dloss / max(cache.count, 1)) * cache.valid                # [N]
+    dlogits = cache.exp_shifted
+    dlogits *= (row_scale / cache.sum_exp).astype(dlogits.dtype)[:, None]  # softmax, scaled
+    dlogits[xp.arange(dlogits.shape[0]), cache.safe_labels] -= row_scale.astype(dlogits.dtype)
     return dlogits
 
 # ------------------------------------------------------------------ regression losses
