@@ -1,7 +1,8 @@
 """Benchmark: one full pretraining step (forward, backward, clipping, AdamW update) of
 nanobert and of transformers' BertForPreTraining on torch, same config, batch and thread
-count, in one run. Prints median step times, their ratio, and nanobert's GFLOP/s next to
-NumPy's own large-matmul GFLOP/s.
+count, in one run. Prints median step times and their ratio, the forward+backward time alone
+with nanobert's GFLOP/s as a % of NumPy's own large-matmul rate, and each framework's peak
+memory (RSS of its own subprocess).
 
     python -m bench.train_step                      # mini and base, float32, CPU
     python -m bench.train_step --configs mini --steps 10
@@ -12,6 +13,7 @@ without them only nanobert is timed.
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -65,6 +67,7 @@ def time_steps(step, steps, warmup=1):
 
 
 def nanobert_step_fn(config, batch, seed=0):
+    """-> (full step, forward + backward only)."""
     model = BertForPreTraining(config, seed=seed, dtype=numpy.float32).train()
     optimizer = AdamW(model.params, lr=1e-4, mode="torch")
 
@@ -72,7 +75,10 @@ def nanobert_step_fn(config, batch, seed=0):
         _, grads = model.loss_and_grads(batch)
         clip_by_global_norm(grads, 1.0, mode="torch")
         optimizer.step(grads)
-    return step
+
+    def forward_backward():
+        model.loss_and_grads(batch)
+    return step, forward_backward
 
 
 def torch_step_fn(config, batch):
@@ -85,12 +91,14 @@ def torch_step_fn(config, batch):
     tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
 
     def step():
-        optimizer.zero_grad(set_to_none=True)
-        loss = model(**tensors).loss
-        loss.backward()
+        forward_backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-    return step
+
+    def forward_backward():
+        optimizer.zero_grad(set_to_none=True)
+        model(**tensors).loss.backward()
+    return step, forward_backward
 
 
 def numpy_matmul_gflops(n=2048, repeats=5):
@@ -101,14 +109,18 @@ def numpy_matmul_gflops(n=2048, repeats=5):
 
 
 def measure(framework, name, steps):
-    """Median step time of one framework on one config, in this process."""
+    """-> (median step s, median forward + backward s, peak RSS MiB) of one framework on one
+    config, in this process."""
     config, B, T = make_config(name)
     batch = make_batch(config, B, T)
     if framework == "torch":
         import torch
         torch.set_num_threads(os.cpu_count())
-        return time_steps(torch_step_fn(config, batch), steps)
-    return time_steps(nanobert_step_fn(config, batch), steps)
+        step, forward_backward = torch_step_fn(config, batch)
+    else:
+        step, forward_backward = nanobert_step_fn(config, batch)
+    seconds = time_steps(step, steps), time_steps(forward_backward, steps)
+    return (*seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # KiB on Linux
 
 
 def measure_in_subprocess(framework, name, steps):
@@ -118,7 +130,7 @@ def measure_in_subprocess(framework, name, steps):
                              "--steps", str(steps)], capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{framework} {name} benchmark failed:\n{result.stderr}")
-    return float(result.stdout.strip().splitlines()[-1])
+    return [float(x) for x in result.stdout.strip().splitlines()[-1].split()]
 
 
 def main(argv=None):
@@ -133,7 +145,7 @@ def main(argv=None):
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(measure(*args.worker, args.steps))
+        print(*measure(*args.worker, args.steps))
         return
 
     have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None \
@@ -143,18 +155,23 @@ def main(argv=None):
     peak = numpy_matmul_gflops()
     print(f"threads: {os.cpu_count()}   numpy {numpy.__version__}   "
           f"float32 2048^3 matmul: {peak:.1f} GFLOP/s")
-    print(f"{'config':<8}{'B x T':>10}{'nanobert s':>12}{'torch s':>10}{'ratio':>8}"
-          f"{'GFLOP/s':>9}{'% of matmul':>12}")
+    print(f"{'':18}{'full step (s)':^28}{'forward+backward':^33}{'peak RSS (MiB)':^16}")
+    print(f"{'config':<8}{'B x T':>10}{'nanobert':>10}{'torch':>9}{'ratio':>9}"
+          f"{'nanobert':>10}{'torch':>9}{'% of matmul':>14}{'nanobert':>9}{'torch':>7}")
+    nan = (float("nan"),) * 3
     for name in args.configs.split(","):
         config, B, T = make_config(name)
         batch = make_batch(config, B, T)
         flops = step_flops(config, B, T, int((batch["labels"] != IGNORE_INDEX).sum()))
         ours = measure_in_subprocess("nanobert", name, args.steps)
-        theirs = measure_in_subprocess("torch", name, args.steps) if have_torch else float("nan")
-        print(f"{name:<8}{f'{B} x {T}':>10}{ours:>12.3f}{theirs:>10.3f}{ours / theirs:>8.2f}"
-              f"{flops / ours / 1e9:>9.1f}{100 * flops / ours / 1e9 / peak:>11.0f}%", flush=True)
-    print("median step times (forward + backward + clip + AdamW), float32, dropout on;")
-    print("ratio = nanobert / torch (below 1: nanobert is faster)")
+        theirs = measure_in_subprocess("torch", name, args.steps) if have_torch else nan
+        matmul_share = 100 * flops / ours[1] / 1e9 / peak   # the step's matmul FLOPs only
+        print(f"{name:<8}{f'{B} x {T}':>10}{ours[0]:>10.3f}{theirs[0]:>9.3f}"
+              f"{ours[0] / theirs[0]:>9.2f}{ours[1]:>10.3f}{theirs[1]:>9.3f}{matmul_share:>13.0f}%"
+              f"{ours[2]:>9.0f}{theirs[2]:>7.0f}", flush=True)
+    print("median times; full step = forward + backward + clip + AdamW; float32, dropout on;")
+    print("ratio = nanobert / torch (below 1: nanobert is faster); % of matmul = nanobert's")
+    print("forward+backward matmul FLOPs per second over NumPy's 2048^3 matmul rate")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,13 @@ Every composite layer here follows one calling convention:
 
 `prefix` is where this layer's names start in the dict ("bert.", "bert.encoder.layer.3.");
 the cache is a NamedTuple that remembers it, so backward reads `cache.attention`, not
-`cache[0]`, and adds the parameter gradients into `grads` (same keys as params).
+`cache[0]`, and writes the parameter gradients into `grads` (same keys as params).
+
+Flat buffers, as llm.c: the model's parameters are views of one contiguous array
+(flat.FlatLayout, in params.buffer_order), and each backward gets one zeroed gradient buffer
+laid out alike. Every parameter has one op that writes its gradient into its view (out=, no
+temporary), except that an embedding lookup adds into its table's: the tied MLM decoder
+has written the dense word-embedding gradient first (the head's backward runs first).
 
 `BertPreTrainedModel` is the one skeleton of every model with a loss:
 check the batch -> encoder -> head -> loss, then loss backward -> head backward -> encoder
@@ -26,31 +32,33 @@ from ..formats.checkpoint import check_state_dict, load_pretrained, save_pretrai
 from ..formats.hub import resolve_model
 from .config import BertConfig
 from .inputs import INPUT_KEYS, check_inputs, require_keys
-from .params import bert_param_shapes, init_params
-
-
-def add_grad(grads, name, g):
-    """Accumulate: a parameter used twice (the tied word embeddings) sums both gradients."""
-    if name in grads:
-        grads[name] += g
-    else:
-        grads[name] = g
+from .flat import FlatLayout, stacked_view
+from .params import QKV, bert_param_shapes, buffer_order, init_params
 
 
 def linear_backward_into(dout, cache, grads, name):
-    """linear_backward that adds d<name>.weight and d<name>.bias to grads; returns dx."""
-    dx, dweight, dbias = ops.linear_backward(dout, cache)
-    add_grad(grads, name + ".weight", dweight)
-    add_grad(grads, name + ".bias", dbias)
-    return dx
+    """linear_backward writing d<name>.weight and d<name>.bias into grads; returns dx."""
+    return ops.linear_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
 
 
 def layernorm_backward_into(dout, cache, grads, name):
-    """layernorm_backward that adds the gain and bias gradients to grads; returns dx."""
-    dx, dgamma, dbeta = ops.layernorm_backward(dout, cache)
-    add_grad(grads, name + ".weight", dgamma)
-    add_grad(grads, name + ".bias", dbeta)
-    return dx
+    """layernorm_backward writing the gain and bias gradients into grads; returns dx."""
+    return ops.layernorm_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
+
+
+def stacked_qkv(tensors, prefix, kind, writable=False):
+    """A layer's query, key and value `kind` ("weight" [H, H] or "bias" [H]) stacked into
+    [3H, ...] for one matmul: a view where buffer_order put them side by side in a flat
+    buffer, else a copy (a plain dict of parameters); writable=True (the gradients, which
+    the backward writes into) insists on the view."""
+    arrays = [tensors[f"{prefix}attention.self.{proj}.{kind}"] for proj in QKV]
+    view = stacked_view(arrays)
+    if view is not None:
+        return view
+    if writable:
+        raise ValueError(f"{prefix}attention.self.*.{kind} gradients must be adjacent views "
+                         f"of one flat buffer (FlatLayout of buffer_order)")
+    return array_module(arrays[0]).concatenate(arrays)
 
 
 # ---------------------------------------------------------------------------- embeddings
@@ -62,7 +70,6 @@ class EmbeddingsCache(NamedTuple):
     segments: tuple
     layernorm: tuple
     dropout: object
-    position_table_shape: tuple
     pad_token_id: int
 
 
@@ -79,28 +86,30 @@ def embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng, t
     x, layernorm = ops.layernorm_forward(x, params[e + "LayerNorm.weight"],
                                          params[e + "LayerNorm.bias"], config.layer_norm_eps)
     x, dropout = ops.dropout_forward(x, config.hidden_dropout_prob, rng, training)
-    return x, EmbeddingsCache(prefix, words, segments, layernorm, dropout, positions.shape,
-                              config.pad_token_id)
+    return x, EmbeddingsCache(prefix, words, segments, layernorm, dropout, config.pad_token_id)
 
 
 def embeddings_backward(dx, cache, grads):
-    """dx [B, T, H]: adds the three tables' and the LayerNorm's gradients; inputs are ids."""
+    """dx [B, T, H]: the three tables' and the LayerNorm's gradients; inputs are ids.
+    The lookups add into their tables' gradients (the word table's may already hold the
+    tied MLM decoder's); the position rows past T stay zero."""
     xp = array_module(dx)
     e = cache.prefix + "embeddings."
     dx = ops.dropout_backward(dx, cache.dropout)
     dx = layernorm_backward_into(dx, cache.layernorm, grads, e + "LayerNorm")
-    dwords = ops.embedding_backward(dx, cache.words)
-    if cache.pad_token_id is not None and 0 <= cache.pad_token_id < len(dwords):
-        # As HF's nn.Embedding(padding_idx=pad_token_id): the [PAD] row is never updated
-        # through the lookup, even where padded positions reach a loss (QA's softmax over T).
-        # (The tied MLM decoder's gradient still reaches it, as in HF.)
-        dwords[cache.pad_token_id] = 0.0
-    add_grad(grads, e + "word_embeddings.weight", dwords)
-    add_grad(grads, e + "token_type_embeddings.weight",
-             ops.embedding_backward(dx, cache.segments))
-    dpositions = xp.zeros(cache.position_table_shape, dtype=dx.dtype)
-    dpositions[:dx.shape[1]] = dx.sum(axis=0)                      # [T, H]: every row of the batch
-    add_grad(grads, e + "position_embeddings.weight", dpositions)
+    dwords = grads[e + "word_embeddings.weight"]                   # [V, H]
+    pad = cache.pad_token_id
+    has_pad = pad is not None and 0 <= pad < len(dwords)
+    # As HF's nn.Embedding(padding_idx=pad_token_id): the [PAD] row is never updated
+    # through the lookup, even where padded positions reach a loss (QA's softmax over T).
+    # (The tied MLM decoder's gradient still reaches it, as in HF.)
+    pad_row = dwords[pad].copy() if has_pad else None
+    ops.embedding_backward(dx, cache.words, dwords)
+    if has_pad:
+        dwords[pad] = pad_row
+    ops.embedding_backward(dx, cache.segments, grads[e + "token_type_embeddings.weight"])
+    dpositions = grads[e + "position_embeddings.weight"][:dx.shape[1]]
+    xp.sum(dx, axis=0, out=dpositions)                             # [T, H]: every row of the batch
 
 # ------------------------------------------------------------------------- encoder layer
 
@@ -123,15 +132,11 @@ def encoder_layer_forward(params, prefix, x, mask_bias, config, rng, training):
 
     x [B, T, H] -> [B, T, H]; mask_bias [B, 1, 1, T]. prefix e.g. "bert.encoder.layer.3.".
     """
-    xp = array_module(x)
-
     def P(name):
         return params[prefix + name]
 
-    a = "attention.self."
     # query/key/value stacked into one [3H, H] matrix: one matmul instead of three.
-    w_qkv = xp.concatenate([P(a + "query.weight"), P(a + "key.weight"), P(a + "value.weight")])
-    b_qkv = xp.concatenate([P(a + "query.bias"), P(a + "key.bias"), P(a + "value.bias")])
+    w_qkv, b_qkv = stacked_qkv(params, prefix, "weight"), stacked_qkv(params, prefix, "bias")
     context, attention = ops.self_attention_forward(
         x, w_qkv, b_qkv, mask_bias, config.num_attention_heads,
         config.attention_probs_dropout_prob, rng, training)
@@ -169,11 +174,9 @@ def encoder_layer_backward(dout, cache, grads):
     dattn = ops.dropout_backward(dsum, cache.attention_dropout)
     dcontext = linear_backward_into(dattn, cache.attention_output, grads,
                                     p + "attention.output.dense")
-    dx, dw_qkv, db_qkv = ops.self_attention_backward(dcontext, cache.attention)
-    H = dx.shape[-1]
-    for i, proj in enumerate(("query", "key", "value")):          # unstack [3H, ...]
-        add_grad(grads, f"{p}attention.self.{proj}.weight", dw_qkv[i * H:(i + 1) * H])
-        add_grad(grads, f"{p}attention.self.{proj}.bias", db_qkv[i * H:(i + 1) * H])
+    dx, _, _ = ops.self_attention_backward(dcontext, cache.attention,
+                                           stacked_qkv(grads, p, "weight", writable=True),
+                                           stacked_qkv(grads, p, "bias", writable=True))
     dx += dsum                                                     # residual path
     return dx
 
@@ -216,9 +219,10 @@ def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, conf
 
 
 def bert_backward(dsequence, dpooled, cache, grads):
-    """Gradients of sequence_output [B, T, H] and pooled_output [B, H] (either may be None)."""
+    """Gradients of sequence_output [B, T, H] (used as scratch: the head's, a fresh array)
+    and pooled_output [B, H]; either may be None."""
     xp = array_module(cache.sequence_output)
-    dx = xp.zeros_like(cache.sequence_output) if dsequence is None else dsequence.copy()
+    dx = xp.zeros_like(cache.sequence_output) if dsequence is None else dsequence
     if cache.pooler is not None:
         if dpooled is None:
             dpooled = xp.zeros_like(dx[:, 0])
@@ -274,9 +278,12 @@ class BertPreTrainedModel:
         if params is None:
             params = init_params(shapes, config, seed)
         check_state_dict(shapes, params, what=type(self).__name__)
-        # copies: the model owns its parameters (the optimizer updates them in place)
-        self.params = {name: to_device(params[name], self.xp, self.dtype).copy()
-                       for name in shapes}
+        # One flat buffer owns every parameter (copied in); self.params holds HF-named views
+        # of it, which the optimizer updates in place.
+        self.layout = FlatLayout(buffer_order(shapes))
+        self.params = self.layout.views(self.layout.zeros(self.xp, self.dtype), order=shapes)
+        for name, p in self.params.items():
+            p[...] = to_device(params[name], self.xp, self.dtype)
         self.rng = default_rng(self.xp, seed + 1)               # dropout masks
         self.training = True
 
@@ -329,29 +336,40 @@ class BertPreTrainedModel:
         forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask))
         return self._output(forward.logits, forward.hidden_states)
 
-    def loss(self, batch):
-        """Forward only (evaluation): the loss of one batch, as a float."""
+    def loss(self, batch, return_outputs=False):
+        """Forward only (evaluation, prediction): the loss of one batch, as a float; with
+        return_outputs also the outputs dict of loss_and_grads (logits, hidden_states, loss
+        details), at half the cost: no backward."""
         host = self.check_batch(batch)
-        return self._loss_forward(self._forward(host).logits, host)[0]
+        forward = self._forward(host)
+        loss, _, outputs = self._loss_forward(forward.logits, host)
+        if not return_outputs:
+            return loss
+        return loss, self._with_hidden_states(outputs, forward)
 
     def loss_and_grads(self, batch, return_outputs=False):
         """Forward and backward over one batch -> (loss, grads), grads keyed like self.params;
-        with return_outputs also a dict with the logits, hidden_states and loss details."""
+        with return_outputs also a dict with the logits, hidden_states and loss details.
+
+        grads are views of one flat buffer laid out as the parameters' (so clipping, AdamW
+        and accumulation sweep one array), fresh at every call: they stay the caller's.
+        A parameter the loss does not reach (the NSP head without NSP labels) gets zeros."""
         host = self.check_batch(batch)
         forward = self._forward(host)
         loss, loss_cache, outputs = self._loss_forward(forward.logits, host)
-        grads = {}
+        grads = self.layout.views(self.layout.zeros(self.xp, self.dtype), order=self.params)
         encoder_cache, head_cache = forward.cache
         dsequence, dpooled = self._head_backward(self._loss_backward(loss_cache), head_cache,
                                                  grads)
         bert_backward(dsequence, dpooled, encoder_cache, grads)
-        for name, p in self.params.items():          # e.g. the NSP head without NSP labels
-            if name not in grads:
-                grads[name] = self.xp.zeros_like(p)
         if not return_outputs:
             return loss, grads
+        return loss, grads, self._with_hidden_states(outputs, forward)
+
+    @staticmethod
+    def _with_hidden_states(outputs, forward):
         outputs.update(hidden_states=forward.hidden_states, pooler_output=forward.pooled)
-        return loss, grads, outputs
+        return outputs
 
     # -------------------------------------------------------------------- checkpoints
 

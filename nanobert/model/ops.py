@@ -3,7 +3,9 @@
     x_forward(inputs..., params...) -> out, cache
     x_backward(dout, cache)         -> d_inputs..., d_params...
 
-The cache holds exactly what the backward needs. Every function works on NumPy and CuPy
+The cache holds exactly what the backward needs. A backward given arrays for its parameter
+gradients (dweight=..., views of a model's flat gradient buffer) writes into them instead of
+allocating: no copy from a temporary. Every function works on NumPy and CuPy
 arrays alike: the array namespace `xp` is taken from the inputs. Shapes use B (batch),
 T (sequence length), H (hidden size), A (attention heads), D = H / A (head size),
 I (intermediate size), V (vocabulary), N (rows of a 2-D matmul, usually B*T).
@@ -22,11 +24,16 @@ def embedding_forward(ids, table):
     return table[ids], (ids, table.shape)
 
 
-def embedding_backward(dout, cache):
-    """dtable [V, H]: each row sums the gradients of every position that looked it up."""
+def embedding_backward(dout, cache, dtable=None):
+    """dtable [V, H]: each row sums the gradients of every position that looked it up.
+
+    Given dtable, adds into it: a lookup touches few rows, so it adds into the dense
+    gradient that the tied MLM decoder already wrote, rather than zero-filling a table of
+    its own (V x H) to be added afterwards."""
     ids, table_shape = cache
     xp = array_module(dout)
-    dtable = xp.zeros(table_shape, dtype=dout.dtype)
+    if dtable is None:
+        dtable = xp.zeros(table_shape, dtype=dout.dtype)
     scatter_add(dtable, ids.reshape(-1), dout.reshape(-1, table_shape[1]))
     return dtable
 
@@ -44,13 +51,14 @@ def linear_forward(x, weight, bias):
     return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
 
 
-def linear_backward(dout, cache):
-    """-> dx [..., in], dweight [out, in], dbias [out]."""
+def linear_backward(dout, cache, dweight=None, dbias=None):
+    """-> dx [..., in], dweight [out, in], dbias [out] (written into dweight / dbias if given)."""
     x2, weight, x_shape = cache
+    xp = array_module(dout)
     dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
     dx = (dout2 @ weight).reshape(x_shape)
-    dweight = dout2.T @ x2
-    dbias = dout2.sum(axis=0)
+    dweight = xp.matmul(dout2.T, x2, out=dweight)
+    dbias = xp.sum(dout2, axis=0, out=dbias)
     return dx, dweight, dbias
 
 # ----------------------------------------------------------------------------- layernorm
@@ -72,12 +80,13 @@ def layernorm_forward(x, gamma, beta, eps):
     return out, (xhat, gamma, rstd)
 
 
-def layernorm_backward(dout, cache):
-    """-> dx [..., H], dgamma [H], dbeta [H]."""
+def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
+    """-> dx [..., H], dgamma [H], dbeta [H] (written into dgamma / dbeta if given)."""
+    xp = array_module(dout)
     xhat, gamma, rstd = cache
     H = xhat.shape[-1]
-    dgamma = (dout * xhat).reshape(-1, H).sum(axis=0)
-    dbeta = dout.reshape(-1, H).sum(axis=0)
+    dgamma = xp.sum((dout * xhat).reshape(-1, H), axis=0, out=dgamma)
+    dbeta = xp.sum(dout.reshape(-1, H), axis=0, out=dbeta)
     dxhat = dout * gamma
     # d/dx of (x - mean) * rstd: remove the mean of dxhat and its projection on xhat.
     dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
@@ -201,39 +210,43 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     stacked so one matmul makes all three; mask_bias [B, 1, 1, T].
     Returns the context [B, T, H] (before the output dense layer).
     """
+    xp = array_module(x)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
     qkv, qkv_cache = linear_forward(x, w_qkv, b_qkv)       # [B, T, 3H]
-    qkv = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D]
+    qkv = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D], a view
     q, k, v = qkv[0], qkv[1], qkv[2]
     q = q * (1.0 / math.sqrt(D))                           # scale q: cheaper than scores
     scores = q @ k.transpose(0, 1, 3, 2)                   # [B, A, T, T]
     scores += mask_bias
     probs, softmax_cache = softmax_forward(scores)
     probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
-    context = probs_dropped @ v                            # [B, A, T, D]
-    context = context.transpose(0, 2, 1, 3).reshape(B, T, H)
+    # The matmul writes each head straight into its columns of [B, T, H]: no transposing copy.
+    context = xp.empty((B, T, H), dtype=x.dtype)
+    xp.matmul(probs_dropped, v, out=context.reshape(B, T, A, D).transpose(0, 2, 1, 3))
     cache = AttentionCache(qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A)
     return context, cache
 
 
-def self_attention_backward(dcontext, cache):
-    """-> dx [B, T, H], dw_qkv [3H, H], db_qkv [3H]."""
+def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
+    """-> dx [B, T, H], dw_qkv [3H, H], db_qkv [3H] (written into dw_qkv / db_qkv if given)."""
     xp = array_module(dcontext)
     B, T, H = dcontext.shape
     A = cache.num_heads
     D = H // A
-    dcontext = dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3)  # [B, A, T, D]
-    dv = cache.probs_dropped.transpose(0, 1, 3, 2) @ dcontext      # [B, A, T, D]
+    dcontext = dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3)  # [B, A, T, D], a view
+    # dq, dk, dv go straight into their places in [B, T, 3H], the layout of the stacked
+    # projection's output: no stack, no transposing copy.
+    dqkv = xp.empty((B, T, 3 * H), dtype=dcontext.dtype)
+    dq, dk, dv = dqkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [B, A, T, D] views
+    xp.matmul(cache.probs_dropped.transpose(0, 1, 3, 2), dcontext, out=dv)
     dprobs = dcontext @ cache.v.transpose(0, 1, 3, 2)              # [B, A, T, T]
     dprobs = dropout_backward(dprobs, cache.dropout_mask)
     dscores = softmax_backward(dprobs, cache.probs)                # mask bias is constant
-    dq = dscores @ cache.k                                         # w.r.t. the scaled q
+    xp.matmul(dscores, cache.k, out=dq)                            # w.r.t. the scaled q
     dq *= 1.0 / math.sqrt(D)
-    dk = dscores.transpose(0, 1, 3, 2) @ cache.q
-    dqkv = xp.stack([dq, dk, dv])                                  # [3, B, A, T, D]
-    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * H)
-    return linear_backward(dqkv, cache.qkv)
+    xp.matmul(dscores.transpose(0, 1, 3, 2), cache.q, out=dk)
+    return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
 
 # ------------------------------------------------------------------------- cross-entropy
 
@@ -241,8 +254,8 @@ IGNORE_INDEX = -100     # label of a position or example that no loss counts (to
 
 
 class CrossEntropyCache(NamedTuple):
-    shifted: object            # [N, C] logits minus their row max
-    log_z: object              # [N] log of the softmax denominator
+    exp_shifted: object        # [N, C] exp(logits - row max): the softmax before normalising
+    sum_exp: object            # [N] its row sums
     safe_labels: object        # [N] labels with ignored rows set to 0
     valid: object              # [N] bool, rows the loss counts
     count: int                 # how many rows it counts
@@ -257,21 +270,28 @@ def cross_entropy_forward(logits, labels):
     xp = array_module(logits)
     valid = labels != IGNORE_INDEX                         # [N]
     count = int(valid.sum())
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    log_z = xp.log(xp.exp(shifted).sum(axis=-1))           # [N]
+    row_max = logits.max(axis=-1, keepdims=True)
+    exp_shifted = logits - row_max                         # the one [N, C] buffer
+    xp.exp(exp_shifted, out=exp_shifted)
+    sum_exp = exp_shifted.sum(axis=-1)                     # [N]
     safe_labels = xp.where(valid, labels, 0)
     rows = xp.arange(labels.shape[0])
-    nll = log_z - shifted[rows, safe_labels]               # -log p(label), [N]
+    label_logit = logits[rows, safe_labels] - row_max[:, 0]
+    nll = xp.log(sum_exp) - label_logit                    # -log p(label), [N]
     loss = float((nll * valid).sum()) / max(count, 1)
-    return loss, CrossEntropyCache(shifted, log_z, safe_labels, valid, count)
+    return loss, CrossEntropyCache(exp_shifted, sum_exp, safe_labels, valid, count)
 
 
 def cross_entropy_backward(dloss, cache):
-    """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows."""
-    xp = array_module(cache.shifted)
-    dlogits = xp.exp(cache.shifted - cache.log_z[:, None])         # softmax
-    dlogits[xp.arange(dlogits.shape[0]), cache.safe_labels] -= 1.0
-    dlogits *= (dloss / max(cache.count, 1)) * cache.valid[:, None]
+    """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows.
+
+    Built in the cache's [N, C] buffer (for the MLM head, [M, V] is the largest array of
+    the step): one pass, no new array; so call it once per forward."""
+    xp = array_module(cache.exp_shifted)
+    row_scale = (dloss / max(cache.count, 1)) * cache.valid                # [N]
+    dlogits = cache.exp_shifted
+    dlogits *= (row_scale / cache.sum_exp).astype(dlogits.dtype)[:, None]  # softmax, scaled
+    dlogits[xp.arange(dlogits.shape[0]), cache.safe_labels] -= row_scale.astype(dlogits.dtype)
     return dlogits
 
 # ------------------------------------------------------------------ regression losses

@@ -13,6 +13,7 @@ import math
 import numpy
 
 from ..backend import array_module, to_device, to_host
+from .flat import flat_buffer, flat_offsets
 
 NO_DECAY = ("LayerNorm", "layer_norm", "bias")
 MODES = ("bert", "torch")
@@ -32,12 +33,36 @@ def warmup_steps(warmup, num_train_steps):
     return int(warmup * num_train_steps) if warmup < 1 else int(warmup)
 
 
+# Elements per pass on NumPy. A whole-buffer AdamW makes ~14 passes over ~440 MB (BERT-base);
+# in chunks those passes run in cache (measured 0.31 s -> 0.18 s). CuPy takes one span at once.
+CHUNK = 1 << 16
+# Elements per partial sum of the norm: a float32 dot over 110M elements drifts by ~3e-3
+# (sequential accumulation); per 1M-element chunk, added in float64, by ~3e-6.
+NORM_CHUNK = 1 << 20
+
+
+def chunks(xp, n, size):
+    """(start, stop) pairs covering range(n): `size` at a time on NumPy, everything on CuPy."""
+    size = size if xp is numpy else max(n, 1)
+    return [(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def flat_arrays(grads):
+    """The arrays to sweep: the one flat buffer the gradients are views of, else each."""
+    buffer = flat_buffer(grads)
+    return [buffer] if buffer is not None else list(grads.values())
+
+
 def global_norm(grads):
-    """sqrt of the sum of squares of every gradient, as one float."""
+    """sqrt of the sum of squares of every gradient, as one float: one sweep of the flat
+    gradient buffer (BLAS dots on chunks, summed in float64)."""
     total = 0.0
-    for g in grads.values():
+    for g in flat_arrays(grads):
         flat = g.reshape(-1)
-        total += float(array_module(g).vdot(flat, flat))    # BLAS dot: no g*g temporary
+        xp = array_module(flat)
+        for start, stop in chunks(xp, flat.size, NORM_CHUNK):
+            part = flat[start:stop]
+            total += float(xp.vdot(part, part))              # no g*g temporary
     return math.sqrt(total)
 
 
@@ -54,7 +79,7 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
     else:
         scale = min(1.0, max_norm / (norm + 1e-6))
     if scale < 1.0:
-        for g in grads.values():
+        for g in flat_arrays(grads):
             g *= scale
     return norm
 
@@ -64,7 +89,9 @@ def average_gradients(loss_and_grads, micro_batches, weights=None):
     of what loss_and_grads(batch) returns. weights default to 1/n each (HF Trainer's
     convention: one big batch when the micro-batches are equal); give rows / total rows to
     weigh a short last micro-batch less. loss_and_grads may return (loss, grads, out): the
-    outs are handed back in order (outputs[i] is None when it returns two things)."""
+    outs are handed back in order (outputs[i] is None when it returns two things).
+    Each call's grads are consumed: scaled in place and added (one pass over the flat
+    buffers when they are flat)."""
     if not micro_batches:
         raise ValueError("average_gradients needs at least one micro-batch")
     n = len(micro_batches)
@@ -76,16 +103,35 @@ def average_gradients(loss_and_grads, micro_batches, weights=None):
         total_loss += weight * loss
         if total is None:
             total = grads
-            for g in total.values():
+            for g in flat_arrays(total):
                 g *= weight
         else:
-            for name, g in grads.items():
-                total[name] += weight * g
+            add_scaled(total, grads, weight)
     return total_loss, total, outputs
 
 
+def add_scaled(total, grads, weight):
+    """total += weight * grads, scaling grads in place (no temporary): one pass over the flat
+    buffers when both are laid out alike, else tensor by tensor."""
+    total_buffer, total_offsets = flat_offsets(total)
+    grads_buffer, grads_offsets = flat_offsets(grads)
+    if total_buffer is not None and total_offsets == grads_offsets:
+        pairs = [(total_buffer, grads_buffer)]
+    else:
+        pairs = [(total[name], g) for name, g in grads.items()]
+    for t, g in pairs:
+        g *= weight
+        t += g
+
+
 class AdamW:
-    """Adam with decoupled weight decay over a flat parameter dict, updated in place."""
+    """Adam with decoupled weight decay over a flat parameter dict, updated in place.
+
+    When the parameters are views of one flat buffer (a model's params), the moments are
+    flat buffers of the same layout and a step sweeps the three buffers and the gradient
+    buffer in cache-sized chunks, one run of equal weight decay at a time; for a dict of
+    separate arrays (or gradients laid out otherwise) it updates tensor by tensor.
+    """
 
     def __init__(self, params, lr=1e-4, mode="bert", betas=(0.9, 0.999), eps=None,
                  weight_decay=0.01, no_decay=NO_DECAY):
@@ -97,24 +143,67 @@ class AdamW:
         self.weight_decay = {name: (0.0 if any(s in name for s in no_decay) else weight_decay)
                              for name in params}
         xp = array_module(next(iter(params.values())))
-        self.m = {name: xp.zeros_like(p) for name, p in params.items()}   # first moment
-        self.v = {name: xp.zeros_like(p) for name, p in params.items()}   # second moment
+        self.buffer, self.offsets = flat_offsets(params)
+        if self.buffer is not None:
+            self.flat_m, self.flat_v = xp.zeros_like(self.buffer), xp.zeros_like(self.buffer)
+            self.m = self._views(self.flat_m)                   # first moment
+            self.v = self._views(self.flat_v)                   # second moment
+            self.decay_runs = self._decay_runs()
+            self.scratch = xp.empty(min(CHUNK, self.buffer.size), self.buffer.dtype)
+        else:
+            self.m = {name: xp.zeros_like(p) for name, p in params.items()}
+            self.v = {name: xp.zeros_like(p) for name, p in params.items()}
         self.step_count = 0
+
+    def _views(self, buffer):
+        """name -> the view of `buffer` where that parameter sits in the parameter buffer."""
+        return {name: buffer[o:o + p.size].reshape(p.shape)
+                for (name, p), o in zip(self.params.items(), self.offsets.values())}
+
+    def _decay_runs(self):
+        """[(start, stop, weight decay)]: the flat buffer cut where the weight decay changes
+        (a matrix is decayed, its bias and LayerNorm are not)."""
+        runs = []
+        for offset, name in sorted((o, name) for name, o in self.offsets.items()):
+            stop, wd = offset + self.params[name].size, self.weight_decay[name]
+            if runs and runs[-1][2] == wd:
+                runs[-1] = (runs[-1][0], stop, wd)
+            elif stop > offset:
+                runs.append((offset, stop, wd))
+        return runs
+
+    def _spans(self, grads):
+        """(p, g, m, v, weight decay, scratch), arrays of one shape: chunks of the flat
+        buffers when the gradients share the parameters' layout, else tensor by tensor."""
+        if self.buffer is not None:
+            g_buffer, g_offsets = flat_offsets(grads)
+            if g_offsets == self.offsets:
+                xp = array_module(self.buffer)
+                for run_start, run_stop, wd in self.decay_runs:
+                    for start, stop in chunks(xp, run_stop - run_start, CHUNK):
+                        s = slice(run_start + start, run_start + stop)
+                        scratch = self.scratch[:stop - start] if xp is numpy else None
+                        yield (self.buffer[s], g_buffer[s], self.flat_m[s], self.flat_v[s], wd,
+                               scratch)
+                return
+        for name, p in self.params.items():
+            yield p, grads[name], self.m[name], self.v[name], self.weight_decay[name], None
 
     def step(self, grads, lr=None):
         """One update of every parameter from `grads` (same keys), at lr (default self.lr)."""
         lr = self.lr if lr is None else lr
         self.step_count += 1
         t = self.step_count
-        for name, p in self.params.items():
-            g, m, v, wd = grads[name], self.m[name], self.v[name], self.weight_decay[name]
+        for p, g, m, v, wd, update in self._spans(grads):
+            xp = array_module(p)
+            update = xp.empty_like(g) if update is None else update   # scratch
             m *= self.beta1
-            m += (1.0 - self.beta1) * g
+            xp.multiply(g, 1.0 - self.beta1, out=update)
+            m += update
             v *= self.beta2
-            update = g * g                                  # one scratch buffer per tensor
+            xp.multiply(g, g, out=update)
             update *= 1.0 - self.beta2
             v += update
-            xp = array_module(v)
             if self.mode == "bert":
                 xp.sqrt(v, out=update)
                 update += self.eps
@@ -152,5 +241,5 @@ class AdamW:
                 if tuple(state[key].shape) != tuple(p.shape):
                     raise ValueError(f"optimizer state {key} has shape {tuple(state[key].shape)}, "
                                      f"parameter has {tuple(p.shape)}")
-                moments[name] = to_device(state[key], xp, p.dtype)
+                moments[name][...] = to_device(state[key], xp, p.dtype)   # in place: views
         self.step_count = int(state["step"])

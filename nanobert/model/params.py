@@ -60,3 +60,22 @@ def init_params(shapes, config, seed):
         else:
             params[name] = truncated_normal(rng, shape, config.initializer_range)
     return params
+
+
+QKV = ("query", "key", "value")
+
+
+def buffer_order(shapes):
+    """The parameter table in flat-buffer order: the table's own, except that each layer's
+    query, key and value weights are adjacent, then their three biases, so that the stacked
+    [3H, H] projection and its [3H] bias (one matmul for all three) are views, not copies."""
+    ordered = {}
+    for name, shape in shapes.items():
+        if name.endswith("attention.self.query.weight"):
+            prefix = name[:-len("query.weight")]
+            for kind in ("weight", "bias"):
+                ordered.update({f"{prefix}{proj}.{kind}": shapes[f"{prefix}{proj}.{kind}"]
+                                for proj in QKV})
+        elif name not in ordered:
+            ordered[name] = shape
+    return ordered

@@ -15,7 +15,7 @@ import numpy
 
 from . import ops
 from ..backend import array_module, to_device
-from .bert import BertPreTrainedModel, add_grad, layernorm_backward_into, linear_backward_into
+from .bert import BertPreTrainedModel, layernorm_backward_into, linear_backward_into
 from .inputs import as_int_array, check_range
 
 
@@ -70,9 +70,10 @@ def mlm_head_forward(params, prefix, sequence_output, positions, config):
 def mlm_head_backward(dlogits, cache, grads):
     """dlogits [M, V] -> dsequence_output [B, T, H] (zero except at the masked positions)."""
     xp = array_module(dlogits)
-    dx, dw, db = ops.linear_backward(dlogits, cache.decoder)
-    add_grad(grads, cache.prefix + "embeddings.word_embeddings.weight", dw)   # the tied decoder
-    add_grad(grads, "cls.predictions.bias", db)
+    # The tied decoder writes the dense word-embedding gradient; the lookup adds to it later.
+    dx, _, _ = ops.linear_backward(dlogits, cache.decoder,
+                                   grads[cache.prefix + "embeddings.word_embeddings.weight"],
+                                   grads["cls.predictions.bias"])
     dx = layernorm_backward_into(dx, cache.layernorm, grads, "cls.predictions.transform.LayerNorm")
     dx = ops.gelu_backward(dx, cache.gelu)
     dx = linear_backward_into(dx, cache.dense, grads, "cls.predictions.transform.dense")
