@@ -89,3 +89,31 @@ def test_ranks_whose_weights_differ_are_caught():
     """)
     assert status == 0, err
     assert out.count("the weights of rank(s) [1] differ from rank 0's") == 2, out
+
+
+def test_slices_with_the_global_denominators_sum_to_the_whole_batch():
+    """Gradient accumulation and data parallelism sum per-slice losses and gradients: with
+    the global batch's counts as denominators the sum is the whole batch's, to rounding
+    (float64), however unevenly the masked tokens fall between the slices."""
+    from nanobert import BertConfig, BertForPreTraining
+    from test_checkpoint import CONFIG, tiny_batch
+    model = BertForPreTraining(BertConfig(**CONFIG), seed=1, dtype=numpy.float64).eval()
+    batch = tiny_batch(B=4)
+    batch["labels"][0, 1:6] = batch["input_ids"][0, 1:6]       # slice 0 holds more masks
+    batch["next_sentence_label"] = numpy.array([0, 1, -100, 1])
+    whole_loss, whole = model.loss_and_grads(batch)
+    denominators = {"masked_lm": int((batch["labels"] != -100).sum()),
+                    "next_sentence": int((batch["next_sentence_label"] != -100).sum())}
+    total_loss, total = 0.0, {k: numpy.zeros_like(v) for k, v in whole.items()}
+    for half in (slice(0, 2), slice(2, 4)):
+        part = {k: v[half] for k, v in batch.items()}
+        loss, grads = model.loss_and_grads(part, denominators=denominators)
+        total_loss += loss
+        for k in total:
+            total[k] += grads[k]
+    assert abs(total_loss - whole_loss) <= 1e-12 * abs(whole_loss)
+    largest = max(numpy.abs(g).max() for g in whole.values())
+    for k in whole:    # the key bias's true gradient is 0: both sides hold rounding noise
+        scale = max(numpy.abs(whole[k]).max(), 1e-6 * largest)
+        error = numpy.abs(total[k] - whole[k]).max() / scale
+        assert error <= 1e-12, f"{k}: {error:.2e}"

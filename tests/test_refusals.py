@@ -88,3 +88,8 @@ def test_an_integer_tensor_for_a_float_parameter_is_refused(tmp_path):
     safetensors.save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match=rf"{name} is stored as int32"):
         BertForPreTraining.from_pretrained(tmp_path)
+
+
+def test_float16_is_refused_until_mixed_precision_makes_it_real():
+    with pytest.raises(ValueError, match="float16 is not supported yet: it needs mixed precision"):
+        BertForPreTraining(BertConfig(**CONFIG), dtype=numpy.float16)

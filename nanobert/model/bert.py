@@ -272,8 +272,11 @@ class BertPreTrainedModel:
         self.config = config
         self.xp = get_xp(device)
         self.dtype = numpy.dtype(dtype)
-        if self.dtype not in (numpy.float32, numpy.float64, numpy.float16):
-            raise ValueError(f"dtype must be float16, float32 or float64, got {self.dtype}")
+        if self.dtype == numpy.float16:   # erf and dropout's Generator have no float16 path
+            raise ValueError("dtype float16 is not supported yet: it needs mixed precision "
+                             "(float32 master weights and statistics); use float32")
+        if self.dtype not in (numpy.float32, numpy.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
         shapes = self.param_shapes(config)
         if params is None:
             params = init_params(shapes, config, seed)
@@ -336,27 +339,32 @@ class BertPreTrainedModel:
         forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask))
         return self._output(forward.logits, forward.hidden_states)
 
-    def loss(self, batch, return_outputs=False):
+    def loss(self, batch, return_outputs=False, denominators=None):
         """Forward only (evaluation, prediction): the loss of one batch, as a float; with
         return_outputs also the outputs dict of loss_and_grads (logits, hidden_states, loss
         details), at half the cost: no backward."""
         host = self.check_batch(batch)
         forward = self._forward(host)
-        loss, _, outputs = self._loss_forward(forward.logits, host)
+        loss, _, outputs = self._loss_forward(forward.logits, host, denominators)
         if not return_outputs:
             return loss
         return loss, self._with_hidden_states(outputs, forward)
 
-    def loss_and_grads(self, batch, return_outputs=False):
+    def loss_and_grads(self, batch, return_outputs=False, denominators=None):
         """Forward and backward over one batch -> (loss, grads), grads keyed like self.params;
         with return_outputs also a dict with the logits, hidden_states and loss details.
+
+        denominators (BertForPreTraining): {"masked_lm": M, "next_sentence": B}, the counts of
+        a global batch this batch is a slice of; each mean then divides by them instead of
+        this batch's counts, so the slices' losses and gradients add up exactly to the global
+        batch's (gradient accumulation and data parallelism sum them).
 
         grads are views of one flat buffer laid out as the parameters' (so clipping, AdamW
         and accumulation sweep one array), fresh at every call: they stay the caller's.
         A parameter the loss does not reach (the NSP head without NSP labels) gets zeros."""
         host = self.check_batch(batch)
         forward = self._forward(host)
-        loss, loss_cache, outputs = self._loss_forward(forward.logits, host)
+        loss, loss_cache, outputs = self._loss_forward(forward.logits, host, denominators)
         grads = self.layout.views(self.layout.zeros(self.xp, self.dtype), order=self.params)
         encoder_cache, head_cache = forward.cache
         dsequence, dpooled = self._head_backward(self._loss_backward(loss_cache), head_cache,

@@ -81,6 +81,12 @@ def classifier_backward(dlogits, cache, grads):
     return ops.dropout_backward(dx, dropout)
 
 
+def no_denominators(model, denominators):
+    if denominators is not None:
+        raise ValueError(f"{type(model).__name__} takes no denominators: fine-tuning weighs "
+                         "micro-batches by their rows (average_gradients' weights)")
+
+
 class BertForTask(BertPreTrainedModel):
     """What every task head shares: num_labels and label names from config, the classifier
     dropout, and from_pretrained from any BERT checkpoint (nanobert.formats.checkpoint's
@@ -173,7 +179,8 @@ class BertForSequenceClassification(BertForTask):
     def _head_backward(self, dlogits, cache, grads):
         return None, classifier_backward(dlogits, cache, grads)        # dsequence, dpooled
 
-    def _loss_forward(self, logits, host):
+    def _loss_forward(self, logits, host, denominators=None):
+        no_denominators(self, denominators)
         kind = host["problem_type"]
         float_labels = kind != "single_label_classification"
         labels = to_device(host["labels"], self.xp, logits.dtype if float_labels else None)
@@ -227,7 +234,8 @@ class BertForTokenClassification(BertForTask):
     def _head_backward(self, dlogits, cache, grads):
         return classifier_backward(dlogits, cache, grads), None
 
-    def _loss_forward(self, logits, host):
+    def _loss_forward(self, logits, host, denominators=None):
+        no_denominators(self, denominators)
         C = logits.shape[-1]
         labels = to_device(host["labels"].reshape(-1), self.xp)
         loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels)   # [B*T, C]
@@ -286,7 +294,8 @@ class BertForQuestionAnswering(BertForTask):
     def _head_backward(self, dlogits, linear_cache, grads):
         return linear_backward_into(dlogits, linear_cache, grads, "qa_outputs"), None
 
-    def _loss_forward(self, logits, host):
+    def _loss_forward(self, logits, host, denominators=None):
+        no_denominators(self, denominators)
         xp = self.xp
         start_loss, start_cache = ops.cross_entropy_forward(
             logits[..., 0], to_device(host["start_positions"], xp))
@@ -354,7 +363,8 @@ class BertForMultipleChoice(BertForTask):
     def _head_backward(self, dlogits, cache, grads):
         return None, classifier_backward(dlogits.reshape(-1, 1), cache, grads)
 
-    def _loss_forward(self, logits, host):
+    def _loss_forward(self, logits, host, denominators=None):
+        no_denominators(self, denominators)
         loss, cache = ops.cross_entropy_forward(logits, to_device(host["labels"], self.xp))
         return loss, cache, {"logits": logits, "num_counted": cache.count}
 

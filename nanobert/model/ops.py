@@ -259,13 +259,17 @@ class CrossEntropyCache(NamedTuple):
     safe_labels: object        # [N] labels with ignored rows set to 0
     valid: object              # [N] bool, rows the loss counts
     count: int                 # how many rows it counts
+    denominator: float         # what their summed loss is divided by
 
 
-def cross_entropy_forward(logits, labels):
+def cross_entropy_forward(logits, labels, denominator=None):
     """Mean softmax cross-entropy over rows whose label is not -100.
 
     logits [N, C], labels [N] int -> scalar loss. With no counted row the loss is 0
-    (and so is its gradient), rather than the 0/0 = NaN of a plain mean.
+    (and so is its gradient), rather than the 0/0 = NaN of a plain mean. `denominator`
+    replaces this batch's count by the count of a larger batch this one is a slice of
+    (gradient accumulation, data parallelism): the slices' losses and gradients then sum
+    to exactly those of the whole batch.
     """
     xp = array_module(logits)
     valid = labels != IGNORE_INDEX                         # [N]
@@ -278,17 +282,18 @@ def cross_entropy_forward(logits, labels):
     rows = xp.arange(labels.shape[0])
     label_logit = logits[rows, safe_labels] - row_max[:, 0]
     nll = xp.log(sum_exp) - label_logit                    # -log p(label), [N]
-    loss = float((nll * valid).sum()) / max(count, 1)
-    return loss, CrossEntropyCache(exp_shifted, sum_exp, safe_labels, valid, count)
+    denominator = max(count, 1) if denominator is None else denominator
+    loss = float((nll * valid).sum()) / denominator
+    return loss, CrossEntropyCache(exp_shifted, sum_exp, safe_labels, valid, count, denominator)
 
 
 def cross_entropy_backward(dloss, cache):
-    """-> dlogits [N, C] = dloss * (softmax - onehot) / count on counted rows.
+    """-> dlogits [N, C] = dloss * (softmax - onehot) / denominator on counted rows.
 
     Built in the cache's [N, C] buffer (for the MLM head, [M, V] is the largest array of
     the step): one pass, no new array; so call it once per forward."""
     xp = array_module(cache.exp_shifted)
-    row_scale = (dloss / max(cache.count, 1)) * cache.valid                # [N]
+    row_scale = (dloss / cache.denominator) * cache.valid                  # [N]
     dlogits = cache.exp_shifted
     dlogits *= (row_scale / cache.sum_exp).astype(dlogits.dtype)[:, None]  # softmax, scaled
     dlogits[xp.arange(dlogits.shape[0]), cache.safe_labels] -= row_scale.astype(dlogits.dtype)

@@ -154,18 +154,21 @@ class BertForPreTraining(BertPreTrainedModel):
         dpooled = None if dnsp is None else nsp_head_backward(dnsp, nsp_cache, grads)
         return dsequence, dpooled
 
-    def _loss_forward(self, logits, host):
+    def _loss_forward(self, logits, host, denominators=None):
         xp = self.xp
         mlm_logits, nsp_logits = logits
+        denominators = denominators or {}
         mlm_labels = to_device(host["masked_lm_ids"], xp)
-        mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels)
+        mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels,
+                                                        denominators.get("masked_lm"))
         outputs = {"mlm_loss": mlm_loss, "nsp_loss": None, "mlm_logits": mlm_logits,
                    "nsp_logits": None, "num_masked": len(host["masked_lm_positions"]),
                    "mlm_correct": int((mlm_logits.argmax(-1) == mlm_labels).sum())}
         if "next_sentence_label" not in host:
             return mlm_loss, (mlm_cache, None), outputs
         nsp_labels = to_device(host["next_sentence_label"], xp)
-        nsp_loss, nsp_cache = ops.cross_entropy_forward(nsp_logits, nsp_labels)
+        nsp_loss, nsp_cache = ops.cross_entropy_forward(nsp_logits, nsp_labels,
+                                                        denominators.get("next_sentence"))
         outputs.update(nsp_loss=nsp_loss, nsp_logits=nsp_logits,
                        nsp_correct=int((nsp_logits.argmax(-1) == nsp_labels).sum()))
         return mlm_loss + nsp_loss, (mlm_cache, nsp_cache), outputs
