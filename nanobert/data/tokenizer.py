@@ -41,7 +41,7 @@ import unicodedata
 
 import numpy
 
-from ..formats.fileio import atomic_open
+from ..formats.fileio import atomic_open, check_regular_file
 from ..formats.hub import PACKAGED_MODELS, package_folder
 
 VOCAB_NAME = "vocab.txt"
@@ -117,9 +117,7 @@ def load_vocab(path, required=SPECIAL_TOKENS):
     `required` are missing. Line ends are \\n, \\r\\n or \\r, as Python's text mode (and so
     HF) reads them.
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"vocab file not found: {path!r}")
+    path = check_regular_file(path, "vocab file")
     with open(path, "rb") as f:
         data = f.read()
     try:
