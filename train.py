@@ -13,6 +13,8 @@ transformers.BertForPreTraining - plus optimizer.safetensors and trainer_state.j
 metrics.jsonl, loss_curve.png (needs matplotlib) and eval.json.
 """
 import argparse
+import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -31,7 +33,9 @@ from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
 from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
-from nanobert.formats.checkpoint import load_training_checkpoint, save_training_checkpoint
+from nanobert.formats.checkpoint import (NonFiniteError, first_non_finite,
+                                         load_training_checkpoint, save_training_checkpoint)
+from nanobert.formats.fileio import atomic_open, read_json, recover_folder, recover_folders_in
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
 from nanobert.model.optim import warmup_steps
@@ -111,7 +115,9 @@ def parse_args(argv=None):
     g = p.add_argument_group("run")
     g.add_argument("--out", default=os.path.join("runs", "pretrain"),
                    help="output folder (default runs/pretrain)")
-    g.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint exactly")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from <out>/checkpoint exactly (a flag that would change the "
+                        "steps, e.g. --lr or --grad-accum, must keep its value)")
     g.add_argument("--seed", type=flags.non_negative_int, default=0)
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -172,6 +178,7 @@ def prepare_datasets(args, tokenizer, vocab_file):
     """BERT's two phases (a short max_seq_length for most steps, a long one for the last
     --phase2-fraction) -> phases [(max_seq_length, fraction of the steps)], a training set
     per phase, and the held-out set (None without --heldout)."""
+    recover_folders_in(os.path.join(args.out, "data"))   # builds a kill -9 left behind
     phase2 = args.phase2_fraction if args.phase2_max_seq_length else 0.0
     phases = [(args.max_seq_length, 1.0 - phase2)]
     if args.phase2_max_seq_length:
@@ -239,13 +246,7 @@ def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
     -> (config, model, optimizer, state). Sets args.steps to the checkpoint's schedule."""
     config, params, optimizer_state, state = load_training_checkpoint(BertForPreTraining,
                                                                       checkpoint_dir)
-    if state["vocab_sha256"] != sha256_file(vocab_file):
-        raise SystemExit(f"error: {checkpoint_dir} was trained with another vocab than "
-                         f"{vocab_file}")
-    for key in ("seed", "batch_size", "max_seq_length", "optimizer", "dtype"):
-        if state["args"][key] != vars(args)[key]:
-            raise SystemExit(f"error: resuming with --{key.replace('_', '-')} {vars(args)[key]}, "
-                             f"but the checkpoint used {state['args'][key]}")
+    refuse_another_vocab(state, checkpoint_dir, vocab_file)
     args.steps = state["total_steps"]
     model = BertForPreTraining(config, dtype=numpy.dtype(args.dtype), device=args.device,
                                params=params)
@@ -254,11 +255,115 @@ def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
     optimizer.load_state_dict(optimizer_state)
     print(f"resumed {checkpoint_dir} at step {state['step']} of {args.steps}")
     if os.path.exists(metrics_path):          # forget metrics logged after that checkpoint
-        with open(metrics_path, encoding="utf-8") as f:
-            kept = [line for line in f if json.loads(line)["step"] <= state["step"]]
-        with open(metrics_path, "w", encoding="utf-8") as f:
-            f.writelines(kept)
+        keep_metrics_until(metrics_path, state["step"])
     return config, model, optimizer, state
+
+
+def check_resume(args, checkpoint_dir):
+    """Before any data is built: finish a save that a crash cut short, read trainer_state.json
+    (a ValueError naming it if it is not what a save writes) and refuse flags and a model that
+    differ from the checkpoint's."""
+    recover_folder(checkpoint_dir)
+    path = os.path.join(checkpoint_dir, "trainer_state.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no resumable checkpoint at {checkpoint_dir} (missing "
+                                "trainer_state.json)")
+    state = read_json(path, "trainer_state.json")
+    missing = [k for k in ("step", "total_steps", "vocab_sha256", "args") if k not in state]
+    if missing or not isinstance(state["args"], dict):
+        raise ValueError(f"{path}: not a trainer state written by train.py (missing or bad: "
+                         f"{', '.join(missing) or 'args'})")
+    if args.vocab and os.path.isfile(args.vocab):     # else checked once the vocab is made
+        refuse_another_vocab(state, checkpoint_dir, args.vocab)
+    refuse_changed_flags(args, state)
+    refuse_changed_model(args, BertConfig.from_json_file(os.path.join(checkpoint_dir,
+                                                                      "config.json")))
+
+
+def refuse_another_vocab(state, checkpoint_dir, vocab_file):
+    if state["vocab_sha256"] != sha256_file(vocab_file):
+        raise SystemExit(f"error: {checkpoint_dir} was trained with another vocab than "
+                         f"{vocab_file}")
+
+
+# Flags whose change breaks exact continuation: they change the data (corpus, casing, pairs,
+# masks, sequence lengths), which batch each step reads (seed, batch size, micro-batches), the
+# learning-rate schedule (lr, warmup, steps) or the update itself (weight decay, optimizer,
+# dtype). The rest may change on resume: logging, evaluation, checkpoint interval, time budget,
+# --stop-at-step, the held-out set, --utf8-errors (a corpus that read strictly reads the same
+# with replace; one that needed replace fails strictly) and --device.
+RESUME_FIXED = ("data", "seed", "cased", "dupe_factor", "max_predictions_per_seq",
+                "whole_word_mask", "dynamic_masking", "max_seq_length", "phase2_max_seq_length",
+                "phase2_fraction", "batch_size", "grad_accum", "lr", "warmup", "steps",
+                "weight_decay", "optimizer", "dtype")
+
+
+def refuse_changed_flags(args, state):
+    """SystemExit naming the first flag of RESUME_FIXED whose value differs from the
+    checkpoint's (a flag the checkpoint did not record is not compared)."""
+    saved = state["args"]
+    for key in RESUME_FIXED:
+        if key not in saved:
+            continue
+        new, old = vars(args)[key], saved[key]
+        if key == "data":
+            new, old = ([os.path.abspath(p) for p in paths] for paths in (new, old))
+        elif key == "steps":
+            old = state["total_steps"]            # the schedule, also when --minutes set it
+            if new is None:
+                continue
+        elif key == "phase2_fraction" and not (args.phase2_max_seq_length
+                                               or saved.get("phase2_max_seq_length")):
+            continue                              # unused without a phase 2
+        if new != old:
+            flag = "--" + key.replace("_", "-")
+            if isinstance(new, bool):             # a switch: "--x" against "no --x"
+                new, old = (flag if v else f"no {flag}" for v in (new, old))
+            else:
+                new, old = (" ".join(map(str, v)) if isinstance(v, list) else v
+                            for v in (new, old))
+                new = f"{flag} {new}"
+            raise SystemExit(f"error: resuming with {new}, but the checkpoint used {old}; "
+                             "exact continuation needs the same value (or start a new run "
+                             "without --resume)")
+
+
+def refuse_changed_model(args, config):
+    """SystemExit if --preset / --config describe another model than the checkpoint's (the
+    checkpoint's would be used, silently)."""
+    wanted = model_config(args, config.vocab_size)
+    for field in dataclasses.fields(config):     # the model's settings, not config.json's extras
+        k = field.name
+        if k != "extra" and getattr(wanted, k) != getattr(config, k):
+            flag = f"--config {args.config}" if args.config else f"--preset {args.preset}"
+            raise SystemExit(f"error: resuming with {flag} ({k} {getattr(wanted, k)}), but the "
+                             f"checkpoint's model has {k} {getattr(config, k)}")
+
+
+def keep_metrics_until(metrics_path, step):
+    """Rewrite metrics.jsonl with the records up to `step` (those logged after the checkpoint
+    will be logged again). A crash mid-write leaves a torn last line: it is dropped, and said
+    so; a bad line before the last is an error naming the file and the line."""
+    with open(metrics_path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()                               # the newline that ends the last line
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            step_of = record["step"]
+        except (ValueError, TypeError, KeyError) as e:
+            if number < len(lines):
+                raise ValueError(f"{metrics_path}: line {number} is not a metrics record "
+                                 f"({type(e).__name__}: {e})") from None
+            print(f"dropped the torn last line of {metrics_path} (line {number}, {len(line)} "
+                  "bytes): a crash cut its write short")
+            break
+        if step_of <= step:
+            records.append(line.decode("utf-8") + "\n")
+    with atomic_open(metrics_path, "w", encoding="utf-8") as f:
+        f.writelines(records)
 
 
 def steps_for_budget(model, data, micro_batch, grad_accum, minutes):
@@ -338,9 +443,9 @@ def unigram_baseline(train, heldout, vocab_size, max_batches, batch_size):
     return total / n
 
 
-def fill_mask_example(model, tokenizer, heldout_paths):
+def fill_mask_example(model, tokenizer, heldout_paths, errors="strict"):
     """Mask one word of a held-out sentence and show the model's top 5 guesses."""
-    for document in read_documents(heldout_paths):
+    for document in read_documents(heldout_paths, errors=errors):
         for sentence in document:
             tokens = tokenizer.tokenize(sentence)
             words = [i for i, t in enumerate(tokens) if t.isalpha() and len(t) > 3
@@ -464,9 +569,16 @@ def train_step(args, model, optimizer, data, phase, step):
     if not math.isfinite(loss):
         save_debug = os.path.join(args.out, "nonfinite_batch.npz")
         numpy.savez(save_debug, **batches[-1])
-        raise SystemExit(f"error: loss is {loss} at step {step}; the batch is in {save_debug}. "
-                         "Lower --lr or use --dtype float64 to investigate.")
-    clip_by_global_norm(grads, 1.0, mode=args.optimizer)
+        bad = first_non_finite(model.params)
+        raise SystemExit(f"error: loss is {loss} at step {step + 1}"
+                         + (f" (first non-finite weight: {bad})" if bad else "")
+                         + f"; the batch is in {save_debug}; nothing was saved at this step. "
+                           "Lower --lr or use --dtype float64 to investigate.")
+    norm = clip_by_global_norm(grads, 1.0, mode=args.optimizer)
+    if not math.isfinite(norm):
+        raise SystemExit(f"error: the gradient norm is {norm} at step {step + 1} (first "
+                         f"non-finite gradient: {first_non_finite(grads)}); nothing was saved "
+                         "at this step. Lower --lr or use --dtype float64 to investigate.")
     lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
     optimizer.step(grads, lr=lr)
     return lr, batches, outputs
@@ -531,6 +643,37 @@ def train(args, config, model, optimizer, state, data, stop, save, metrics_path)
     return step
 
 
+def save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step):
+    """Swap in a checkpoint of `step`, or stop with one line naming the step: weights or Adam
+    moments that are not finite (the previous checkpoint stays: a diverged run never replaces
+    a good one), or a full disk."""
+    bad = first_non_finite(model.params)
+    try:
+        if bad is not None:
+            raise NonFiniteError(f"first non-finite weight: {bad}")
+        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file),
+                     args=vars(args))
+        save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
+    except NonFiniteError as e:
+        raise SystemExit(f"error: the training state is not finite after step {step} ({e}); "
+                         f"nothing was saved, {kept_checkpoint(checkpoint_dir)}. Lower --lr or "
+                         "use --dtype float64 to investigate.") from None
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise SystemExit(f"error: step {step} was not saved: {e.strerror or e}; "
+                         f"{kept_checkpoint(checkpoint_dir)}") from None
+
+
+def kept_checkpoint(checkpoint_dir):
+    """What the checkpoint folder holds, for the error that says a save did not happen."""
+    try:
+        step = read_json(os.path.join(checkpoint_dir, "trainer_state.json"))["step"]
+    except (OSError, ValueError, KeyError):
+        return f"and there is no earlier checkpoint in {checkpoint_dir}"
+    return f"{checkpoint_dir} still holds step {step}"
+
+
 def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary):
     """Held-out MLM/NSP against the unigram baseline and the majority class, and a fill-mask
     example: printed, logged and added to `summary`."""
@@ -544,7 +687,7 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
           f"MLM accuracy {result['mlm_accuracy']:.3f}, "
           f"NSP accuracy {result['nsp_accuracy']:.3f} "
           f"(majority class {result['nsp_majority_accuracy']:.3f})")
-    example = fill_mask_example(model, tokenizer, args.heldout)
+    example = fill_mask_example(model, tokenizer, args.heldout, args.utf8_errors)
     if example:
         print(f"fill-mask: {example['sentence']}\n"
               f"  answer: {example['answer']}   model: {example['top5']}")
@@ -560,6 +703,9 @@ def main(argv=None):
     if args.batch_size % args.grad_accum:
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
                          f"--grad-accum {args.grad_accum}")
+
+    if args.resume:
+        check_resume(args, checkpoint_dir)
 
     # vocab, tokenizer and data
     vocab_file = prepare_vocab(args)
@@ -584,9 +730,7 @@ def main(argv=None):
 
     # the loop, then a last checkpoint
     def save(step):
-        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file),
-                     args=vars(args))
-        save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
+        save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step)
 
     stop = StopFlag()
     step = train(args, config, model, optimizer, state, data, stop, save, metrics_path)
@@ -609,5 +753,5 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (ValueError, FileNotFoundError) as e:    # bad input: one clear line, no traceback
+    except (ValueError, OSError) as e:    # bad input, a full disk: one clear line, no traceback
         sys.exit(f"error: {e}")

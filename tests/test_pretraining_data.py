@@ -678,3 +678,62 @@ def test_a_vocab_over_65536_tokens_is_stored_as_int32(tmp_path):
     assert m["dtypes"]["input_ids"] == m["dtypes"]["masked_lm_ids"] == "int32"
     f = PretrainingDataset(tmp_path / "out").features()
     assert f["input_ids"].max() >= 65536 + 5 or f["masked_lm_ids"].max() >= 65536 + 5
+
+
+# ------------------------------------------------------------------ crash leftovers, odd inputs
+
+def test_a_dataset_moved_aside_by_an_interrupted_overwrite_is_put_back(tmp_path, small_corpus,
+                                                                      capsys):
+    """A crash inside --overwrite's swap (between its two renames) leaves the dataset at
+    <out>.old and no <out>: reading it, or building it again, puts it back first and says so."""
+    path, _, tokenizer = small_corpus
+    out = tmp_path / "out"
+    create_pretraining_data(path, out, tokenizer, max_seq_length=32, dupe_factor=1, log=None)
+    rows = len(PretrainingDataset(out))
+    os.replace(out, tmp_path / "out.old")
+    (tmp_path / "out.tmp").mkdir()                       # the new build, unfinished
+    assert len(PretrainingDataset(out)) == rows
+    assert "restored" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "out"]
+    os.replace(out, tmp_path / "out.old")
+    log = io.StringIO()
+    create_pretraining_data(path, out, tokenizer, max_seq_length=40, dupe_factor=1,
+                            overwrite=True, log=log)
+    assert f"restored {out} from {out}.old" in log.getvalue(), log.getvalue()
+    assert PretrainingDataset(out).max_seq_length == 40
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "out"]
+
+
+def test_a_build_folder_left_by_a_kill_is_removed_by_the_next_run(tmp_path, small_corpus):
+    path, _, tokenizer = small_corpus
+    stale = tmp_path / "out.tmp"
+    (stale / "tmp").mkdir(parents=True)
+    log = io.StringIO()
+    create_pretraining_data(path, tmp_path / "out", tokenizer, max_seq_length=32, dupe_factor=1,
+                            log=log)
+    assert f"removed the unfinished {stale}" in log.getvalue(), log.getvalue()
+    assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "out"]
+
+
+def test_inputs_that_are_not_regular_files_are_named_as_such(tmp_path, small_corpus):
+    os.mkfifo(tmp_path / "pipe.txt")
+    for path, kind in (("/dev/zero", "a character device"),
+                       (tmp_path / "pipe.txt", r"a FIFO \(named pipe\)")):
+        with pytest.raises(ValueError, match=f"is not a regular file: it is {kind}"):
+            read_documents([small_corpus[0], path])
+        with pytest.raises(ValueError, match="is not a regular file"):
+            create_pretraining_data(path, tmp_path / "out", small_corpus[2], log=None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_strict_utf8_error_names_the_flag_both_command_lines_take(tmp_path, small_corpus,
+                                                                     capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"w0 w2\n\nw4 \xffw6\n")
+    with pytest.raises(ValueError, match="--utf8-errors replace"):
+        list(read_documents(bad))
+    small_corpus[2].save_pretrained(tmp_path / "tok")
+    with pytest.warns(UserWarning, match="replaced invalid UTF-8"):
+        assert main(["--input", str(bad), "--output", str(tmp_path / "out"), "--vocab",
+                     str(tmp_path / "tok"), "--max-seq-length", "16", "--dupe-factor", "1",
+                     "--utf8-errors", "replace", "--quiet"]) == 0

@@ -462,6 +462,53 @@ def test_from_pretrained_reads_the_folder_config_and_save_pretrained_round_trips
     assert BertTokenizer.from_pretrained(VOCAB).vocab == tok.vocab
 
 
+@needs_vocab
+@pytest.mark.reference
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_from_pretrained_reads_the_tokenizer_json_that_transformers_5_saves(tmp_path, setting):
+    """transformers 5's default (Rust) BertTokenizer saves tokenizer.json and no vocab.txt:
+    the vocab and the normalizer's options come from tokenizer.json, and the ids are those of
+    transformers' Python tokenizer on every adversarial text (the committed fixture), and of
+    the Rust one re-read from that folder on every text but those it is known to tokenize
+    differently (fixture["fast_disagrees"]: see reference/tokenizer_fixture.py)."""
+    transformers = pytest.importorskip("transformers")
+    from reference.tokenizer_fixture import fast_tokenizer
+    fast_tokenizer(VOCAB, **SETTINGS[setting]).save_pretrained(tmp_path)
+    if (tmp_path / "vocab.txt").exists():
+        pytest.skip(f"transformers {transformers.__version__} saves vocab.txt")
+    ours = BertTokenizer.from_pretrained(tmp_path)
+    assert ours.vocab == tokenizer(setting).vocab, "vocab not read in id order"
+    assert ours.do_lower_case == SETTINGS[setting]["do_lower_case"]
+    texts = read_lines(ADVERSARIAL)
+    got = [ours.encode(t, add_special_tokens=False) for t in texts]
+    assert not first_difference(texts, parity()["ids"][setting], got)
+    rust = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    agree = [i for i in range(len(texts)) if i not in parity()["fast_disagrees"][setting]]
+    want = [rust(texts[i])["input_ids"] for i in agree]
+    assert not first_difference([texts[i] for i in agree], want,
+                                [ours(texts[i])["input_ids"] for i in agree])
+
+
+def test_a_tokenizer_json_nanobert_would_read_differently_is_refused(tmp_path):
+    vocab = {token: i for i, token in enumerate(list(SPECIAL_TOKENS) + ["a", "##b"])}
+    good = {"normalizer": {"type": "BertNormalizer", "clean_text": True, "lowercase": False,
+                           "handle_chinese_chars": True, "strip_accents": None},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": vocab,
+                      "continuing_subword_prefix": "##", "max_input_chars_per_word": 100}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(good))
+    tok = BertTokenizer.from_pretrained(tmp_path)
+    assert tok.ids_to_tokens == list(vocab) and not tok.do_lower_case
+    for change, field in (({"model": {**good["model"], "type": "BPE"}}, "model type 'BPE'"),
+                          ({"normalizer": {"type": "Sequence"}}, "normalizer Sequence"),
+                          ({"model": {**good["model"], "vocab": {**vocab, "c": 9}}},
+                           "model.vocab gives 'c' the id 9"),
+                          ({"added_tokens": [{"id": 7, "content": "<x>"}]}, "added token '<x>'")):
+        (tmp_path / "tokenizer.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(ValueError, match=f"tokenizer.json: {field}"):
+            BertTokenizer.from_pretrained(tmp_path)
+
+
 # ---------------------------------------------------------------- vocab files
 
 def test_bad_vocab_files_give_named_errors(tmp_path):

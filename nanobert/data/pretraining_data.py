@@ -60,7 +60,7 @@ import warnings
 import numpy
 
 from .. import flags
-from ..formats.fileio import atomic_folder, atomic_open, read_json
+from ..formats.fileio import atomic_folder, atomic_open, read_json, recover_folder
 from ..model.ops import IGNORE_INDEX
 from .pretraining_instances import (VocabInfo, _vocab_tokens, create_training_instances,
                                     read_documents, shuffle_permutation)
@@ -405,7 +405,9 @@ def create_pretraining_data(input_paths, output_dir, tokenizer, max_seq_length=1
 
     The folder is built beside output_dir (fileio.atomic_folder) and swapped into place when
     complete, and every file in it is written to a temporary name and renamed: an
-    interrupted run leaves no half-written dataset and destroys no finished one.
+    interrupted run leaves no half-written dataset and destroys no finished one. What a
+    killed run left beside output_dir (a build folder, or the previous dataset moved aside
+    mid-swap) is cleaned up or put back first (fileio.recover_folder), and said so.
     """
     options = _check_options(max_seq_length, max_predictions_per_seq, masked_lm_prob,
                              dupe_factor, short_seq_prob, seed, whole_word_mask,
@@ -419,6 +421,7 @@ def create_pretraining_data(input_paths, output_dir, tokenizer, max_seq_length=1
     read_stats = {}
     documents = read_documents(input_paths, errors=errors, stats=read_stats)  # checks the paths
     output_dir = os.path.abspath(os.fspath(output_dir))
+    recover_folder(output_dir, log)          # a build or an --overwrite swap cut short
     _check_output(output_dir, overwrite)
     with atomic_folder(output_dir) as building:
         scratch = os.path.join(building, "tmp")
@@ -606,6 +609,7 @@ class PretrainingDataset:
 
     def __init__(self, folder):
         self.folder = os.fspath(folder)
+        recover_folder(self.folder)              # an --overwrite swap cut short by a crash
         path = os.path.join(self.folder, MANIFEST_NAME)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no {MANIFEST_NAME} in {self.folder!r}: not a pretraining "
@@ -921,9 +925,10 @@ def build_parser():
         help="mask whole words (a piece and its ## pieces) together")
     add("--instances-per-shard", type=flags.positive_int, default=100_000,
         help="rows per shard (default 100000)")
-    add("--errors", choices=("strict", "replace"), default="strict",
+    add("--errors", "--utf8-errors", choices=("strict", "replace"), default="strict",
         help="bytes that are not UTF-8: stop with an error naming the file and byte "
-             "offset (strict, default) or replace them with U+FFFD and count them")
+             "offset (strict, default) or replace them with U+FFFD and count them "
+             "(--utf8-errors: the name train.py uses)")
     add("--overwrite", action="store_true",
         help="replace a dataset already in --output (once the new one is complete)")
     add("--quiet", action="store_true", help="no progress output")

@@ -57,6 +57,7 @@ import zlib
 
 import numpy
 
+from ..formats.fileio import check_regular_file
 
 RANDOM_NEXT_TRIES = 10        # the original's tries at a document other than A's
 
@@ -78,10 +79,8 @@ def input_files(paths):
             if not inside:
                 raise ValueError(f"folder {path!r} holds no .txt or .txt.gz file")
             files += [os.path.join(path, name) for name in inside]
-        elif os.path.isfile(path):
-            files.append(path)
         else:
-            raise FileNotFoundError(f"input not found: {path!r}")
+            files.append(check_regular_file(path, "input"))   # not /dev/zero, a FIFO, ...
     if not files:
         raise ValueError("no input paths given")
     return files
@@ -149,8 +148,9 @@ def _lines(path, errors, stats):
                     if errors == "strict":
                         raise ValueError(
                             f"{path}: line {number} is not valid UTF-8: byte 0x{raw[e.start]:02x} "
-                            f"at byte offset {offset + e.start}{where} (errors='replace' replaces "
-                            "such bytes with U+FFFD and counts them)") from None
+                            f"at byte offset {offset + e.start}{where} (--utf8-errors replace, "
+                            "errors='replace' in Python, replaces such bytes with U+FFFD and "
+                            "counts them)") from None
                     line, n = _decode_replacing(raw)
                     replaced += n
                     stats["utf8_replacements"][path] = replaced

