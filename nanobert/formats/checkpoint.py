@@ -16,7 +16,7 @@ from ..backend import array_module, to_host
 from ..model.config import BertConfig, num_labels, with_labels
 from ..model.params import init_params
 from . import safetensors
-from .fileio import atomic_folder, atomic_open
+from .fileio import atomic_folder, atomic_open, read_json, recover_folder
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -263,16 +263,14 @@ def save_training_checkpoint(folder, model, optimizer, state, vocab_file=None):
 
 def load_training_checkpoint(cls, folder):
     """-> (config, params, optimizer_state, trainer_state) from save_training_checkpoint's
-    folder, or from its `.old` twin if a crash interrupted the swap."""
+    folder; a swap a crash interrupted is finished first (fileio.recover_folder)."""
     folder = os.path.abspath(os.fspath(folder))
-    if not os.path.isdir(folder) and os.path.isdir(folder + ".old"):
-        folder += ".old"
+    recover_folder(folder)
     state_path = os.path.join(folder, TRAINER_STATE_NAME)
     if not os.path.isfile(state_path):
         raise FileNotFoundError(f"no resumable checkpoint at {folder} "
                                 f"(missing {TRAINER_STATE_NAME})")
     config, params = load_pretrained(cls, folder)
     optimizer_state = safetensors.load_file(os.path.join(folder, OPTIMIZER_NAME))
-    with open(state_path, encoding="utf-8") as f:
-        trainer_state = json.load(f)
+    trainer_state = read_json(state_path, TRAINER_STATE_NAME)
     return config, params, optimizer_state, trainer_state
