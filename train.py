@@ -4,6 +4,7 @@
     python train.py --preset mini --minutes 60 --out runs/mini
     python train.py --data my_corpus/ --vocab my_vocab.txt --steps 100000 --device gpu
     python train.py --out runs/pretrain --resume          # continue exactly where it stopped
+    mpiexec -n 2 python train.py --steps 20   # data parallel: each rank a slice of each batch
 
 Reads like a recipe: arguments, vocab, data, model, optimizer, loop (log, evaluate,
 checkpoint), final evaluation and a fill-mask example. Input text: one sentence per line,
@@ -11,6 +12,11 @@ a blank line between documents (.txt or .txt.gz files, or folders of them).
 Writes to --out: checkpoint/ (config.json, model.safetensors, vocab.txt - loadable by
 transformers.BertForPreTraining - plus optimizer.safetensors and trainer_state.json),
 metrics.jsonl, loss_curve.png (needs matplotlib) and eval.json.
+
+Under mpiexec every rank builds the same global batch and takes its slice; gradients are
+summed by MPI allreduce (NCCL on GPUs), so the run is the same for any number of ranks (but
+for summation order and dropout masks, which are drawn per rank). Rank 0 alone prepares the
+data, prints, and writes checkpoints and metrics.
 """
 import argparse
 import dataclasses
@@ -29,6 +35,7 @@ import numpy
 
 from nanobert import (AdamW, BertConfig, BertForPreTraining, average_gradients,
                       clip_by_global_norm, flags, learning_rate)
+from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
 from nanobert.backend import default_rng, resolve_device, to_host
 from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
 from nanobert.data.pretraining_instances import read_documents
@@ -36,6 +43,7 @@ from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train
 from nanobert.formats.checkpoint import (NonFiniteError, first_non_finite,
                                          load_training_checkpoint, save_training_checkpoint)
 from nanobert.formats.fileio import atomic_open, read_json, recover_folder, recover_folders_in
+from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
 from nanobert.model.optim import warmup_steps
@@ -127,6 +135,9 @@ def parse_args(argv=None):
     g.add_argument("--eval-batches", type=flags.positive_int, default=50,
                    help="held-out batches per evaluation (default 50)")
     g.add_argument("--checkpoint-every", type=flags.positive_int, default=500)
+    g.add_argument("--check-sync-every", type=flags.non_negative_int, default=100,
+                   help="under mpiexec: every N steps compare a hash of every rank's weights "
+                        "and stop if they differ (0: never; default 100)")
     g.add_argument("--stop-at-step", type=flags.positive_int,
                    help="checkpoint and stop at this step (the schedule still spans --steps; "
                         "continue with --resume)")
@@ -236,7 +247,7 @@ def new_model(args, vocab_size, metrics_path):
                                device=args.device)
     optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
                       weight_decay=args.weight_decay)
-    if os.path.exists(metrics_path):
+    if metrics_path and os.path.exists(metrics_path):      # None: not rank 0
         os.remove(metrics_path)
     return config, model, optimizer, {"step": 0, "train_seconds": 0.0, "tokens": 0}
 
@@ -254,7 +265,7 @@ def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
                       weight_decay=args.weight_decay)
     optimizer.load_state_dict(optimizer_state)
     print(f"resumed {checkpoint_dir} at step {state['step']} of {args.steps}")
-    if os.path.exists(metrics_path):          # forget metrics logged after that checkpoint
+    if metrics_path and os.path.exists(metrics_path):   # forget what was logged after it
         keep_metrics_until(metrics_path, state["step"])
     return config, model, optimizer, state
 
@@ -385,11 +396,13 @@ def steps_for_budget(model, data, micro_batch, grad_accum, minutes):
 # ---------------------------------------------------------------------------- evaluation
 
 
-def add_batch(sums, out, batch):
-    """Add one batch's MLM/NSP sums (losses weighted by their counts) to `sums`."""
+def add_batch(sums, out, batch, denominators=None):
+    """Add one batch's MLM/NSP sums (losses weighted by their counts) to `sums`. With
+    denominators (a slice of a global batch) its losses were divided by the global counts."""
     B = len(batch["input_ids"])
-    sums["mlm_loss"] += out["mlm_loss"] * out["num_masked"]
-    sums["nsp_loss"] += out["nsp_loss"] * B
+    denominators = denominators or {"masked_lm": out["num_masked"], "next_sentence": B}
+    sums["mlm_loss"] += out["mlm_loss"] * denominators["masked_lm"]
+    sums["nsp_loss"] += out["nsp_loss"] * denominators["next_sentence"]
     sums["mlm_correct"] += out["mlm_correct"]
     sums["nsp_correct"] += out["nsp_correct"]
     sums["masked"] += out["num_masked"]
@@ -414,7 +427,7 @@ def evaluate(model, dataset, batch_size, max_batches):
         if i == max_batches:
             break
         batch = trim(batch)
-        _, _, out = model.loss_and_grads(batch, return_outputs=True)
+        _, out = model.loss(batch, return_outputs=True)      # forward only: no backward
         add_batch(sums, out, batch)
     model.train(was_training)
     random_next = sums["random_next"] / sums["sequences"]
@@ -472,14 +485,20 @@ def append_metrics(metrics_path, record):
         f.write(json.dumps(record) + "\n")
 
 
-def log_train(metrics_path, window, step, num_train_steps, lr, elapsed, peak_tflops):
-    """Print and append the means of the steps since the last log line."""
+def log_train(metrics_path, window, step, num_train_steps, lr, elapsed, peak_tflops,
+              world_size=1):
+    """Print and append the means of the steps since the last log line (the whole job's
+    throughput, and per rank under mpiexec)."""
     record = {"kind": "train", "step": step, "lr": lr, **means(window),
               "tokens_per_second": window["tokens"] / window["seconds"], "elapsed": elapsed}
     line = (f"step {step:>6}/{num_train_steps}  "
             f"mlm {record['mlm_loss']:.3f} acc {record['mlm_accuracy']:.3f}  "
             f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  lr {lr:.2e}  "
             f"{record['tokens_per_second']:,.0f} tok/s")
+    if world_size > 1:
+        record["ranks"] = world_size
+        record["tokens_per_second_per_rank"] = record["tokens_per_second"] / world_size
+        line += f" ({record['tokens_per_second_per_rank']:,.0f} per rank)"
     if peak_tflops:
         record["mfu"] = window["flops"] / window["seconds"] / (peak_tflops * 1e12)
         line += f"  MFU {100 * record['mfu']:.1f}%"
@@ -552,23 +571,36 @@ class StopFlag:
         self.stop = True
 
 
-def train_step(args, model, optimizer, data, phase, step):
-    """One optimizer step on the batch at `step` of the phase's stream: micro-batches,
-    averaged gradients, global-norm clipping, AdamW at the scheduled learning rate.
-    -> (lr, micro-batches, their outputs)."""
-    micro = args.batch_size // args.grad_accum
+def train_step(args, group, model, optimizer, data, phase, step):
+    """One optimizer step on the global batch at `step` of the phase's stream: this rank's
+    slice in --grad-accum micro-batches, each loss divided by the global batch's counts so
+    that the sum over micro-batches and ranks (MPI allreduce) is exactly the global batch's;
+    then global-norm clipping and AdamW at the scheduled learning rate.
+    -> (lr, this rank's micro-batches, the step's sums over every rank)."""
     rows = batch_rows(len(data), args.batch_size, args.seed + phase, step)
-    # Masks and dropout drawn from (seed, step), not from a running stream: exact resume.
+    # Masks from (seed, step), dropout from (seed, step, rank), not from running streams:
+    # exact resume, with any number of ranks.
     mask_rng = numpy.random.default_rng([args.seed, step, 1])
-    dropout_seed = numpy.random.SeedSequence([args.seed, step]).generate_state(1)[0]
+    dropout_seed = numpy.random.SeedSequence([args.seed, step, group.rank]).generate_state(1)[0]
     model.rng = default_rng(model.xp, int(dropout_seed))
-    batches = [trim(data.batch(rows[m * micro:(m + 1) * micro], mask_rng, args.dynamic_masking))
+    whole = data.batch(rows, mask_rng, args.dynamic_masking)      # the same on every rank
+    denominators = {"masked_lm": int((whole["labels"] != IGNORE_INDEX).sum()),
+                    "next_sentence": int((whole["next_sentence_label"] != IGNORE_INDEX).sum())}
+    mine = rank_slice(numpy.arange(args.batch_size), group)
+    micro = len(mine) // args.grad_accum
+    batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()})
                for m in range(args.grad_accum)]
-    loss_and_grads = functools.partial(model.loss_and_grads, return_outputs=True)
-    loss, grads, outputs = average_gradients(loss_and_grads, batches)
+    loss_and_grads = functools.partial(model.loss_and_grads, return_outputs=True,
+                                       denominators=denominators)
+    _, grads, outputs = average_gradients(loss_and_grads, batches, weights=[1.0] * len(batches))
+    allreduce_grads(group, grads)
+    sums = step_sums(group, batches, outputs, denominators)
+    loss = (sums["mlm_loss"] / max(sums["masked"], 1)
+            + sums["nsp_loss"] / max(sums["sequences"], 1))
     if not math.isfinite(loss):
         save_debug = os.path.join(args.out, "nonfinite_batch.npz")
-        numpy.savez(save_debug, **batches[-1])
+        if group.is_main:
+            numpy.savez(save_debug, **whole)
         bad = first_non_finite(model.params)
         raise SystemExit(f"error: loss is {loss} at step {step + 1}"
                          + (f" (first non-finite weight: {bad})" if bad else "")
@@ -581,76 +613,95 @@ def train_step(args, model, optimizer, data, phase, step):
                          "at this step. Lower --lr or use --dtype float64 to investigate.")
     lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
     optimizer.step(grads, lr=lr)
-    return lr, batches, outputs
+    return lr, batches, sums
 
 
-def add_step(window, config, batches, outputs, seconds):
-    """Add one step's sums, tokens, model FLOPs and time to the logging window; -> tokens."""
-    tokens = 0
+def step_sums(group, batches, outputs, denominators):
+    """The step's MLM/NSP sums and tokens, added over micro-batches and ranks (one small
+    allreduce): every rank then logs, and decides, from the same numbers."""
+    sums = dict.fromkeys(SUM_KEYS + ("tokens",), 0)
     for batch, out in zip(batches, outputs):
-        add_batch(window, out, batch)
-        tokens += int(batch["attention_mask"].sum())
-        window["flops"] += step_flops(config, *batch["input_ids"].shape, out["num_masked"])
-    window["tokens"] += tokens
+        add_batch(sums, out, batch, denominators)
+        sums["tokens"] += int(batch["attention_mask"].sum())
+    return dict(zip(sums, group.sum(list(sums.values()))))
+
+
+def add_step(window, config, batches, outputs_sums, seconds):
+    """Add one step's global sums, this rank's model FLOPs and the time to the logging
+    window; -> the step's tokens (all ranks)."""
+    for key in SUM_KEYS + ("tokens",):
+        window[key] += outputs_sums[key]
+    for batch in batches:
+        masked = int((batch["labels"] != IGNORE_INDEX).sum())
+        window["flops"] += step_flops(config, *batch["input_ids"].shape, masked)
     window["seconds"] += seconds
     window["steps"] += 1
-    return tokens
+    return outputs_sums["tokens"]
 
 
 def replan_steps(args, state, step, budget_end):
     """Fit the step count to the speed measured over real steps: the probe before training
-    may have met a busy machine."""
+    may have met a busy machine. -> the new step count."""
     left = budget_end - time.time()
-    args.steps = max(step + 1, step + int(left / (state["train_seconds"] / step) * 0.95))
-    print(f"re-planned from the measured speed: {args.steps} steps in all")
+    steps = max(step + 1, step + int(left / (state["train_seconds"] / step) * 0.95))
+    print(f"re-planned from the measured speed: {steps} steps in all")
+    return steps
 
 
-def train(args, config, model, optimizer, state, data, stop, save, metrics_path):
+def train(args, group, config, model, optimizer, state, data, stop, save, metrics_path):
     """The loop, from state["step"] until args.steps, the time budget, --stop-at-step or
-    Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> the last step."""
-    micro = args.batch_size // args.grad_accum
+    Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> the last step.
+    Under mpiexec every decision (when to stop, how many steps fit) is taken together, and
+    rank 0 alone logs, evaluates and writes (metrics_path is None on the others)."""
+    micro = args.batch_size // group.world_size // args.grad_accum
     peak_tflops = gpu_peak_tflops(args.device)
     window = dict.fromkeys(WINDOW_KEYS, 0)
     step = state["step"]
     replan = args.steps is None and not args.resume
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
-        args.steps = steps_for_budget(model, data.train_sets[0], micro, args.grad_accum,
-                                      args.minutes)
+        args.steps = group.broadcast_object(
+            steps_for_budget(model, data.train_sets[0], micro, args.grad_accum, args.minutes))
     budget_end = time.time() + 60 * args.minutes
     while step < args.steps:
-        if stop.stop or time.time() > budget_end or step == args.stop_at_step:
+        stopping, over_budget = group.sum([stop.stop, time.time() > budget_end])
+        stop.stop = stopping > 0                 # Ctrl-C on any rank stops every rank
+        if stop.stop or over_budget or step == args.stop_at_step:
             break
         phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1
         start = time.time()
-        lr, batches, outputs = train_step(args, model, optimizer, data.train_sets[phase], phase,
-                                          step)
+        lr, batches, sums = train_step(args, group, model, optimizer, data.train_sets[phase],
+                                       phase, step)
         step += 1
         seconds = time.time() - start
-        state["tokens"] += add_step(window, config, batches, outputs, seconds)
+        state["tokens"] += add_step(window, config, batches, sums, seconds)
         state["train_seconds"] += seconds
-        if replan and state["train_seconds"] > min(60.0, 6 * args.minutes):
+        if replan and group.broadcast_object(state["train_seconds"] > min(60.0, 6 * args.minutes)):
             replan = False                       # once, after a minute of real steps
-            replan_steps(args, state, step, budget_end)
-        if step % args.log_every == 0 or step == args.steps or stop.stop:
+            args.steps = group.broadcast_object(replan_steps(args, state, step, budget_end))
+        if group.world_size > 1 and args.check_sync_every and step % args.check_sync_every == 0:
+            group.digest(flat_buffer(model.params))      # identical weights, or a loud stop
+        if metrics_path and (step % args.log_every == 0 or step == args.steps or stop.stop):
             log_train(metrics_path, window, step, args.steps, lr, state["train_seconds"],
-                      peak_tflops)
+                      peak_tflops, group.world_size)
             window = dict.fromkeys(WINDOW_KEYS, 0)
-        if data.heldout and args.eval_every and step % args.eval_every == 0 \
+        if metrics_path and data.heldout and args.eval_every and step % args.eval_every == 0 \
                 and step != args.steps:
             log_evaluation(metrics_path, model, data.heldout, step, micro, args.eval_batches)
-        if step % args.checkpoint_every == 0 or stop.stop:
+        if step % args.checkpoint_every == 0:
             save(step)
     return step
 
 
-def save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step):
+def save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step, write=True):
     """Swap in a checkpoint of `step`, or stop with one line naming the step: weights or Adam
     moments that are not finite (the previous checkpoint stays: a diverged run never replaces
-    a good one), or a full disk."""
+    a good one), or a full disk. write=False (ranks other than 0): the check alone."""
     bad = first_non_finite(model.params)
     try:
         if bad is not None:
             raise NonFiniteError(f"first non-finite weight: {bad}")
+        if not write:
+            return
         state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file),
                      args=vars(args))
         save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
@@ -694,50 +745,66 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
     summary.update(heldout=result, unigram_baseline=baseline, fill_mask=example)
 
 
+def prepare(args, checkpoint_dir):
+    """The resume checks, the vocab, the tokenizer and the data sets (built when missing)."""
+    if args.resume:
+        check_resume(args, checkpoint_dir)
+    vocab_file = prepare_vocab(args)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
+    return vocab_file, tokenizer, prepare_datasets(args, tokenizer, vocab_file)
+
+
 def main(argv=None):
     args = parse_args(argv)
     args.device = resolve_device(args.device)
+    group = process_group(args.device)
+    if not group.is_main:
+        sys.stdout = open(os.devnull, "w")            # rank 0 alone prints
     os.makedirs(args.out, exist_ok=True)
     checkpoint_dir = os.path.join(args.out, "checkpoint")
-    metrics_path = os.path.join(args.out, "metrics.jsonl")
-    if args.batch_size % args.grad_accum:
+    metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
+    if args.batch_size % (group.world_size * args.grad_accum):
+        ranks = f"{group.world_size} ranks x " if group.world_size > 1 else ""
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
-                         f"--grad-accum {args.grad_accum}")
+                         f"{ranks}--grad-accum {args.grad_accum}")
 
-    if args.resume:
-        check_resume(args, checkpoint_dir)
+    # vocab, tokenizer and data: rank 0 writes them, then the others read them
+    if group.is_main:
+        vocab_file, tokenizer, data = prepare(args, checkpoint_dir)
+    group.barrier()
+    if not group.is_main:
+        vocab_file, tokenizer, data = prepare(args, checkpoint_dir)
 
-    # vocab, tokenizer and data
-    vocab_file = prepare_vocab(args)
-    tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
-    data = prepare_datasets(args, tokenizer, vocab_file)
-
-    # model and optimizer, fresh or resumed
+    # model and optimizer, fresh or resumed; every rank starts from rank 0's weights
     if args.resume:
         config, model, optimizer, state = resumed_model(args, checkpoint_dir, vocab_file,
                                                         metrics_path)
     else:
         config, model, optimizer, state = new_model(args, tokenizer.vocab_size, metrics_path)
+    if group.world_size > 1:
+        group.broadcast_(flat_buffer(model.params))
     for dataset in data.train_sets + ([data.heldout] if data.heldout else []):
         dataset.check_compatible(config, tokenizer)
     model.train()
     print(f"model: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"{config.num_attention_heads} heads, vocab {config.vocab_size}: "
-          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.dtype} on {args.device}")
+          f"{model.num_parameters() / 1e6:.2f}M parameters, {args.dtype} on {args.device}, "
+          f"{group.describe()}")
     sizes = (f"{len(d):,} instances of length {d.max_seq_length}" for d in data.train_sets)
     print(f"data: {', '.join(sizes)}"
           + (f"; held-out {len(data.heldout):,}" if data.heldout else ""))
 
-    # the loop, then a last checkpoint
+    # the loop, then a last checkpoint (written by rank 0; every rank checks it is finite)
     def save(step):
-        save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step)
+        save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step,
+                        write=group.is_main)
 
     stop = StopFlag()
-    step = train(args, config, model, optimizer, state, data, stop, save, metrics_path)
+    step = train(args, group, config, model, optimizer, state, data, stop, save, metrics_path)
     save(step)
     print(f"saved {checkpoint_dir} at step {step} "
           f"({state['train_seconds'] / 60:.1f} min of training)")
-    if stop.stop or step == args.stop_at_step:
+    if stop.stop or step == args.stop_at_step or not group.is_main:
         return 0
 
     # final evaluation, eval.json and the loss curve
@@ -752,6 +819,9 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except (ValueError, OSError) as e:    # bad input, a full disk: one clear line, no traceback
-        sys.exit(f"error: {e}")
+        code = f"error: {e}"
+    except SystemExit as e:
+        code = e.code
+    end_job(code)                         # under mpiexec a failing rank ends every rank

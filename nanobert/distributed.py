@@ -15,14 +15,17 @@ Every group has the same small interface:
     sum(values)                      a short list of host numbers summed over the ranks
     any(flag)                        True on every rank when it is True on one (stop, NaN)
     broadcast_object(value)          a small Python object from rank 0
+    barrier()                        wait until every rank is here
     digest(buffer)                   a hash of the array, the same on every rank or an error
 """
 import hashlib
 import os
+import sys
 
 import numpy
 
 from .backend import to_host
+from .model.flat import flat_buffer
 
 # (rank, size) variables of the launchers: MPICH / Intel MPI (Hydra), Open MPI, PMIx, MVAPICH
 LAUNCHER_VARIABLES = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
@@ -75,6 +78,9 @@ class SingleProcess:
     def digest(self, buffer):
         return _digest(buffer)
 
+    def barrier(self):
+        pass
+
     def describe(self):
         return "1 process"
 
@@ -118,6 +124,9 @@ class MPIGroup:
                                f"({len(differ)} of {self.world_size} ranks out of step)")
         return every[0]
 
+    def barrier(self):
+        self.comm.Barrier()
+
     def describe(self):
         return f"{self.world_size} MPI ranks"
 
@@ -159,6 +168,29 @@ class NCCLGroup(MPIGroup):
 
     def describe(self):
         return f"{self.world_size} MPI ranks, NCCL on the GPUs"
+
+
+def end_job(code):
+    """sys.exit(code); but a rank of an MPI job that fails first prints why and ends every
+    rank (MPI Abort): the others would otherwise wait in a collective for ever."""
+    if code not in (0, None) and launched_world_size() > 1 and "mpi4py" in sys.modules:
+        if isinstance(code, str):
+            print(code, file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)
+    sys.exit(code)
+
+
+def allreduce_grads(group, grads):
+    """Sum the gradients over the ranks: one call on their flat buffer (tensor by tensor for
+    a dict of separate arrays)."""
+    if group.world_size == 1:
+        return grads
+    buffer = flat_buffer(grads)
+    for array in ([buffer] if buffer is not None else grads.values()):
+        group.allreduce_(array)
+    return grads
 
 
 def rank_slice(rows, group):
