@@ -50,12 +50,14 @@ import numpy
 
 from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, flags, learning_rate
 from nanobert.backend import default_rng, resolve_device, to_host
+from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
 from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.checkpoint import first_non_finite
 from nanobert.formats.fileio import atomic_folder, atomic_open
 from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
+from nanobert.model.flat import flat_buffer
 from nanobert.model.optim import warmup_steps
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
@@ -628,9 +630,9 @@ def save_best(model, tokenizer, folder, info):
             json.dump(info, f, indent=1)
 
 
-def model_with_head(args, task, folder, label_list):
+def model_with_head(args, task, folder, label_list, rank=0):
     """The encoder from the checkpoint and the task's head (a fresh one unless the checkpoint
-    holds it), in training mode with seeded dropout."""
+    holds it), in training mode with seeded dropout (a stream of its own on each rank)."""
     model = task.head.from_pretrained(folder, reinit_head=args.reinit_head,
                                       dtype=numpy.dtype(args.dtype), device=args.device,
                                       seed=args.seed, **task.head_options(label_list))
@@ -638,7 +640,7 @@ def model_with_head(args, task, folder, label_list):
         raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
     model.train()
-    model.rng = default_rng(model.xp, args.seed)             # dropout masks
+    model.rng = default_rng(model.xp, args.seed + 1_000_003 * rank)     # dropout masks
     return model
 
 # ------------------------------------------------------------------------------ features
@@ -731,10 +733,11 @@ def save_features(args, tokenizer, features, vectors, width, info):
 # ------------------------------------------------------------------------------ training
 
 
-def train(args, task, model, tokenizer, data):
+def train(args, group, task, model, tokenizer, data):
     """AdamW steps over batches of the shuffled training rows (a new order each epoch), a
     progress line every --log-every steps, dev evaluated at the end of each epoch and the
-    best checkpoint saved. -> (the best dev evaluation, minutes of training)."""
+    best checkpoint saved. -> (the best dev evaluation, minutes of training).
+    Under mpiexec each rank takes a slice of every batch; rank 0 alone evaluates and saves."""
     features = data.splits["train"][1]
     steps_per_epoch = math.ceil(len(features) / args.batch_size)
     num_train_steps = args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
@@ -754,23 +757,32 @@ def train(args, task, model, tokenizer, data):
         order = numpy.random.default_rng([args.seed, epoch]).permutation(len(features))
         rows = order[position * args.batch_size:(position + 1) * args.batch_size]
         lr = learning_rate(step, args.lr, warmup, num_train_steps)
-        progress.add(train_step(args, model, optimizer, features, rows, lr, step), len(rows))
+        progress.add(train_step(args, group, model, optimizer, features, rows, lr, step),
+                     len(rows))
         done = step + 1
-        if done % args.log_every == 0 or done == num_train_steps:
+        if group.is_main and (done % args.log_every == 0 or done == num_train_steps):
             log(args.out, progress.report(done, lr))
         if done % steps_per_epoch == 0 or done == num_train_steps:      # end of an epoch: dev
             evaluation_start = time.time()
-            best = evaluate_dev(args, task, model, tokenizer, data, done, steps_per_epoch, best)
+            check_finite_weights(model, done)
+            if group.is_main:
+                best = evaluate_dev(args, task, model, tokenizer, data, done, steps_per_epoch,
+                                    best)
             progress.window_start += time.time() - evaluation_start   # not training speed
     return best, (time.time() - progress.start_time) / 60
 
 
-def train_step(args, model, optimizer, features, rows, lr, step):
-    """One optimizer step on `rows`, in --grad-accum micro-batches; -> the loss."""
-    micro = args.batch_size // args.grad_accum
-    parts = [rows[m:m + micro] for m in range(0, len(rows), micro)]
+def train_step(args, group, model, optimizer, features, rows, lr, step):
+    """One optimizer step on `rows`: this rank's slice of them in --grad-accum micro-batches,
+    each weighed by its share of all the rows, gradients summed over the ranks; -> the loss.
+    """
+    mine = rank_slice(rows, group)
+    micro = max(1, args.batch_size // group.world_size // args.grad_accum)
+    parts = [mine[m:m + micro] for m in range(0, len(mine), micro)]
     loss, grads, _ = average_gradients(model.loss_and_grads, [features.batch(p) for p in parts],
                                        weights=[len(p) / len(rows) for p in parts])  # per row
+    allreduce_grads(group, grads)
+    loss = group.sum([loss])[0]
     if not math.isfinite(loss):
         bad = first_non_finite(model.params)
         raise SystemExit(f"error: loss is {loss} at step {step}"
@@ -812,13 +824,17 @@ class Progress:
         return record
 
 
+def check_finite_weights(model, step):
+    """Stop before a diverged model is scored, let alone saved (every rank: same weights)."""
+    bad = first_non_finite(model.params)
+    if bad is not None:
+        raise SystemExit(f"error: the weights are not finite after step {step} (first: {bad}); "
+                         f"nothing was saved at this step; lower --lr or try --dtype float64")
+
+
 def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best):
     """Score dev after `step` steps; a new best --metric saves the checkpoint and the dev
     predictions. -> the best evaluation so far."""
-    bad = first_non_finite(model.params)
-    if bad is not None:         # stop before a diverged model is scored, let alone saved
-        raise SystemExit(f"error: the weights are not finite after step {step} (first: {bad}); "
-                         f"nothing was saved at this step; lower --lr or try --dtype float64")
     scores, predictions = evaluate(args, task, model, tokenizer, data, "dev")
     score = scores.get(args.metric)
     if score is None:
@@ -855,9 +871,12 @@ def main(argv=None):
     args.device = resolve_device(args.device)
     if args.task == "features":
         return extract_features(args)
+    group = process_group(args.device)
+    if not group.is_main:
+        sys.stdout = open(os.devnull, "w")            # rank 0 alone prints and writes
     task = TASKS[args.task]
     os.makedirs(args.out, exist_ok=True)
-    if os.path.exists(os.path.join(args.out, "metrics.jsonl")):
+    if group.is_main and os.path.exists(os.path.join(args.out, "metrics.jsonl")):
         os.remove(os.path.join(args.out, "metrics.jsonl"))
 
     # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
@@ -866,8 +885,13 @@ def main(argv=None):
     print(f"task {args.task}: model {args.model} ({folder})")
     data = load_data(args, tokenizer)
     # the encoder from the checkpoint with a fresh head; training, dev after each epoch
-    model = model_with_head(args, task, folder, data.label_list)
-    best, train_minutes = train(args, task, model, tokenizer, data)
+    model = model_with_head(args, task, folder, data.label_list, group.rank)
+    if group.world_size > 1:
+        group.broadcast_(flat_buffer(model.params))   # every rank starts from rank 0's weights
+        print(f"data parallel: {group.describe()}")
+    best, train_minutes = train(args, group, task, model, tokenizer, data)
+    if not group.is_main:
+        return 0
 
     summary = {"task": args.task, "model": args.model, "train_minutes": train_minutes,
                "best": best, "data": {split: f.stats for split, (_, f) in data.splits.items()},
@@ -883,6 +907,9 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except (ValueError, FileNotFoundError) as e:      # bad input: the message names file and line
-        sys.exit(f"error: {e}")
+        code = f"error: {e}"
+    except SystemExit as e:
+        code = e.code
+    end_job(code)                                     # under mpiexec a failing rank ends all

@@ -194,10 +194,10 @@ def allreduce_grads(group, grads):
 
 
 def rank_slice(rows, group):
-    """This rank's share of a global batch: the rank-th of world_size equal, disjoint,
-    contiguous slices (the global batch must divide evenly; the caller checks)."""
-    share = len(rows) // group.world_size
-    return rows[group.rank * share:(group.rank + 1) * share]
+    """This rank's share of a global batch: the rank-th of world_size disjoint, contiguous
+    slices, as equal as can be (a short last batch of an epoch need not divide evenly)."""
+    bounds = numpy.linspace(0, len(rows), group.world_size + 1).round().astype(int)
+    return rows[bounds[group.rank]:bounds[group.rank + 1]]
 
 
 def _digest(buffer):

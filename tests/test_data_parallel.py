@@ -121,3 +121,22 @@ def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_stays(tmp_path):
     _, params, _, state = load_training_checkpoint(BertForPreTraining, out / "checkpoint")
     assert state["step"] >= 2 and state["step"] % 2 == 0
     assert all(numpy.isfinite(p).all() for p in params.values())
+
+
+def test_finetune_on_two_ranks_takes_the_steps_of_one_process(tmp_path):
+    """finetune.py weighs micro-batches by their rows: 2 ranks == 1 process with
+    --grad-accum 2 (float64, dropout off), the short last batch of the epoch included."""
+    from test_finetune import data, make_tiny_bert
+    mpiexec_or_skip()
+    model = make_tiny_bert(tmp_path / "tiny", dropout=0.0)
+    common = [sys.executable, os.path.join(ROOT, "finetune.py"), "--glue-task", "sst-2",
+              "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"), "--model", model,
+              "--epochs", "1", "--batch-size", "6", "--dtype", "float64"]
+    run(common + ["--grad-accum", "2", "--out", str(tmp_path / "one")])
+    run(common + ["--out", str(tmp_path / "two")], ranks=2)
+    one = safetensors.load_file(tmp_path / "one" / "best" / "model.safetensors")
+    two = safetensors.load_file(tmp_path / "two" / "best" / "model.safetensors")
+    difference = numpy.sqrt(sum(((one[k] - two[k]) ** 2).sum() for k in one))
+    size = numpy.sqrt(sum((one[k] ** 2).sum() for k in one))
+    record("data parallel: finetune 2 ranks vs grad-accum 2, float64, weights", difference / size)
+    assert difference / size <= 1e-12, f"{difference / size:.2e}"
