@@ -51,9 +51,9 @@ def test_resume_continues_exactly(tmp_path):
 def test_gradient_accumulation_takes_the_same_steps(tmp_path):
     """--grad-accum 2 (two micro-batches of 4) ~ one batch of 8, without dropout: the logged
     losses of 3 steps agree to 1e-5 (the first is the mean over both halves before any update;
-    the next two follow the accumulated steps). Not bit-equal: each micro-batch's MLM loss is a
-    mean over its own masked tokens (HF's convention). Weights are not compared: Adam turns
-    rounding-level gradient differences on rarely used rows into lr-sized steps."""
+    the next two follow the accumulated steps). Each micro-batch's loss is divided by the whole
+    batch's counts, so the sum is the batch's loss; tests/test_data_parallel.py checks the
+    weights too, to rounding."""
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     run(tmp_path, tmp_path / "one", "--steps", "3", **no_dropout)
     run(tmp_path, tmp_path / "two", "--steps", "3", "--grad-accum", "2", **no_dropout)
