@@ -54,7 +54,7 @@ from nanobert.distributed import allreduce_grads, end_job, process_group, rank_s
 from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.checkpoint import first_non_finite
-from nanobert.formats.fileio import atomic_folder, atomic_open
+from nanobert.formats.fileio import atomic_folder, atomic_open, output_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
 from nanobert.model.flat import flat_buffer
@@ -704,7 +704,7 @@ def embed(args, model, features):
 def save_features(args, tokenizer, features, vectors, width, info):
     """embeddings.npy (float32; for --pooling tokens also offsets.npy and tokens.txt) and
     features.json in --out."""
-    os.makedirs(args.out, exist_ok=True)
+    output_folder(args.out)
     tokens = args.pooling == "tokens"
     if not vectors:
         array = numpy.zeros((0, width))
@@ -875,7 +875,7 @@ def main(argv=None):
     if not group.is_main:
         sys.stdout = open(os.devnull, "w")            # rank 0 alone prints and writes
     task = TASKS[args.task]
-    os.makedirs(args.out, exist_ok=True)
+    output_folder(args.out)
     if group.is_main and os.path.exists(os.path.join(args.out, "metrics.jsonl")):
         os.remove(os.path.join(args.out, "metrics.jsonl"))
 

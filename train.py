@@ -42,7 +42,8 @@ from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
 from nanobert.formats.checkpoint import (NonFiniteError, first_non_finite,
                                          load_training_checkpoint, save_training_checkpoint)
-from nanobert.formats.fileio import atomic_open, read_json, recover_folder, recover_folders_in
+from nanobert.formats.fileio import (atomic_open, output_folder, read_json, recover_folder,
+                                     recover_folders_in)
 from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
@@ -760,7 +761,7 @@ def main(argv=None):
     group = process_group(args.device)
     if not group.is_main:
         sys.stdout = open(os.devnull, "w")            # rank 0 alone prints
-    os.makedirs(args.out, exist_ok=True)
+    output_folder(args.out)
     checkpoint_dir = os.path.join(args.out, "checkpoint")
     metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
     if args.batch_size % (group.world_size * args.grad_accum):

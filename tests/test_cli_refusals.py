@@ -57,3 +57,15 @@ def test_finetune_stops_when_the_weights_turn_non_finite(tiny_bert, tmp_path, mo
     with pytest.raises(SystemExit, match=message):
         finetune.main(argv)
     assert not os.path.exists(out / "best")
+
+
+@pytest.mark.parametrize("main, argv", [
+    ("train", ["--steps", "1"]),
+    ("finetune", ["--task", "features", "--input", "texts.txt"]),
+])
+def test_an_output_path_that_is_a_file_is_named(tmp_path, main, argv):
+    target = tmp_path / "taken"
+    target.write_text("not a folder")
+    module = __import__(main)
+    with pytest.raises(ValueError, match=f"--out {target} exists and is not a folder"):
+        module.main(argv + ["--out", str(target)])

@@ -131,3 +131,12 @@ def read_json(path, what="JSON file"):
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def output_folder(path, flag="--out"):
+    """Create the output folder `path` (and its parents) -> path; a ValueError naming the
+    flag when something that is not a folder is already there."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{flag} {path} exists and is not a folder")
+    os.makedirs(path, exist_ok=True)
+    return path
