@@ -61,11 +61,15 @@ def test_finetune_stops_when_the_weights_turn_non_finite(tiny_bert, tmp_path, mo
 
 @pytest.mark.parametrize("main, argv", [
     ("train", ["--steps", "1"]),
-    ("finetune", ["--task", "features", "--input", "texts.txt"]),
+    ("finetune", ["--task", "features", "--input", "{texts}"]),
 ])
-def test_an_output_path_that_is_a_file_is_named(tmp_path, main, argv):
+def test_an_output_path_that_is_a_file_is_named(tmp_path, main, argv, tiny_bert):
     target = tmp_path / "taken"
     target.write_text("not a folder")
+    (tmp_path / "texts.txt").write_text("a good film\n")
+    argv = [a.format(texts=tmp_path / "texts.txt") for a in argv]
+    if main == "finetune":
+        argv += ["--model", tiny_bert]
     module = __import__(main)
     with pytest.raises(ValueError, match=f"--out {target} exists and is not a folder"):
         module.main(argv + ["--out", str(target)])
