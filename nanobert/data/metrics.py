@@ -310,20 +310,20 @@ def squad_evaluate(gold_answers, predictions, version="1.1", no_answer_probabili
 
 
 def _best_threshold(predictions, scores, no_answer_probabilities, has_answer):
-    """evaluate-v2.0.py's find_best_thresh: start from 'every question answered with
-    no-answer' (counted over all gold questions) and lower the threshold one question at a
-    time in increasing probability; ties keep the order of no_answer_probabilities (the
-    null-odds file's), as the official stable sort does."""
-    current = best = sum(1 for q in has_answer if not has_answer[q])
-    threshold = 0.0
-    by_probability = sorted(no_answer_probabilities, key=lambda q: no_answer_probabilities[q])
-    for qid in by_probability:
-        if qid not in scores:
-            continue
-        if has_answer[qid]:
-            current += scores[qid]
-        elif predictions[qid]:
-            current -= 1
-        if current > best:
-            best, threshold = current, no_answer_probabilities[qid]
-    return 100.0 * best / len(scores), threshold
+    """evaluate-v2.0.py's find_best_thresh, as a running sum: start from 'every question
+    answered with no-answer' (counted over all gold questions), then let questions answer in
+    increasing no-answer probability (ties in the order of no_answer_probabilities, the
+    null-odds file's, as the official stable sort): an answerable one gains its score, an
+    unanswerable one with a non-empty prediction loses 1. The best threshold is the
+    probability where the running total first reaches its maximum (the official updates only
+    on a strict improvement), 0.0 when no prefix beats the start."""
+    start = sum(1 for q in has_answer if not has_answer[q])
+    order = [q for q in sorted(no_answer_probabilities, key=no_answer_probabilities.get)
+             if q in scores]
+    gains = [scores[q] if has_answer[q] else -float(bool(predictions[q])) for q in order]
+    running = numpy.cumsum([start, *gains])[1:]          # added one by one from the start,
+                                                         # in the official's order
+    if not order or running.max() <= start:
+        return 100.0 * start / len(scores), 0.0
+    first = int(numpy.argmax(running))                   # the first index of the maximum
+    return 100.0 * float(running[first]) / len(scores), no_answer_probabilities[order[first]]
