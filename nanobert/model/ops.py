@@ -18,8 +18,8 @@ Mixed precision (float16 activations): matmuls, residual adds and dropout run in
 while LayerNorm, softmax, GELU and the losses compute in float32 (their inputs are cast up
 and their outputs back down) and parameter gradients are written into float32 buffers, as
 NVIDIA's BERT recipe does. On NumPy a float16 matmul runs as a float32 BLAS call rounded to
-float16: what tensor cores do (float16 inputs, float32 accumulation), and ~100x faster than
-NumPy's own float16 loop.
+float16: what tensor cores do (float16 inputs, float32 accumulation, a float16 result), and
+~100x faster than NumPy's own float16 loop.
 """
 import math
 from typing import NamedTuple
@@ -39,16 +39,18 @@ def float32_if_half(x):
 
 
 def matmul(a, b, out=None):
-    """a @ b (into out if given). float16 on NumPy: float32 BLAS, rounded to float16 or
-    written into a float32 `out` (a weight gradient). On CuPy a float16 product goes into a
-    float32 `out` through a float16 result (cuBLAS writes its inputs' dtype)."""
+    """a @ b (into out if given). float16 gives a float16 product, also when `out` is a
+    float32 weight gradient (cuBLAS writes its inputs' dtype; the gradient is then cast
+    into the float32 buffer, as apex's O2 does): on NumPy, a float32 BLAS call rounded to
+    float16, the same numbers."""
     if a.dtype != HALF:
         return a @ b if out is None else array_module(a).matmul(a, b, out=out)
     xp = array_module(a)
     if xp is numpy:
-        product = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32))
+        with numpy.errstate(over="ignore"):    # inf: the loss scaler's overflow, skipped
+            product = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32)).astype(HALF)
         if out is None:
-            return product.astype(HALF)
+            return product
         out[...] = product
         return out
     if out is None or out.dtype == a.dtype:

@@ -100,8 +100,9 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
     else:
         scale = min(1.0, max_norm / (norm + 1e-6))
     if scale < 1.0:
-        for g in flat_arrays(grads):
-            g *= scale
+        with numpy.errstate(invalid="ignore"):  # an inf gradient (float16 overflow) -> NaN
+            for g in flat_arrays(grads):
+                g *= scale
     return norm
 
 
