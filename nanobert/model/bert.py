@@ -21,6 +21,7 @@ has written the dense word-embedding gradient first (the head's backward runs fi
 check the batch -> encoder -> head -> loss, then loss backward -> head backward -> encoder
 backward. A model class (pretraining.py, heads.py) supplies only its head and loss.
 """
+import contextlib
 import dataclasses
 from typing import NamedTuple
 
@@ -408,20 +409,28 @@ class BertPreTrainedModel:
         from it instead of 1, so grads are loss_scale times the gradients (the loss is not
         scaled); float16 training needs it."""
         host = self.check_batch(batch)
-        forward = self._forward(host)
-        loss, loss_cache, outputs = self._loss_forward(forward.logits, host, denominators)
-        grads = self.layout.views(self.layout.zeros(self.xp, self.master_dtype),
-                                  order=self.params)
-        encoder_cache, head_cache = forward.cache
-        dloss = 1.0 if loss_scale is None else loss_scale
-        dsequence, dpooled = self._head_backward(self._loss_backward(loss_cache, dloss),
-                                                 head_cache, grads)
-        bert_backward(dsequence, dpooled, encoder_cache, grads)
+        with self._overflow_is_expected():
+            forward = self._forward(host)
+            loss, loss_cache, outputs = self._loss_forward(forward.logits, host, denominators)
+            grads = self.layout.views(self.layout.zeros(self.xp, self.master_dtype),
+                                      order=self.params)
+            encoder_cache, head_cache = forward.cache
+            dloss = 1.0 if loss_scale is None else loss_scale
+            dsequence, dpooled = self._head_backward(self._loss_backward(loss_cache, dloss),
+                                                     head_cache, grads)
+            bert_backward(dsequence, dpooled, encoder_cache, grads)
         if not on_device:
             loss, outputs = host_scalar(loss), host_scalars(outputs)
         if not return_outputs:
             return loss, grads
         return loss, grads, self._with_hidden_states(outputs, forward)
+
+    def _overflow_is_expected(self):
+        """float16 on NumPy: an overflow to inf is the loss scaler's business (it skips the
+        step and halves the scale), not a warning per array; CuPy never warns."""
+        if self.dtype == numpy.float16:
+            return numpy.errstate(over="ignore", invalid="ignore")
+        return contextlib.nullcontext()
 
     @staticmethod
     def _with_hidden_states(outputs, forward):
