@@ -42,7 +42,7 @@ def test_float16_gradients_match_float32_within_float16_tolerance(seed):
     """Same weights, dropout off, loss scale 2^10 then divided out. float16 keeps 11
     significant bits (4.9e-4) and the backward compounds a few dozen roundings: the largest
     error over all gradients is within 5e-3 of the largest gradient (measured 1.1-1.3e-3),
-    and each tensor within 1e-2 of its own largest entry (measured <= 2.7e-3), or of 5% of
+    and each tensor within 1e-2 of its own largest entry (measured <= 5.1e-3), or of 5% of
     the largest gradient for the tensors whose entries are sums that cancel (the NSP and
     pooler biases, 0.1 relative to their own ~0.01). The loss within 1e-4."""
     config = BertConfig(**TINY)
