@@ -92,8 +92,9 @@ def test_get_xp_gpu_without_a_driver_is_a_clear_runtime_error():
 
 
 def test_tf32_on_by_default_and_a_flag_turns_it_off(cupy, monkeypatch):
-    monkeypatch.delenv("NANOBERT_TF32", raising=False)
-    monkeypatch.delenv("CUPY_TF32", raising=False)
+    monkeypatch.setenv("NANOBERT_TF32", "")      # recorded, so that teardown restores both
+    monkeypatch.setenv("CUPY_TF32", "")
+    monkeypatch.delenv("NANOBERT_TF32")
     backend.get_xp("gpu")
     assert os.environ["CUPY_TF32"] == "1"
     assert backend.matmul_precision(numpy.float32, "gpu") == "tf32"
