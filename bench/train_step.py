@@ -6,9 +6,12 @@ memory (RSS of its own subprocess).
 
     python -m bench.train_step                      # mini and base, float32, CPU
     python -m bench.train_step --configs mini --steps 10
+    python -m bench.train_step --device gpu         # CuPy, TF32 on; --no-tf32, --dtype float16
 
 torch and transformers are needed for the comparison (pip install -e ".[reference]");
-without them only nanobert is timed.
+without them only nanobert is timed. On the GPU torch runs on CUDA when it has CUDA (same
+TF32 setting), else nanobert is timed alone; MFU is against the dense peak of the
+precision the matmuls use (nanobert.model.flops.GPU_PEAK_TFLOPS).
 """
 import argparse
 import importlib.util
@@ -22,7 +25,9 @@ import time
 import numpy
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm
-from nanobert.model.flops import step_flops
+from nanobert import backend
+from nanobert.model.flops import gpu_peak_tflops, step_flops
+from nanobert.model.optim import LossScaler
 from nanobert.model.ops import IGNORE_INDEX
 
 CONFIGS = {   # name: (layers, hidden, heads, seq_len, batch)
@@ -55,40 +60,52 @@ def make_batch(config, B, T, seed=0):
             "labels": labels, "next_sentence_label": rng.integers(0, 2, size=B)}
 
 
-def time_steps(step, steps, warmup=1):
+def time_steps(step, steps, warmup=1, synchronize=lambda: None):
+    """Median wall time of `step`; synchronize() waits for the GPU before each clock read
+    (the steps themselves never wait)."""
     for _ in range(warmup):
         step()
+    synchronize()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def nanobert_step_fn(config, batch, seed=0):
-    """-> (full step, forward + backward only)."""
-    model = BertForPreTraining(config, seed=seed, dtype=numpy.float32).train()
+def nanobert_step_fn(config, batch, seed=0, device="cpu", dtype="float32"):
+    """-> (full step, forward + backward only). On the GPU the loss stays on the device and
+    float16 runs with the loss scaler, as a training loop would."""
+    model = BertForPreTraining(config, seed=seed, dtype=numpy.dtype(dtype), device=device).train()
     optimizer = AdamW(model.params, lr=1e-4, mode="torch")
+    scaler = LossScaler(model.xp) if dtype == "float16" else None
+    on_device = device == "gpu"
 
     def step():
-        _, grads = model.loss_and_grads(batch)
-        clip_by_global_norm(grads, 1.0, mode="torch")
-        optimizer.step(grads)
+        scale = None if scaler is None else scaler.scale
+        _, grads = model.loss_and_grads(batch, on_device=on_device, loss_scale=scale)
+        if scaler is not None:
+            scaler.unscale(grads)
+        norm = clip_by_global_norm(grads, 1.0, mode="torch")
+        optimizer.step(grads, skip=None if scaler is None else scaler.update(norm))
 
     def forward_backward():
-        model.loss_and_grads(batch)
+        model.loss_and_grads(batch, on_device=on_device)
     return step, forward_backward
 
 
-def torch_step_fn(config, batch):
+def torch_step_fn(config, batch, device="cpu", dtype="float32"):
     import torch
     import transformers
     hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
                                            if k != "extra"})
-    model = transformers.BertForPreTraining(hf_config).train()
+    target = "cuda" if device == "gpu" else "cpu"
+    model = transformers.BertForPreTraining(hf_config).train().to(target)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
+    tensors = {k: torch.from_numpy(v).to(target) for k, v in batch.items()}
+    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=dtype == "float16")
 
     def step():
         forward_backward()
@@ -97,7 +114,9 @@ def torch_step_fn(config, batch):
 
     def forward_backward():
         optimizer.zero_grad(set_to_none=True)
-        model(**tensors).loss.backward()
+        with autocast:
+            loss = model(**tensors).loss
+        loss.backward()
     return step, forward_backward
 
 
@@ -108,26 +127,41 @@ def numpy_matmul_gflops(n=2048, repeats=5):
     return 2 * n ** 3 / seconds / 1e9
 
 
-def measure(framework, name, steps):
-    """-> (median step s, median forward + backward s, peak RSS MiB) of one framework on one
-    config, in this process."""
+def measure(framework, name, steps, device="cpu", dtype="float32"):
+    """-> (median step s, median forward + backward s, peak memory MiB: RSS on the CPU,
+    the device memory pool on the GPU) of one framework on one config, in this process."""
     config, B, T = make_config(name)
     batch = make_batch(config, B, T)
+    synchronize = lambda: None   # noqa: E731
     if framework == "torch":
         import torch
         torch.set_num_threads(os.cpu_count())
-        step, forward_backward = torch_step_fn(config, batch)
+        torch.backends.cuda.matmul.allow_tf32 = backend.tf32_enabled()
+        step, forward_backward = torch_step_fn(config, batch, device, dtype)
+        if device == "gpu":
+            synchronize = torch.cuda.synchronize
     else:
-        step, forward_backward = nanobert_step_fn(config, batch)
-    seconds = time_steps(step, steps), time_steps(forward_backward, steps)
+        step, forward_backward = nanobert_step_fn(config, batch, device=device, dtype=dtype)
+        if device == "gpu":
+            import cupy
+            synchronize = cupy.cuda.Device().synchronize
+    seconds = (time_steps(step, steps, synchronize=synchronize),
+               time_steps(forward_backward, steps, synchronize=synchronize))
+    if device == "gpu" and framework == "torch":
+        import torch
+        return (*seconds, torch.cuda.max_memory_allocated() / 2 ** 20)
+    if device == "gpu":
+        import cupy
+        return (*seconds, cupy.get_default_memory_pool().total_bytes() / 2 ** 20)
     return (*seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # KiB on Linux
 
 
-def measure_in_subprocess(framework, name, steps):
+def measure_in_subprocess(framework, name, steps, device="cpu", dtype="float32"):
     """Each measurement in a fresh process: torch's OpenMP pool and OpenBLAS's threads never
     share the cores at once, and neither inherits the other's memory."""
     result = subprocess.run([sys.executable, "-m", "bench.train_step", "--worker", framework, name,
-                             "--steps", str(steps)], capture_output=True, text=True)
+                             "--steps", str(steps), "--device", device, "--dtype", dtype],
+                            capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{framework} {name} benchmark failed:\n{result.stderr}")
     return [float(x) for x in result.stdout.strip().splitlines()[-1].split()]
@@ -141,20 +175,41 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=5,
                         help="timed steps per framework (median reported)")
     parser.add_argument("--no-torch", action="store_true", help="time nanobert only")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                        help="float16: mixed precision with loss scaling (GPU; torch autocast)")
+    parser.add_argument("--no-tf32", action="store_true",
+                        help="GPU: plain float32 matmuls (TF32 is on by default)")
     parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "CONFIG"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.no_tf32:
+        backend.set_tf32(False)       # the environment carries it to the workers
     if args.worker:
-        print(*measure(*args.worker, args.steps))
+        print(*measure(*args.worker, args.steps, args.device, args.dtype))
         return
 
     have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None \
         and importlib.util.find_spec("transformers") is not None
-    if not have_torch and not args.no_torch:
+    if have_torch and args.device == "gpu":
+        import torch
+        have_torch = torch.cuda.is_available()
+        if not have_torch:
+            print("torch has no CUDA here: timing nanobert alone on the GPU")
+    elif not have_torch and not args.no_torch:
         print("torch/transformers not installed: timing nanobert only")
-    peak = numpy_matmul_gflops()
-    print(f"threads: {os.cpu_count()}   numpy {numpy.__version__}   "
-          f"float32 2048^3 matmul: {peak:.1f} GFLOP/s")
+    if args.device == "gpu":
+        xp = backend.get_xp("gpu")    # a clear error without a GPU
+        name = xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        precision = backend.matmul_precision(args.dtype, "gpu")
+        peak_tflops = gpu_peak_tflops(name, precision)
+        print(f"{name}   cupy {xp.__version__}   matmuls in {precision}   dense peak "
+              f"{peak_tflops or 'unknown'} TFLOP/s (the % column is MFU against it)")
+        peak = (peak_tflops or float("nan")) * 1e3
+    else:
+        peak = numpy_matmul_gflops()
+        print(f"threads: {os.cpu_count()}   numpy {numpy.__version__}   "
+              f"float32 2048^3 matmul: {peak:.1f} GFLOP/s")
     print(f"{'':18}{'full step (s)':^28}{'forward+backward':^33}{'peak RSS (MiB)':^16}")
     print(f"{'config':<8}{'B x T':>10}{'nanobert':>10}{'torch':>9}{'ratio':>9}"
           f"{'nanobert':>10}{'torch':>9}{'% of matmul':>14}{'nanobert':>9}{'torch':>7}")
@@ -163,15 +218,19 @@ def main(argv=None):
         config, B, T = make_config(name)
         batch = make_batch(config, B, T)
         flops = step_flops(config, B, T, int((batch["labels"] != IGNORE_INDEX).sum()))
-        ours = measure_in_subprocess("nanobert", name, args.steps)
-        theirs = measure_in_subprocess("torch", name, args.steps) if have_torch else nan
+        ours = measure_in_subprocess("nanobert", name, args.steps, args.device, args.dtype)
+        theirs = measure_in_subprocess("torch", name, args.steps, args.device,
+                                       args.dtype) if have_torch else nan
         matmul_share = 100 * flops / ours[1] / 1e9 / peak   # the step's matmul FLOPs only
         print(f"{name:<8}{f'{B} x {T}':>10}{ours[0]:>10.3f}{theirs[0]:>9.3f}"
               f"{ours[0] / theirs[0]:>9.2f}{ours[1]:>10.3f}{theirs[1]:>9.3f}{matmul_share:>13.0f}%"
               f"{ours[2]:>9.0f}{theirs[2]:>7.0f}", flush=True)
-    print("median times; full step = forward + backward + clip + AdamW; float32, dropout on;")
+    print(f"median times; full step = forward + backward + clip + AdamW; {args.dtype}, dropout on;")
     print("ratio = nanobert / torch (below 1: nanobert is faster); % of matmul = nanobert's")
-    print("forward+backward matmul FLOPs per second over NumPy's 2048^3 matmul rate")
+    if args.device == "gpu":
+        print("forward+backward matmul FLOPs per second over the GPU's dense peak (MFU)")
+    else:
+        print("forward+backward matmul FLOPs per second over NumPy's 2048^3 matmul rate")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,44 @@ def resolve_device(device=None):
     return device
 
 
+def tf32_enabled():
+    """TF32 for float32 matmuls on the GPU: on unless $NANOBERT_TF32 is 0 (train.py's and
+    the benchmark's --no-tf32 set it). TF32 keeps float32's range with a 10-bit mantissa,
+    as cuBLAS's tensor cores compute; float32 accumulation either way."""
+    return os.environ.get("NANOBERT_TF32", "1") != "0"
+
+
+def set_tf32(enabled):
+    """Turn TF32 on or off for the float32 matmuls of this process (before or after
+    get_xp("gpu")). CuPy reads $CUPY_TF32 when it first picks a cuBLAS compute type;
+    after that, cupy's set_compute_type changes it."""
+    os.environ["NANOBERT_TF32"] = "1" if enabled else "0"
+    _apply_tf32()
+
+
+def _apply_tf32():
+    enabled = tf32_enabled()
+    os.environ["CUPY_TF32"] = "1" if enabled else "0"
+    try:
+        from cupy._core import _routines_linalg as linalg
+        linalg.set_compute_type(numpy.dtype(numpy.float32), linalg.COMPUTE_TYPE_TF32 if enabled
+                                else linalg.COMPUTE_TYPE_DEFAULT)
+    except Exception:       # no GPU, the stand-in, or another CuPy: the variable still holds
+        pass
+
+
+def matmul_precision(dtype, device):
+    """The precision a model's matmuls run in, for the peak that MFU is measured against:
+    "float16", "tf32", "float32" or "float64" (CPU: the dtype itself)."""
+    dtype = numpy.dtype(dtype)
+    if device == "gpu" and dtype == numpy.float32 and tf32_enabled():
+        return "tf32"
+    return dtype.name
+
+
 def get_xp(device=None):
-    """The array namespace for a device: numpy for "cpu", cupy for "gpu"."""
+    """The array namespace for a device: numpy for "cpu", cupy for "gpu" (with TF32 set as
+    tf32_enabled() says)."""
     if resolve_device(device) == "cpu":
         return numpy
     try:
@@ -29,8 +65,15 @@ def get_xp(device=None):
     except ImportError as e:
         raise RuntimeError("device='gpu' needs CuPy: pip install 'nanobert[gpu]' "
                            "(or the cupy-cudaXXx wheel matching your CUDA)") from e
-    if cupy.cuda.runtime.getDeviceCount() == 0:
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:      # CUDARuntimeError: no driver, a driver older than the wheel
+        raise RuntimeError(f"device='gpu' but CuPy cannot reach a GPU ({type(e).__name__}: "
+                           f"{e}); is an NVIDIA driver installed and new enough for this "
+                           f"cupy wheel? Use device='cpu' otherwise") from e
+    if count == 0:
         raise RuntimeError("device='gpu' but CuPy sees no CUDA device")
+    _apply_tf32()
     return cupy
 
 

@@ -90,6 +90,16 @@ def test_an_integer_tensor_for_a_float_parameter_is_refused(tmp_path):
         BertForPreTraining.from_pretrained(tmp_path)
 
 
-def test_float16_is_refused_until_mixed_precision_makes_it_real():
-    with pytest.raises(ValueError, match="float16 is not supported yet: it needs mixed precision"):
-        BertForPreTraining(BertConfig(**CONFIG), dtype=numpy.float16)
+def test_float16_is_mixed_precision_and_what_cannot_work_is_refused():
+    """float16 is real now (float32 master weights, tests/test_mixed_precision.py); what
+    still cannot work is refused clearly: other dtypes, and AdamW on float16 weights (its
+    updates and v = g^2 would vanish in float16)."""
+    model = BertForPreTraining(BertConfig(**CONFIG), dtype=numpy.float16)
+    assert model.dtype == numpy.float16 and model.master_dtype == numpy.float32
+    for dtype in (numpy.int32, numpy.complex64):
+        with pytest.raises(ValueError, match="dtype must be float16 \\(mixed precision\\), "
+                                             "float32 or float64"):
+            BertForPreTraining(BertConfig(**CONFIG), dtype=dtype)
+    half = {name: p.astype(numpy.float16) for name, p in model.params.items()}
+    with pytest.raises(ValueError, match="AdamW refuses float16 parameters"):
+        AdamW(half)

@@ -206,7 +206,7 @@ def save_pretrained(model, path):
     os.makedirs(path, exist_ok=True)
     config = model.config.to_dict()
     config["architectures"] = [type(model).__name__]
-    config["torch_dtype"] = str(model.dtype)
+    config["torch_dtype"] = str(getattr(model, "master_dtype", model.dtype))   # what is saved
     tensors = {name: numpy.ascontiguousarray(to_host(p)) for name, p in model.params.items()}
     check_finite(tensors, os.path.join(path, WEIGHTS_NAME))
     with reporting_full_disk(path, _nbytes(tensors)):

@@ -21,6 +21,7 @@ has written the dense word-embedding gradient first (the head's backward runs fi
 check the batch -> encoder -> head -> loss, then loss backward -> head backward -> encoder
 backward. A model class (pretraining.py, heads.py) supplies only its head and loss.
 """
+import contextlib
 import dataclasses
 from typing import NamedTuple
 
@@ -98,6 +99,7 @@ def embeddings_backward(dx, cache, grads):
     dx = ops.dropout_backward(dx, cache.dropout)
     dx = layernorm_backward_into(dx, cache.layernorm, grads, e + "LayerNorm")
     dwords = grads[e + "word_embeddings.weight"]                   # [V, H]
+    dx = dx.astype(dwords.dtype, copy=False)     # float16: add float32 rows into float32 tables
     pad = cache.pad_token_id
     has_pad = pad is not None and 0 <= pad < len(dwords)
     # As HF's nn.Embedding(padding_idx=pad_token_id): the [PAD] row is never updated
@@ -142,8 +144,8 @@ def encoder_layer_forward(params, prefix, x, mask_bias, config, rng, training):
         config.attention_probs_dropout_prob, rng, training)
     y, attention_output = ops.linear_forward(context, P("attention.output.dense.weight"),
                                              P("attention.output.dense.bias"))
-    y, attention_dropout = ops.dropout_forward(y, config.hidden_dropout_prob, rng, training)
-    y += x                                                         # residual
+    y, attention_dropout = ops.dropout_add_forward(y, x, config.hidden_dropout_prob, rng,
+                                                   training)       # + x: the residual
     h, attention_layernorm = ops.layernorm_forward(
         y, P("attention.output.LayerNorm.weight"), P("attention.output.LayerNorm.bias"),
         config.layer_norm_eps)
@@ -151,8 +153,8 @@ def encoder_layer_forward(params, prefix, x, mask_bias, config, rng, training):
                                              P("intermediate.dense.bias"))
     inter, gelu = ops.gelu_forward(inter, config.hidden_act)      # [B, T, I]
     y, output = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    y, output_dropout = ops.dropout_forward(y, config.hidden_dropout_prob, rng, training)
-    y += h                                                         # residual
+    y, output_dropout = ops.dropout_add_forward(y, h, config.hidden_dropout_prob, rng,
+                                                training)          # + h: the residual
     out, output_layernorm = ops.layernorm_forward(y, P("output.LayerNorm.weight"),
                                                   P("output.LayerNorm.bias"), config.layer_norm_eps)
     return out, LayerCache(prefix, attention, attention_output, attention_dropout,
@@ -236,6 +238,18 @@ def bert_backward(dsequence, dpooled, cache, grads):
 # ---------------------------------------------------------------------------- the models
 
 
+def host_scalar(x):
+    """A 0-d array (NumPy or CuPy) or NumPy scalar -> int or float; anything else as it is."""
+    if getattr(x, "ndim", None) != 0 or isinstance(x, (int, float)):
+        return x
+    return int(x) if numpy.dtype(x.dtype).kind in "iub" else float(x)
+
+
+def host_scalars(outputs):
+    """The 0-d values of an outputs dict as Python ints and floats (logits stay arrays)."""
+    return {k: host_scalar(v) for k, v in outputs.items()}
+
+
 @dataclasses.dataclass
 class BertModelOutput:
     last_hidden_state: object   # [B, T, H]
@@ -261,6 +275,13 @@ class BertPreTrainedModel:
         backward:        _loss_backward -> _head_backward -> bert_backward -> grads
 
     A model class adds only its head: head_shapes, target_keys and the underscored hooks.
+
+    dtype float16 is mixed precision: the parameters (self.params, what the optimizer
+    updates and checkpoints save) and the gradients stay float32, the master weights; the
+    forward pass computes with a float16 copy of them (self.weights, refreshed from the
+    master buffer at every forward: one cast of one buffer) and float16 activations, with
+    float32 statistics and losses (ops.py). Scale the loss (loss_scale=, optim.LossScaler)
+    so that float16 gradients neither underflow nor overflow.
     """
     base_prefix = "bert."       # where the encoder's names start in this model's dict
     uses_pooler = True          # False for token classification and QA, as in transformers
@@ -271,12 +292,14 @@ class BertPreTrainedModel:
             raise TypeError(f"config must be a BertConfig, got {type(config).__name__}")
         self.config = config
         self.xp = get_xp(device)
-        self.dtype = numpy.dtype(dtype)
-        if self.dtype == numpy.float16:   # erf and dropout's Generator have no float16 path
-            raise ValueError("dtype float16 is not supported yet: it needs mixed precision "
-                             "(float32 master weights and statistics); use float32")
-        if self.dtype not in (numpy.float32, numpy.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = numpy.dtype(dtype)             # of the activations
+        if self.dtype not in (numpy.float16, numpy.float32, numpy.float64):
+            raise ValueError(f"dtype must be float16 (mixed precision), float32 or float64, "
+                             f"got {self.dtype}")
+        # float16 keeps float32 master weights and gradients: float16 would lose updates
+        # smaller than 2^-11 of a weight, and Adam's v (g^2) underflows in float16.
+        self.master_dtype = numpy.dtype(numpy.float32 if self.dtype == numpy.float16
+                                        else self.dtype)
         shapes = self.param_shapes(config)
         if params is None:
             params = init_params(shapes, config, seed)
@@ -284,9 +307,15 @@ class BertPreTrainedModel:
         # One flat buffer owns every parameter (copied in); self.params holds HF-named views
         # of it, which the optimizer updates in place.
         self.layout = FlatLayout(buffer_order(shapes))
-        self.params = self.layout.views(self.layout.zeros(self.xp, self.dtype), order=shapes)
+        self.buffer = self.layout.zeros(self.xp, self.master_dtype)
+        self.params = self.layout.views(self.buffer, order=shapes)
         for name, p in self.params.items():
-            p[...] = to_device(params[name], self.xp, self.dtype)
+            p[...] = to_device(params[name], self.xp, self.master_dtype)
+        self.weights = self.params          # what the forward pass computes with
+        self._half_buffer = None
+        if self.dtype == numpy.float16:
+            self._half_buffer = self.layout.zeros(self.xp, self.dtype)
+            self.weights = self.layout.views(self._half_buffer, order=shapes)
         self.rng = default_rng(self.xp, seed + 1)               # dropout masks
         self.training = True
 
@@ -323,10 +352,16 @@ class BertPreTrainedModel:
         host.update(self._check_targets(batch, host))
         return host
 
+    def _refresh_weights(self):
+        """Mixed precision: the float16 weights := the float32 master weights, one cast."""
+        if self._half_buffer is not None:
+            self._half_buffer[...] = self.buffer
+
     def _encode(self, host):
         """The encoder on checked inputs -> sequence_output, pooled_output, hidden_states, cache."""
+        self._refresh_weights()
         ids, types, mask = (to_device(host[k], self.xp) for k in INPUT_KEYS)
-        return bert_forward(self.params, self.base_prefix, ids, types, mask, self.config,
+        return bert_forward(self.weights, self.base_prefix, ids, types, mask, self.config,
                             self.rng, self.training)
 
     def _forward(self, host):
@@ -339,18 +374,21 @@ class BertPreTrainedModel:
         forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask))
         return self._output(forward.logits, forward.hidden_states)
 
-    def loss(self, batch, return_outputs=False, denominators=None):
+    def loss(self, batch, return_outputs=False, denominators=None, on_device=False):
         """Forward only (evaluation, prediction): the loss of one batch, as a float; with
         return_outputs also the outputs dict of loss_and_grads (logits, hidden_states, loss
-        details), at half the cost: no backward."""
+        details), at half the cost: no backward. on_device: as in loss_and_grads."""
         host = self.check_batch(batch)
         forward = self._forward(host)
         loss, _, outputs = self._loss_forward(forward.logits, host, denominators)
+        if not on_device:
+            loss, outputs = host_scalar(loss), host_scalars(outputs)
         if not return_outputs:
             return loss
         return loss, self._with_hidden_states(outputs, forward)
 
-    def loss_and_grads(self, batch, return_outputs=False, denominators=None):
+    def loss_and_grads(self, batch, return_outputs=False, denominators=None, on_device=False,
+                       loss_scale=None):
         """Forward and backward over one batch -> (loss, grads), grads keyed like self.params;
         with return_outputs also a dict with the logits, hidden_states and loss details.
 
@@ -361,18 +399,38 @@ class BertPreTrainedModel:
 
         grads are views of one flat buffer laid out as the parameters' (so clipping, AdamW
         and accumulation sweep one array), fresh at every call: they stay the caller's.
-        A parameter the loss does not reach (the NSP head without NSP labels) gets zeros."""
+        A parameter the loss does not reach (the NSP head without NSP labels) gets zeros.
+
+        on_device=True (training on the GPU): the loss and the scalars of outputs (losses,
+        correct counts) are 0-d arrays of self.xp, read by nobody until the caller logs, so
+        the host never waits for the GPU inside a step; by default they are a float and
+        ints (one device-to-host read each on the GPU, nothing on the CPU).
+        loss_scale (a float or a 0-d array, optim.LossScaler.scale): the backward starts
+        from it instead of 1, so grads are loss_scale times the gradients (the loss is not
+        scaled); float16 training needs it."""
         host = self.check_batch(batch)
-        forward = self._forward(host)
-        loss, loss_cache, outputs = self._loss_forward(forward.logits, host, denominators)
-        grads = self.layout.views(self.layout.zeros(self.xp, self.dtype), order=self.params)
-        encoder_cache, head_cache = forward.cache
-        dsequence, dpooled = self._head_backward(self._loss_backward(loss_cache), head_cache,
-                                                 grads)
-        bert_backward(dsequence, dpooled, encoder_cache, grads)
+        with self._overflow_is_expected():
+            forward = self._forward(host)
+            loss, loss_cache, outputs = self._loss_forward(forward.logits, host, denominators)
+            grads = self.layout.views(self.layout.zeros(self.xp, self.master_dtype),
+                                      order=self.params)
+            encoder_cache, head_cache = forward.cache
+            dloss = 1.0 if loss_scale is None else loss_scale
+            dsequence, dpooled = self._head_backward(self._loss_backward(loss_cache, dloss),
+                                                     head_cache, grads)
+            bert_backward(dsequence, dpooled, encoder_cache, grads)
+        if not on_device:
+            loss, outputs = host_scalar(loss), host_scalars(outputs)
         if not return_outputs:
             return loss, grads
         return loss, grads, self._with_hidden_states(outputs, forward)
+
+    def _overflow_is_expected(self):
+        """float16 on NumPy: an overflow to inf is the loss scaler's business (it skips the
+        step and halves the scale), not a warning per array; CuPy never warns."""
+        if self.dtype == numpy.float16:
+            return numpy.errstate(over="ignore", invalid="ignore")
+        return contextlib.nullcontext()
 
     @staticmethod
     def _with_hidden_states(outputs, forward):

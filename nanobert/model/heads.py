@@ -81,6 +81,11 @@ def classifier_backward(dlogits, cache, grads):
     return ops.dropout_backward(dx, dropout)
 
 
+def counted(host_labels):
+    """How many labels the loss counts (not -100), from the host copy: no device read."""
+    return int((numpy.asarray(host_labels) != ops.IGNORE_INDEX).sum())
+
+
 def no_denominators(model, denominators):
     if denominators is not None:
         raise ValueError(f"{type(model).__name__} takes no denominators: fine-tuning weighs "
@@ -104,7 +109,7 @@ class BertForTask(BertPreTrainedModel):
             raise ValueError(f"classifier_dropout must be in [0, 1), got {dropout}")
 
     def _classifier_forward(self, x):
-        return classifier_forward(self.params, x, self.classifier_dropout, self.rng,
+        return classifier_forward(self.weights, x, self.classifier_dropout, self.rng,
                                   self.training)
 
     @classmethod
@@ -185,7 +190,7 @@ class BertForSequenceClassification(BertForTask):
         float_labels = kind != "single_label_classification"
         labels = to_device(host["labels"], self.xp, logits.dtype if float_labels else None)
         if kind == "single_label_classification":
-            loss, cache = ops.cross_entropy_forward(logits, labels)
+            loss, cache = ops.cross_entropy_forward(logits, labels, count=counted(host["labels"]))
             outputs = {"logits": logits, "problem_type": kind, "num_counted": cache.count}
             return loss, (kind, cache, logits.shape), outputs
         if kind == "regression":
@@ -195,13 +200,13 @@ class BertForSequenceClassification(BertForTask):
             loss, cache = ops.bce_with_logits_forward(logits, labels)
         return loss, (kind, cache, logits.shape), {"logits": logits, "problem_type": kind}
 
-    def _loss_backward(self, loss_cache):
+    def _loss_backward(self, loss_cache, dloss=1.0):
         kind, cache, shape = loss_cache
         if kind == "single_label_classification":
-            return ops.cross_entropy_backward(1.0, cache)
+            return ops.cross_entropy_backward(dloss, cache)
         if kind == "regression":
-            return ops.mse_backward(1.0, cache).reshape(shape)
-        return ops.bce_with_logits_backward(1.0, cache)
+            return ops.mse_backward(dloss, cache).reshape(shape)
+        return ops.bce_with_logits_backward(dloss, cache)
 
     def _output(self, logits, hidden_states):
         return SequenceClassifierOutput(logits, hidden_states)
@@ -238,12 +243,13 @@ class BertForTokenClassification(BertForTask):
         no_denominators(self, denominators)
         C = logits.shape[-1]
         labels = to_device(host["labels"].reshape(-1), self.xp)
-        loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels)   # [B*T, C]
+        loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels,   # [B*T, C]
+                                                count=counted(host["labels"]))
         return loss, (cache, logits.shape), {"logits": logits, "num_counted": cache.count}
 
-    def _loss_backward(self, loss_cache):
+    def _loss_backward(self, loss_cache, dloss=1.0):
         cache, shape = loss_cache
-        return ops.cross_entropy_backward(1.0, cache).reshape(shape)
+        return ops.cross_entropy_backward(dloss, cache).reshape(shape)
 
     def _output(self, logits, hidden_states):
         return TokenClassifierOutput(logits, hidden_states)
@@ -287,8 +293,8 @@ class BertForQuestionAnswering(BertForTask):
         return out
 
     def _head_forward(self, sequence, pooled, host):
-        logits, linear_cache = ops.linear_forward(sequence, self.params["qa_outputs.weight"],
-                                                  self.params["qa_outputs.bias"])   # [B, T, 2]
+        logits, linear_cache = ops.linear_forward(sequence, self.weights["qa_outputs.weight"],
+                                                  self.weights["qa_outputs.bias"])   # [B, T, 2]
         return logits, linear_cache
 
     def _head_backward(self, dlogits, linear_cache, grads):
@@ -298,19 +304,21 @@ class BertForQuestionAnswering(BertForTask):
         no_denominators(self, denominators)
         xp = self.xp
         start_loss, start_cache = ops.cross_entropy_forward(
-            logits[..., 0], to_device(host["start_positions"], xp))
+            logits[..., 0], to_device(host["start_positions"], xp),
+            count=counted(host["start_positions"]))
         end_loss, end_cache = ops.cross_entropy_forward(
-            logits[..., 1], to_device(host["end_positions"], xp))
+            logits[..., 1], to_device(host["end_positions"], xp),
+            count=counted(host["end_positions"]))
         outputs = {"start_loss": start_loss, "end_loss": end_loss,
                    "start_logits": logits[..., 0].copy(), "end_logits": logits[..., 1].copy()}
         counts = ("_clamped_to_0", "_ignored")
         outputs.update({k: v for k, v in host.items() if k.endswith(counts)})
         return (start_loss + end_loss) / 2, (start_cache, end_cache), outputs
 
-    def _loss_backward(self, loss_cache):
+    def _loss_backward(self, loss_cache, dloss=1.0):
         start_cache, end_cache = loss_cache
-        dstart = ops.cross_entropy_backward(0.5, start_cache)          # [B, T]
-        dend = ops.cross_entropy_backward(0.5, end_cache)
+        dstart = ops.cross_entropy_backward(0.5 * dloss, start_cache)  # [B, T]
+        dend = ops.cross_entropy_backward(0.5 * dloss, end_cache)
         return self.xp.stack([dstart, dend], axis=-1)                  # [B, T, 2]
 
     def _output(self, logits, hidden_states):
@@ -365,11 +373,12 @@ class BertForMultipleChoice(BertForTask):
 
     def _loss_forward(self, logits, host, denominators=None):
         no_denominators(self, denominators)
-        loss, cache = ops.cross_entropy_forward(logits, to_device(host["labels"], self.xp))
+        loss, cache = ops.cross_entropy_forward(logits, to_device(host["labels"], self.xp),
+                                                count=counted(host["labels"]))
         return loss, cache, {"logits": logits, "num_counted": cache.count}
 
-    def _loss_backward(self, cache):
-        return ops.cross_entropy_backward(1.0, cache)
+    def _loss_backward(self, cache, dloss=1.0):
+        return ops.cross_entropy_backward(dloss, cache)
 
     def _output(self, logits, hidden_states):
         return MultipleChoiceModelOutput(logits, hidden_states)

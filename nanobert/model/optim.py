@@ -7,12 +7,19 @@ mode="bert":  google-research/bert's AdamWeightDecayOptimizer. No bias correctio
 mode="torch": torch.optim.AdamW: bias-corrected moments, eps 1e-8, decoupled decay
               applied first: p *= 1 - lr*wd.
 Both skip weight decay for parameters whose name contains LayerNorm, layer_norm or bias.
+
+On CuPy nothing here reads the device inside a step: clipping computes the global norm of
+the flat gradient buffer on the device and scales by a device scalar (5-6 launches), AdamW
+is one fused kernel over the flat buffers (kernels.ADAMW_BODY, whose readable twin is the
+NumPy loop of AdamW.step), and LossScaler (float16) keeps its scale and its count of clean
+steps on the device and skips an overflowing step inside the AdamW kernel.
 """
 import math
 
 import numpy
 
 from ..backend import array_module, to_device, to_host
+from . import kernels
 from .flat import flat_buffer, flat_offsets
 
 NO_DECAY = ("LayerNorm", "layer_norm", "bias")
@@ -71,16 +78,31 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
 
     bert: g *= max_norm / max(norm, max_norm) (tf.clip_by_global_norm);
     torch: g *= min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_).
-    Returns the norm before clipping.
+    Returns the norm before clipping: a float on NumPy; on CuPy, with flat gradients, a 0-d
+    device array, computed and applied without the host reading it (the multiply by a scale
+    of exactly 1 when not clipping costs one pass; a read would cost a host wait). A NaN or
+    inf gradient makes the norm and every gradient NaN: LossScaler.update reads that as an
+    overflow.
     """
+    buffer = flat_buffer(grads)
+    xp = array_module(buffer) if buffer is not None else numpy
+    if xp is not numpy:
+        norm = xp.sqrt(xp.vdot(buffer, buffer))                    # one reduction, on device
+        if mode == "bert":
+            scale = max_norm / xp.maximum(norm, max_norm)
+        else:
+            scale = xp.minimum(max_norm / (norm + 1e-6), 1.0)
+        buffer *= scale.astype(buffer.dtype, copy=False)
+        return norm
     norm = global_norm(grads)
     if mode == "bert":
         scale = max_norm / max(norm, max_norm)
     else:
         scale = min(1.0, max_norm / (norm + 1e-6))
     if scale < 1.0:
-        for g in flat_arrays(grads):
-            g *= scale
+        with numpy.errstate(invalid="ignore"):  # an inf gradient (float16 overflow) -> NaN
+            for g in flat_arrays(grads):
+                g *= scale
     return norm
 
 
@@ -144,12 +166,21 @@ class AdamW:
                              for name in params}
         xp = array_module(next(iter(params.values())))
         self.buffer, self.offsets = flat_offsets(params)
+        if any(p.dtype == numpy.float16 for p in params.values()):
+            raise ValueError("AdamW refuses float16 parameters: updates below 2^-11 of a weight "
+                             "would vanish and v = g^2 underflows. Train with a model of "
+                             "dtype=float16, whose params are its float32 master weights")
         if self.buffer is not None:
             self.flat_m, self.flat_v = xp.zeros_like(self.buffer), xp.zeros_like(self.buffer)
             self.m = self._views(self.flat_m)                   # first moment
             self.v = self._views(self.flat_v)                   # second moment
             self.decay_runs = self._decay_runs()
             self.scratch = xp.empty(min(CHUNK, self.buffer.size), self.buffer.dtype)
+            if xp is not numpy:         # one kernel per step: which elements decay, as a mask
+                decay = numpy.zeros(self.buffer.size, dtype=bool)
+                for start, stop, wd in self.decay_runs:
+                    decay[start:stop] = wd != 0.0
+                self.decay_mask = to_device(decay, xp)
         else:
             self.m = {name: xp.zeros_like(p) for name, p in params.items()}
             self.v = {name: xp.zeros_like(p) for name, p in params.items()}
@@ -189,11 +220,22 @@ class AdamW:
         for name, p in self.params.items():
             yield p, grads[name], self.m[name], self.v[name], self.weight_decay[name], None
 
-    def step(self, grads, lr=None):
-        """One update of every parameter from `grads` (same keys), at lr (default self.lr)."""
+    def step(self, grads, lr=None, skip=None):
+        """One update of every parameter from `grads` (same keys), at lr (default self.lr).
+
+        skip (LossScaler.update's overflow flag, a 0-d bool array): when true, nothing is
+        updated (parameters and moments keep their values); on CuPy the kernel decides, so
+        the host never reads it. A skipped step still advances step_count, as it advances
+        the learning-rate schedule (torch's bias correction then counts it: a small
+        difference from torch's GradScaler, which does not call the optimizer)."""
         lr = self.lr if lr is None else lr
         self.step_count += 1
         t = self.step_count
+        if self.buffer is not None and array_module(self.buffer) is not numpy \
+                and flat_offsets(grads)[1] == self.offsets:
+            return self._step_kernel(flat_buffer(grads), lr, t, skip)
+        if skip is not None and bool(skip):
+            return
         for p, g, m, v, wd, update in self._spans(grads):
             xp = array_module(p)
             update = xp.empty_like(g) if update is None else update   # scratch
@@ -221,6 +263,22 @@ class AdamW:
                 update *= lr / (1.0 - self.beta1 ** t)
             p -= update
 
+    def _step_kernel(self, g_buffer, lr, t, skip):
+        """CuPy: the whole step as one fused kernel (kernels.ADAMW_BODY) over the flat
+        buffers; the scalars make the one body either flavour of the NumPy loop above."""
+        wd = next((wd for _, _, wd in self.decay_runs if wd), 0.0)
+        if self.mode == "bert":
+            step_size, v_divisor, decay_factor, coupled_decay = lr, 1.0, 1.0, wd
+        else:
+            step_size = lr / (1.0 - self.beta1 ** t)
+            v_divisor = math.sqrt(1.0 - self.beta2 ** t)
+            decay_factor, coupled_decay = 1.0 - lr * wd, 0.0
+        kernels.adamw_kernel(array_module(self.buffer))(
+            g_buffer, self.decay_mask, False if skip is None else skip,
+            self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, self.eps,
+            step_size, v_divisor, decay_factor, coupled_decay,
+            self.buffer, self.flat_m, self.flat_v)
+
     def state_dict(self):
         """Host arrays + step count, for checkpoints (keys m/<name>, v/<name>)."""
         state = {"step": numpy.asarray(self.step_count)}
@@ -243,3 +301,57 @@ class AdamW:
                                      f"parameter has {tuple(p.shape)}")
                 moments[name][...] = to_device(state[key], xp, p.dtype)   # in place: views
         self.step_count = int(state["step"])
+
+
+class LossScaler:
+    """Dynamic loss scaling for float16 training, NVIDIA's BERT recipe: the backward starts
+    from `scale` (2^16 at first) so that small float16 gradients do not flush to zero; the
+    gradients are divided by it before clipping; a step whose gradients overflowed (inf or
+    NaN) is skipped and the scale halved; after `growth_interval` (2,000) clean steps in a
+    row the scale doubles.
+
+    The scale and the clean-step count live on the device (0-d float32 / int32 arrays) and
+    the skip happens inside the AdamW kernel: nothing is read back inside a step.
+
+        scaler = LossScaler(model.xp)
+        loss, grads = model.loss_and_grads(batch, loss_scale=scaler.scale, on_device=True)
+        scaler.unscale(grads)                           # grads /= scale
+        norm = clip_by_global_norm(grads, 1.0)
+        found_inf = scaler.update(norm)                 # overflow? halve : count, maybe double
+        optimizer.step(grads, lr=lr, skip=found_inf)    # skipped on overflow
+    """
+
+    def __init__(self, xp, init_scale=2.0 ** 16, growth_interval=2000, backoff_factor=0.5,
+                 growth_factor=2.0):
+        self.xp = xp
+        self.scale = xp.asarray(numpy.float32(init_scale))           # 0-d, on the device
+        self.clean_steps = xp.asarray(numpy.int32(0))
+        self.growth_interval = growth_interval
+        self.backoff_factor, self.growth_factor = backoff_factor, growth_factor
+
+    def unscale(self, grads):
+        """grads /= scale, in place: one pass over the flat buffer (or each tensor)."""
+        inverse = (1.0 / self.scale).astype(numpy.float32)
+        for g in flat_arrays(grads):
+            g *= inverse.astype(g.dtype, copy=False)
+
+    def update(self, norm):
+        """After clipping, from the (unscaled) global norm: -> found_inf, a 0-d bool array
+        (true when a gradient overflowed: the norm is inf or NaN) to hand to AdamW.step."""
+        xp = self.xp
+        found_inf = xp.logical_not(xp.isfinite(xp.asarray(norm)))
+        clean = xp.where(found_inf, 0, self.clean_steps + 1).astype(numpy.int32)
+        grow = clean >= self.growth_interval
+        scale = xp.where(grow, self.scale * self.growth_factor, self.scale)
+        self.scale = xp.where(found_inf, self.scale * self.backoff_factor,
+                              scale).astype(numpy.float32)
+        self.clean_steps = xp.where(grow, 0, clean).astype(numpy.int32)
+        return found_inf
+
+    def state_dict(self):
+        """Host values (a device read: at checkpoint time only), for trainer_state.json."""
+        return {"loss_scale": float(self.scale), "clean_steps": int(self.clean_steps)}
+
+    def load_state_dict(self, state):
+        self.scale = self.xp.asarray(numpy.float32(state["loss_scale"]))
+        self.clean_steps = self.xp.asarray(numpy.int32(state["clean_steps"]))

@@ -143,9 +143,9 @@ class BertForPreTraining(BertPreTrainedModel):
         B, T, _ = sequence.shape
         positions = host.get("masked_lm_positions")
         positions = self.xp.arange(B * T) if positions is None else to_device(positions, self.xp)
-        mlm_logits, mlm_cache = mlm_head_forward(self.params, self.base_prefix, sequence,
+        mlm_logits, mlm_cache = mlm_head_forward(self.weights, self.base_prefix, sequence,
                                                  positions, self.config)
-        nsp_logits, nsp_cache = nsp_head_forward(self.params, pooled)
+        nsp_logits, nsp_cache = nsp_head_forward(self.weights, pooled)
         return (mlm_logits, nsp_logits), (mlm_cache, nsp_cache)
 
     def _head_backward(self, dlogits, cache, grads):
@@ -158,25 +158,29 @@ class BertForPreTraining(BertPreTrainedModel):
         xp = self.xp
         mlm_logits, nsp_logits = logits
         denominators = denominators or {}
+        # Counts come from the host labels and accuracies stay device scalars: no host wait.
+        num_masked = len(host["masked_lm_positions"])
         mlm_labels = to_device(host["masked_lm_ids"], xp)
         mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels,
-                                                        denominators.get("masked_lm"))
+                                                        denominators.get("masked_lm"), num_masked)
         outputs = {"mlm_loss": mlm_loss, "nsp_loss": None, "mlm_logits": mlm_logits,
-                   "nsp_logits": None, "num_masked": len(host["masked_lm_positions"]),
-                   "mlm_correct": int((mlm_logits.argmax(-1) == mlm_labels).sum())}
+                   "nsp_logits": None, "num_masked": num_masked,
+                   "mlm_correct": (mlm_logits.argmax(-1) == mlm_labels).sum()}
         if "next_sentence_label" not in host:
             return mlm_loss, (mlm_cache, None), outputs
-        nsp_labels = to_device(host["next_sentence_label"], xp)
-        nsp_loss, nsp_cache = ops.cross_entropy_forward(nsp_logits, nsp_labels,
-                                                        denominators.get("next_sentence"))
+        host_nsp = host["next_sentence_label"]
+        nsp_labels = to_device(host_nsp, xp)
+        nsp_loss, nsp_cache = ops.cross_entropy_forward(
+            nsp_logits, nsp_labels, denominators.get("next_sentence"),
+            int((host_nsp != ops.IGNORE_INDEX).sum()))
         outputs.update(nsp_loss=nsp_loss, nsp_logits=nsp_logits,
-                       nsp_correct=int((nsp_logits.argmax(-1) == nsp_labels).sum()))
+                       nsp_correct=(nsp_logits.argmax(-1) == nsp_labels).sum())
         return mlm_loss + nsp_loss, (mlm_cache, nsp_cache), outputs
 
-    def _loss_backward(self, cache):
+    def _loss_backward(self, cache, dloss=1.0):
         mlm_cache, nsp_cache = cache
-        dnsp = None if nsp_cache is None else ops.cross_entropy_backward(1.0, nsp_cache)
-        return ops.cross_entropy_backward(1.0, mlm_cache), dnsp
+        dnsp = None if nsp_cache is None else ops.cross_entropy_backward(dloss, nsp_cache)
+        return ops.cross_entropy_backward(dloss, mlm_cache), dnsp
 
     def _output(self, logits, hidden_states):
         mlm_logits, nsp_logits = logits                    # inference: every position

@@ -1,0 +1,677 @@
+"""A strict stand-in for CuPy that runs on the CPU: the real cupy package's namespace
+(names, function keywords, ufunc methods, ndarray and Generator methods), computing with
+NumPy, counting kernel launches and device-to-host syncs.
+
+It proves what a CPU can prove about the CuPy path: that nanobert calls only what CuPy has,
+with keywords CuPy accepts, never hands a NumPy array to a device op or a device array to
+NumPy (CuPy raises on both), and how many kernels and host waits a step costs. It proves
+nothing about CUDA numerics, compilation of the kernels, or speed.
+
+    with cupy_standin.installed() as cupy:    # sys.modules["cupy"] and ["cupyx..."] swapped
+        cupy.counts.reset()
+        ...                                   # nanobert on device="gpu"
+        cupy.counts.launches, cupy.counts.syncs
+
+Counting rules (CuPy's own behaviour): every ufunc, reduction, copy, fill, matmul, random
+draw, fancy index and scatter is one launch; views (reshape, transpose, basic slicing,
+astype to the same dtype without copy) and empty allocations are none; a cupy.fuse'd
+function or an ElementwiseKernel is one launch. A sync is any read of device data by the
+host: float(), int(), bool(), item(), tolist(), get(), asnumpy(), repr(), boolean-mask
+indexing (CuPy must learn the count), Device.synchronize().
+
+ElementwiseKernel bodies are CUDA C; the stand-in runs straight-line bodies (declarations,
+assignments, arithmetic, sqrt, a top-level ternary) as NumPy, so the kernel's arithmetic is
+checked here, its compilation is not.
+"""
+import collections
+import contextlib
+import inspect
+import re
+import sys
+import types
+
+import numpy
+
+import cupy as real_cupy
+import cupyx as real_cupyx
+import cupyx.scipy.special as real_special
+
+from nanobert.model import special as nanobert_special
+
+
+class Counts:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.launches = 0
+        self.syncs = 0
+        self.host_to_device = 0
+        self.generators = 0
+        self.kernels = collections.Counter()     # name -> launches
+        self.sync_sites = collections.Counter()  # what synced -> count
+
+    def launch(self, name):
+        if _state.fusing:
+            return
+        self.launches += 1
+        self.kernels[name] += 1
+
+    def sync(self, what):
+        self.syncs += 1
+        self.sync_sites[what] += 1
+
+
+counts = Counts()
+
+
+class _State:
+    fusing = False
+
+
+_state = _State()
+
+
+class StandinError(TypeError):
+    """What real CuPy would refuse (or what the stand-in refuses to let pass silently)."""
+
+
+# ------------------------------------------------------------------------- signatures
+
+def _docstring_signature(fn):
+    """The signature in the first line of a Cython docstring: 'name(self, a, b=1) -> x'."""
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    if not doc:
+        return None
+    m = re.match(r"[\w.]+\((.*)\)", doc[0])
+    if not m:
+        return None
+    params = m.group(1).replace("\\*", "*")
+    params = re.sub(r"=<[^>]*>", "=None", params)
+    try:
+        namespace = {}
+        exec(f"def f({params}): pass", {"numpy": numpy}, namespace)
+        return inspect.signature(namespace["f"])
+    except SyntaxError:
+        return None
+
+
+def _signature(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return _docstring_signature(fn)
+
+
+def _check_call(what, signature, args, kwargs):
+    if signature is None:
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise StandinError(f"{what}: {e} (real CuPy's signature is {what}{signature})") from None
+
+# ------------------------------------------------------------------ arrays in and out
+
+
+def _root(a):
+    while isinstance(a.base, numpy.ndarray):
+        a = a.base
+    return a
+
+
+def _unwrap(x, what):
+    """stand-in array -> its NumPy array; a NumPy array is refused (implicit host/device
+    mixing); lists and tuples are unwrapped element by element."""
+    if isinstance(x, ndarray):
+        return x._a
+    if isinstance(x, numpy.ndarray):
+        raise StandinError(f"{what}: a NumPy array where CuPy needs a device array "
+                           f"(implicit host -> device conversion; CuPy raises TypeError)")
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v, what) for v in x)
+    return x
+
+
+def _wrap(r, inputs=()):
+    """NumPy result -> stand-in array; a view of an input keeps that input's base."""
+    if isinstance(r, tuple):
+        return tuple(_wrap(v, inputs) for v in r)
+    if isinstance(r, numpy.generic):
+        return ndarray(numpy.asarray(r))
+    if not isinstance(r, numpy.ndarray):
+        return r
+    root = _root(r)
+    for x in inputs:
+        if isinstance(x, ndarray):
+            if r is x._a:
+                return x
+            if _root(x._a) is root:
+                return ndarray(r, x._base if x._base is not None else x)
+    return ndarray(r)
+
+
+def _is_view(result, inputs):
+    return isinstance(result, ndarray) and any(
+        isinstance(x, ndarray) and result._base is not None
+        and result._base is (x._base if x._base is not None else x) for x in inputs)
+
+
+def _no_fusing(what):
+    if _state.fusing:
+        raise StandinError(f"{what} inside a cupy.fuse'd function: the stand-in allows only "
+                           f"elementwise ufuncs and operators there")
+
+
+class _Data:
+    def __init__(self, a):
+        self.ptr = a.__array_interface__["data"][0]
+
+
+REAL_NDARRAY_NAMES = set(dir(real_cupy.ndarray))
+SYNC_METHODS = {"get", "item", "tolist", "tobytes", "__float__", "__int__", "__bool__",
+                "__index__", "__complex__", "__repr__", "__str__", "__format__"}
+
+
+class ndarray:
+    """A device array: a NumPy array that refuses to meet NumPy."""
+    __array_priority__ = 100
+
+    def __init__(self, a, base=None):
+        self._a = a
+        self._base = base
+
+    # -- attributes that cost nothing
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    base = property(lambda self: self._base)
+    data = property(lambda self: _Data(self._a))
+    T = property(lambda self: _wrap(self._a.T, (self,)))
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    # -- NumPy must not take device arrays
+    def __array__(self, *args, **kwargs):
+        raise StandinError("implicit device -> host conversion (numpy.asarray of a cupy array; "
+                           "CuPy raises TypeError): use .get() / to_host")
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise StandinError(f"numpy.{func.__name__} called on a device array: use the cupy "
+                           f"namespace (xp)")
+
+    def __array_ufunc__(self, ufunc, method, *args, **kwargs):
+        raise StandinError(f"numpy.{ufunc.__name__} called on a device array: use xp")
+
+    # -- reads of device data by the host: syncs
+    def _host(self, what):
+        _no_fusing(what)
+        counts.sync(what)
+        return self._a
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        return self._host("get").copy()
+
+    def item(self, *args):
+        return self._host("item").item(*args)
+
+    def tolist(self):
+        return self._host("tolist").tolist()
+
+    def __float__(self):
+        return float(self._host("float"))
+
+    def __int__(self):
+        return int(self._host("int"))
+
+    def __index__(self):
+        return self._host("index").__index__()
+
+    def __bool__(self):
+        return bool(self._host("bool"))
+
+    def __repr__(self):
+        return "stand-in " + repr(self._host("repr"))
+
+    __str__ = __repr__
+
+    # -- indexing
+    def __getitem__(self, index):
+        _no_fusing("indexing")
+        idx = _unwrap(index, "indexing")
+        r = _wrap(self._a[idx], (self,))
+        parts = idx if isinstance(idx, tuple) else (idx,)
+        if any(isinstance(p, numpy.ndarray) and p.dtype == bool for p in parts):
+            counts.sync("boolean-mask indexing")
+        if not _is_view(r, (self,)):
+            counts.launch("getitem (fancy)")
+        return r
+
+    def __setitem__(self, index, value):
+        _no_fusing("item assignment")
+        idx = _unwrap(index, "item assignment")
+        self._a[idx] = _unwrap(value, "item assignment")
+        counts.launch("setitem")
+
+    # -- methods: only those of cupy.ndarray, with its keywords
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in REAL_NDARRAY_NAMES:
+            raise AttributeError(f"cupy.ndarray has no attribute {name!r} (NumPy-only)")
+        real = getattr(real_cupy.ndarray, name)
+        signature = _signature(real)
+        method = getattr(self._a, name)
+
+        def call(*args, **kwargs):
+            _no_fusing(f"ndarray.{name}")
+            _check_call(f"cupy.ndarray.{name}", signature, (self, *args), kwargs)
+            r = method(*_unwrap(args, f"ndarray.{name}"),
+                       **{k: _unwrap(v, f"ndarray.{name}") for k, v in kwargs.items()})
+            r = _wrap(r, (self,))
+            if r is not self and not _is_view(r, (self,)):
+                counts.launch(f"ndarray.{name}")
+            elif r is None:
+                counts.launch(f"ndarray.{name}")
+            return r
+        return call
+
+
+def _operator(ufunc_name, reflected=False, inplace=False):
+    def op(self, other):
+        u = _ufunc(ufunc_name)
+        if inplace:
+            return u(self, other, out=self)
+        return u(other, self) if reflected else u(self, other)
+    return op
+
+
+for _name, _ufunc_name in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
+                           ("truediv", "true_divide"), ("floordiv", "floor_divide"),
+                           ("pow", "power"), ("mod", "remainder"), ("and", "bitwise_and"),
+                           ("or", "bitwise_or"), ("xor", "bitwise_xor"),
+                           ("matmul", "matmul")):
+    setattr(ndarray, f"__{_name}__", _operator(_ufunc_name))
+    setattr(ndarray, f"__r{_name}__", _operator(_ufunc_name, reflected=True))
+    if _name != "matmul":
+        setattr(ndarray, f"__i{_name}__", _operator(_ufunc_name, inplace=True))
+for _name, _ufunc_name in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
+                           ("ge", "greater_equal"), ("eq", "equal"), ("ne", "not_equal")):
+    setattr(ndarray, f"__{_name}__", _operator(_ufunc_name))
+ndarray.__neg__ = lambda self: _ufunc("negative")(self)
+ndarray.__abs__ = lambda self: _ufunc("absolute")(self)
+ndarray.__invert__ = lambda self: _ufunc("invert")(self)
+ndarray.__hash__ = None
+ndarray.__module__ = "cupy"        # what nanobert.backend.array_module looks at
+
+# ---------------------------------------------------------------------------- ufuncs
+
+
+class Ufunc:
+    """A cupy ufunc: keywords out / dtype / casting, and the methods the real one has."""
+
+    def __init__(self, name, numpy_ufunc, real, type_table=False):
+        self.__name__ = self.name = name
+        self._np, self._real, self._type_table = numpy_ufunc, real, type_table
+
+    def __call__(self, *args, out=None, dtype=None, casting=None):
+        if len(args) != self._np.nin:
+            raise StandinError(f"cupy.{self.name} takes {self._np.nin} arguments, got {len(args)}")
+        inputs = _unwrap(args, f"cupy.{self.name}")
+        if self._type_table:
+            dtype = dtype or self._loop_output(inputs)
+        kwargs = {}
+        if out is not None:
+            kwargs["out"] = _unwrap(out, f"cupy.{self.name} out=")
+        if dtype is not None:
+            kwargs["dtype"] = dtype
+        if casting is not None:
+            kwargs["casting"] = casting
+        if _state.fusing and out is not None:
+            raise StandinError(f"cupy.{self.name}(out=) inside cupy.fuse: not allowed here")
+        with numpy.errstate(all="ignore"):          # the GPU never warns
+            r = self._np(*inputs, **kwargs)
+        counts.launch(self.name)
+        return out if out is not None else _wrap(r)
+
+    def _loop_output(self, inputs):
+        """The output dtype of the real ufunc's first loop that takes the input (cupyx's erf
+        turns float16 into float64, for one: its table has no 'e->e')."""
+        array_chars = [numpy.asarray(x).dtype.char for x in inputs]
+        for loop in self._real.types:
+            ins, outs = loop.split("->")
+            if all(numpy.can_cast(c, i, "safe") for c, i in zip(array_chars, ins)):
+                return numpy.dtype(outs[0])
+        raise StandinError(f"{self.name} has no loop for {array_chars} (types {self._real.types})")
+
+    def __getattr__(self, method):
+        if method.startswith("_") or not hasattr(self._real, method):
+            raise AttributeError(f"cupy.{self.name} has no method {method!r}")
+        np_method = getattr(self._np, method)
+
+        def call(*args, **kwargs):
+            _no_fusing(f"{self.name}.{method}")
+            r = np_method(*_unwrap(args, f"{self.name}.{method}"),
+                          **{k: _unwrap(v, method) for k, v in kwargs.items()})
+            counts.launch(f"{self.name}.{method}")
+            return _wrap(r)
+        return call
+
+
+_UFUNCS = {}
+
+
+def _ufunc(name):
+    if name not in _UFUNCS:
+        real = getattr(real_cupy, name)
+        _UFUNCS[name] = Ufunc(name, getattr(numpy, name), real)
+    return _UFUNCS[name]
+
+
+class _ErfUfunc:
+    """numpy has no erf: nanobert's own (1.3 ulp) computes it; the type table is cupyx's."""
+    nin = 1
+    __name__ = "erf"
+
+    def __call__(self, x, out=None, dtype=None, casting=None):
+        x = numpy.asarray(x)
+        dtype = numpy.dtype(dtype or x.dtype)
+        r = nanobert_special.erf(numpy.ascontiguousarray(x, dtype=dtype), numpy)
+        if out is None:
+            return r
+        out[...] = r
+        return out
+
+
+# ------------------------------------------------------------------------- functions
+
+NO_LAUNCH = {"empty", "empty_like", "asarray", "asanyarray", "ascontiguousarray", "shape",
+             "ndim", "result_type", "can_cast", "dtype", "promote_types", "iinfo", "finfo"}
+SYNCING = {"flatnonzero", "nonzero", "argwhere", "unique", "extract"}   # output size from data
+HOST_TO_DEVICE = {"asarray", "array", "asanyarray", "ascontiguousarray"}
+
+
+def _function(name):
+    real = getattr(real_cupy, name)
+    signature = _signature(real)
+    np_fn = getattr(numpy, name, None)
+
+    def call(*args, **kwargs):
+        _no_fusing(f"cupy.{name}")
+        _check_call(f"cupy.{name}", signature, args, kwargs)
+        if np_fn is None:
+            raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
+        if name in HOST_TO_DEVICE and args and not isinstance(args[0], ndarray):
+            counts.host_to_device += 1
+            return ndarray(numpy.array(args[0], dtype=kwargs.get("dtype"), copy=True))
+        uargs = _unwrap(args, f"cupy.{name}")
+        if name in SYNCING:
+            counts.sync(f"cupy.{name}")
+        ukwargs = {k: _unwrap(v, f"cupy.{name}") for k, v in kwargs.items()}
+        if name == "vdot":                           # CuPy returns a 0-d array, not a scalar
+            r = numpy.asarray(numpy.vdot(*uargs))
+        else:
+            with numpy.errstate(all="ignore"):
+                r = np_fn(*uargs, **ukwargs)
+        flat_inputs = [a for a in args if isinstance(a, ndarray)] + [
+            v for a in args if isinstance(a, (list, tuple)) for v in a if isinstance(v, ndarray)]
+        out = kwargs.get("out")
+        result = out if out is not None else _wrap(r, flat_inputs)
+        if name not in NO_LAUNCH and not _is_view(result, flat_inputs) \
+                and not any(result is a for a in flat_inputs if out is None):
+            counts.launch(name)
+        elif name in ("asarray", "ascontiguousarray") and not _is_view(result, flat_inputs) \
+                and not any(result is a for a in flat_inputs):
+            counts.launch(name)                      # a cast or a contiguous copy
+        return result
+    call.__name__ = name
+    return call
+
+# ----------------------------------------------------------------------- random
+
+
+REAL_GENERATOR = real_cupy.random.Generator
+
+
+class Generator:
+    def __init__(self, seed):
+        self._g = numpy.random.default_rng(seed)
+        counts.generators += 1
+        counts.launch("Generator init")
+
+    def __getattr__(self, name):
+        if name.startswith("_") or not hasattr(REAL_GENERATOR, name):
+            raise AttributeError(f"cupy.random.Generator has no method {name!r}")
+        signature = _signature(getattr(REAL_GENERATOR, name))
+        method = getattr(self._g, name)
+
+        def call(*args, **kwargs):
+            _no_fusing(f"Generator.{name}")
+            _check_call(f"cupy.random.Generator.{name}", signature, (self, *args), kwargs)
+            out = kwargs.pop("out", None)
+            r = method(*args, **kwargs)
+            counts.launch(f"Generator.{name}")
+            if out is not None:
+                out._a[...] = r
+                return out
+            return _wrap(r)
+        return call
+
+
+random = types.ModuleType("cupy.random")
+random.default_rng = lambda seed=None: Generator(seed)
+random.Generator = Generator
+
+# -------------------------------------------------------------------------- fuse
+
+
+def fuse(*args, **kwargs):
+    """cupy.fuse: the function runs with NumPy, only elementwise ufuncs and operators
+    allowed inside, and counts one launch."""
+    def decorate(fn):
+        def fused(*fargs):
+            if any(isinstance(a, numpy.ndarray) for a in fargs):
+                raise StandinError(f"cupy.fuse {fn.__name__}: a NumPy argument")
+            _state.fusing = True
+            try:
+                r = fn(*fargs)
+            finally:
+                _state.fusing = False
+            counts.launch(f"fuse:{kwargs.get('kernel_name', fn.__name__)}")
+            return r
+        fused.__name__ = fn.__name__
+        return fused
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return decorate(args[0])
+    return decorate
+
+# ------------------------------------------------------------- ElementwiseKernel
+
+TYPE_NAMES = {"float": numpy.float32, "double": numpy.float64, "bool": numpy.bool_,
+              "int": numpy.int32, "float32": numpy.float32, "float64": numpy.float64,
+              "float16": numpy.float16, "int32": numpy.int32, "int64": numpy.int64,
+              "uint8": numpy.uint8}
+STATEMENT = re.compile(r"^(?:(?:const\s+)?(\w+)\s+)?(\w+)\s*(=|\+=|-=|\*=|/=)\s*(.+)$", re.S)
+
+
+def _parse_params(params):
+    out = []
+    for p in params.split(","):
+        words = p.split()
+        if len(words) != 2:
+            raise StandinError(f"ElementwiseKernel parameter {p!r}: expected 'type name'")
+        out.append(tuple(words))
+    return out
+
+
+def _python_expression(expr):
+    if re.search(r"[{}]|\bif\b|\bfor\b|\bwhile\b|&&|\|\||\(\s*\w+\s*\)\s*[\w(]", expr):
+        raise StandinError(f"ElementwiseKernel: the stand-in runs straight-line code only, "
+                           f"got {expr!r}")
+    expr = re.sub(r"(\d+\.\d*|\.\d+|\d+)[fF]\b", r"\1", expr)
+    m = re.match(r"^(.+?)\?(.+):(.+)$", expr, re.S)
+    if m:
+        return f"_where({m.group(1)}, {m.group(2)}, {m.group(3)})"
+    return expr
+
+
+class ElementwiseKernel:
+    """Its CUDA C body run as NumPy statement by statement (straight-line code only)."""
+
+    def __init__(self, in_params, out_params, operation, name="kernel", reduce_dims=True,
+                 preamble="", no_return=False, return_tuple=False, **kwargs):
+        self.in_params, self.out_params = _parse_params(in_params), _parse_params(out_params)
+        self.name = name
+        self.statements = []
+        body = re.sub(r"//[^\n]*", "", operation)
+        for statement in filter(None, (s.strip() for s in body.split(";"))):
+            m = STATEMENT.match(statement)
+            if not m:
+                raise StandinError(f"ElementwiseKernel {name}: cannot run {statement!r}")
+            ctype, target, op, expr = m.groups()
+            self.statements.append((ctype, target, op, _python_expression(expr)))
+
+    def __call__(self, *args, **kwargs):
+        _no_fusing(f"ElementwiseKernel {self.name}")
+        params = self.in_params + self.out_params
+        if len(args) not in (len(self.in_params), len(params)):
+            raise StandinError(f"ElementwiseKernel {self.name}: {len(args)} arguments for "
+                               f"{len(params)} parameters")
+        bound, namespace = {}, {}
+        for (ctype, pname), value in zip(params, args):
+            if isinstance(value, numpy.ndarray):
+                raise StandinError(f"ElementwiseKernel {self.name}: NumPy array for {pname}")
+            if isinstance(value, ndarray):
+                if ctype in TYPE_NAMES and value.dtype != TYPE_NAMES[ctype]:
+                    raise StandinError(f"{self.name}: {pname} is {value.dtype}, declared {ctype}")
+                if ctype not in TYPE_NAMES and bound.setdefault(ctype, value.dtype) != value.dtype:
+                    raise StandinError(f"{self.name}: type {ctype} bound to {bound[ctype]}, "
+                                       f"{pname} is {value.dtype}")
+                namespace[pname] = value._a
+        for (ctype, pname), value in zip(params, args):
+            if not isinstance(value, ndarray):
+                dtype = TYPE_NAMES.get(ctype) or bound.get(ctype)
+                if dtype is None:
+                    raise StandinError(f"{self.name}: scalar {pname} of unbound type {ctype}")
+                namespace[pname] = numpy.dtype(dtype).type(value)
+        outs = [value for (_, pname), value in zip(self.out_params, args[len(self.in_params):])]
+        env = {"_where": numpy.where, "sqrt": numpy.sqrt, "sqrtf": numpy.sqrt,
+               "exp": numpy.exp, "isfinite": numpy.isfinite, "fabs": numpy.abs}
+        with numpy.errstate(all="ignore"):
+            for ctype, target, op, expr in self.statements:
+                value = eval(expr, env, namespace)
+                if op != "=":
+                    value = eval(f"_x {op[0]} _y", env, {"_x": namespace[target], "_y": value})
+                if ctype is not None:
+                    dtype = TYPE_NAMES.get(ctype) or bound[ctype]
+                    value = numpy.asarray(value).astype(dtype)
+                namespace[target] = value
+            for (ctype, pname), out in zip(self.out_params, outs):
+                out._a[...] = namespace[pname]
+        counts.launch(f"ElementwiseKernel:{self.name}")
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+# ---------------------------------------------------------------------------- cuda
+
+
+class _Device:
+    def __init__(self, device=None):
+        pass
+
+    def synchronize(self):
+        counts.sync("Device.synchronize")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+cuda = types.ModuleType("cupy.cuda")
+cuda.runtime = types.SimpleNamespace(getDeviceCount=lambda: 1,
+                                     getDeviceProperties=lambda i: {"name": b"CuPy stand-in"})
+cuda.Device = _Device
+
+# ------------------------------------------------------------------------- modules
+
+class _MemoryPool:
+    def total_bytes(self):
+        return 0
+
+
+OWN = {"ndarray": ndarray, "random": random, "cuda": cuda, "fuse": fuse,
+       "ElementwiseKernel": ElementwiseKernel, "get_default_memory_pool": _MemoryPool}
+
+
+class _CupyModule(types.ModuleType):
+    counts = counts
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name not in dir(real_cupy):
+            raise AttributeError(f"module 'cupy' has no attribute {name!r} (a NumPy-only name)")
+        if name in OWN:
+            return OWN[name]
+        real = getattr(real_cupy, name)
+        if isinstance(real, real_cupy.ufunc):
+            return _ufunc(name)
+        if type(real).__name__ == "_GUFunc":          # matmul
+            return Ufunc(name, getattr(numpy, name), real)
+        if callable(real) and not isinstance(real, type):
+            return _function(name)
+        if isinstance(real, (type, numpy.dtype, float, int, type(None))):
+            return real                                # dtypes, constants: NumPy's own
+        raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
+
+    def asnumpy(self, a, stream=None, order="C", out=None, blocking=True):
+        return a.get() if isinstance(a, ndarray) else numpy.asarray(a)
+
+
+cupy = _CupyModule("cupy")
+cupy.__file__ = __file__
+cupy.__version__ = f"stand-in of {real_cupy.__version__}"
+
+cupyx = types.ModuleType("cupyx")
+cupyx_scipy = types.ModuleType("cupyx.scipy")
+cupyx_special = types.ModuleType("cupyx.scipy.special")
+cupyx.scipy, cupyx_scipy.special = cupyx_scipy, cupyx_special
+cupyx_special.erf = Ufunc("erf", _ErfUfunc(), real_special.erf, type_table=True)
+
+
+def scatter_add(a, slices, value):
+    _check_call("cupyx.scatter_add", _signature(real_cupyx.scatter_add), (a, slices, value), {})
+    numpy.add.at(_unwrap(a, "scatter_add"), _unwrap(slices, "scatter_add"),
+                 _unwrap(value, "scatter_add"))
+    counts.launch("cupyx.scatter_add")
+
+
+cupyx.scatter_add = scatter_add
+
+MODULES = {"cupy": cupy, "cupyx": cupyx, "cupyx.scipy": cupyx_scipy,
+           "cupyx.scipy.special": cupyx_special}
+
+
+@contextlib.contextmanager
+def installed():
+    """sys.modules' cupy and cupyx are the stand-in inside the block."""
+    saved = {name: sys.modules.get(name) for name in MODULES}
+    sys.modules.update(MODULES)
+    try:
+        yield cupy
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module

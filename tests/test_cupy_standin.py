@@ -1,0 +1,296 @@
+"""The CuPy path, proven as far as a CPU allows: through tests/cupy_standin.py (the real cupy
+package's namespace, NumPy underneath, strict about host/device mixing), a training step
+runs, gives the NumPy path's numbers, and stays within its budgets of kernel launches and
+device-to-host syncs. Nothing here says anything about CUDA numerics or speed; the tests
+that need a real GPU (test_inputs, test_special) skip without one."""
+import os
+
+import numpy
+import pytest
+
+pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
+
+import cupy_standin  # noqa: E402
+from conftest import assert_close  # noqa: E402
+from nanobert import backend  # noqa: E402
+from nanobert.model.config import BertConfig, with_labels  # noqa: E402
+from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice  # noqa: E402
+from nanobert.model.optim import AdamW, LossScaler, clip_by_global_norm  # noqa: E402
+from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
+
+BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072)
+TINY = dict(vocab_size=97, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            intermediate_size=24, max_position_embeddings=16)
+
+
+@pytest.fixture
+def cupy():
+    with cupy_standin.installed() as module:
+        module.counts.reset()
+        yield module
+
+
+def pretraining_batch(config, B, T, seed=0):
+    rng = numpy.random.default_rng(seed)
+    ids = rng.integers(5, config.vocab_size, size=(B, T))
+    labels = numpy.full((B, T), -100)
+    for b in range(B):
+        positions = rng.choice(numpy.arange(1, T), size=max(1, T // 7), replace=False)
+        labels[b, positions] = ids[b, positions]
+    mask = numpy.ones((B, T), dtype=numpy.int64)
+    mask[0, T - 2:] = 0
+    return {"input_ids": ids, "token_type_ids": (numpy.arange(T) >= T // 2) * numpy.ones((B, 1),
+                                                                                      int),
+            "attention_mask": mask, "labels": labels,
+            "next_sentence_label": rng.integers(0, 2, size=B)}
+
+# -------------------------------------------------------------------- the stand-in itself
+
+
+def test_standin_refuses_what_cupy_refuses(cupy):
+    a = cupy.zeros(3, dtype=numpy.float32)
+    with pytest.raises(TypeError, match="NumPy array where CuPy needs a device array"):
+        a + numpy.ones(3, dtype=numpy.float32)                  # implicit host -> device
+    with pytest.raises(TypeError, match="implicit device -> host"):
+        numpy.asarray(a)
+    with pytest.raises(TypeError, match="called on a device array"):
+        numpy.sum(a)
+    with pytest.raises(AttributeError, match="NumPy-only"):
+        cupy.float128                                             # noqa: B018
+    with pytest.raises(TypeError, match="cupy.sum"):
+        cupy.sum(a, initial=0.0)                                  # a keyword CuPy lacks
+    with pytest.raises(AttributeError, match="cupy.ndarray has no attribute"):
+        a.resize(4)
+    with pytest.raises(AttributeError, match="Generator has no method"):
+        cupy.random.default_rng(0).bytes(4)
+
+
+def test_standin_counts_launches_and_syncs(cupy):
+    a = cupy.arange(6, dtype=numpy.float32)                      # 1 launch
+    b = a.reshape(2, 3).T                                        # views: none
+    c = b * 2.0 + 1.0                                            # 2
+    cupy.counts.reset()
+    total = c.sum()                                              # 1, a 0-d device array
+    assert (cupy.counts.launches, cupy.counts.syncs) == (1, 0)
+    assert float(total) == 36.0                                  # the host reads: a sync
+    assert cupy.counts.syncs == 1
+    fused = cupy.fuse(lambda x, y: x * y + 1.0)
+    cupy.counts.reset()
+    fused(c, c)
+    assert cupy.counts.launches == 1
+    with pytest.raises(TypeError, match="inside a cupy.fuse"):
+        cupy.fuse(lambda x: x.sum())(c)
+
+
+def test_get_xp_gpu_without_a_driver_is_a_clear_runtime_error():
+    if backend.gpu_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="CuPy cannot reach a GPU") as e:
+        backend.get_xp("gpu")
+    assert type(e.value) is RuntimeError       # not cupy's CUDARuntimeError
+
+
+def test_tf32_on_by_default_and_a_flag_turns_it_off(cupy, monkeypatch):
+    monkeypatch.setenv("NANOBERT_TF32", "")      # recorded, so that teardown restores both
+    monkeypatch.setenv("CUPY_TF32", "")
+    monkeypatch.delenv("NANOBERT_TF32")
+    backend.get_xp("gpu")
+    assert os.environ["CUPY_TF32"] == "1"
+    assert backend.matmul_precision(numpy.float32, "gpu") == "tf32"
+    backend.set_tf32(False)
+    assert os.environ["CUPY_TF32"] == "0"
+    assert backend.matmul_precision(numpy.float32, "gpu") == "float32"
+    assert backend.matmul_precision(numpy.float16, "gpu") == "float16"
+
+# ------------------------------------------------------------------------------ budgets
+
+
+def test_bert_base_step_launch_and_sync_budgets(cupy):
+    """BERT-base, float32, a training step that does not log: 0 device-to-host syncs,
+    forward + backward <= 1,100 launches, clipping + AdamW <= 20. (Counts depend on the
+    layer count, not on B, T or H: a small batch keeps the CPU time down.)"""
+    config = BertConfig(**BERT_BASE)
+    batch = pretraining_batch(config, 2, 16)
+    model = BertForPreTraining(config, device="gpu").train()
+    optimizer = AdamW(model.params, mode="bert")
+    counts = cupy.counts
+    counts.reset()
+    loss, grads = model.loss_and_grads(batch, on_device=True)
+    forward_backward = (counts.launches, counts.syncs, dict(counts.sync_sites))
+    counts.reset()
+    clip_by_global_norm(grads, 1.0)
+    optimizer.step(grads, lr=1e-4)
+    update = (counts.launches, counts.syncs)
+    print(f"BERT-base step on the stand-in: forward+backward {forward_backward[0]} launches, "
+          f"{forward_backward[1]} syncs; clipping + AdamW {update[0]} launches, {update[1]} "
+          f"syncs; host-to-device copies {counts.host_to_device}")
+    assert forward_backward[1] == 0, f"syncs in forward+backward: {forward_backward[2]}"
+    assert forward_backward[0] <= 1100, forward_backward
+    assert update == (update[0], 0) and update[0] <= 20, update
+    assert isinstance(loss, cupy.ndarray) and loss.ndim == 0
+    assert numpy.isfinite(float(loss))                           # read once, when logging
+
+
+def float16_steps(device, steps=3):
+    config = BertConfig(**TINY)
+    model = BertForPreTraining(config, dtype=numpy.float16, device=device).train()
+    optimizer, scaler = AdamW(model.params, mode="torch"), LossScaler(model.xp)
+    for step in range(steps):
+        model.rng = backend.default_rng(model.xp, step)
+        _, grads = model.loss_and_grads(pretraining_batch(config, 2, 12, seed=step),
+                                        on_device=True, loss_scale=scaler.scale)
+        scaler.unscale(grads)
+        found_inf = scaler.update(clip_by_global_norm(grads, 1.0, mode="torch"))
+        optimizer.step(grads, lr=1e-3, skip=found_inf)
+    return model, scaler
+
+
+def test_float16_step_with_loss_scaler_never_syncs():
+    """Mixed precision on the stand-in: no host wait in three steps (one of which overflows
+    at the starting scale of 2^16 and is skipped on the device), and the same scale and
+    weights as the NumPy run."""
+    cpu_model, cpu_scaler = float16_steps("cpu")
+    with cupy_standin.installed() as cupy:
+        cupy.counts.reset()
+        model, scaler = float16_steps("gpu")
+        assert cupy.counts.syncs == 0, dict(cupy.counts.sync_sites)
+        assert scaler.state_dict() == cpu_scaler.state_dict()
+        for name, p in model.params.items():
+            assert p.dtype == numpy.float32
+            # float16 roundings of float32 results summed in another order differ by an ulp
+            assert_close(p.get(), cpu_model.params[name], 1e-4, "stand-in vs NumPy float16 weights")
+
+# ------------------------------------------------------- same numbers as the NumPy path
+
+
+def run_steps(device, mode, steps=2, dtype=numpy.float64):
+    config = BertConfig(**TINY)
+    model = BertForPreTraining(config, seed=3, dtype=dtype, device=device).train()
+    optimizer = AdamW(model.params, mode=mode)
+    losses, norms = [], []
+    for step in range(steps):
+        model.rng = backend.default_rng(model.xp, step)   # same draws: NumPy's Generator below
+        loss, grads = model.loss_and_grads(pretraining_batch(config, 3, 12, seed=step),
+                                           on_device=True)
+        norms.append(float(clip_by_global_norm(grads, 0.05, mode=mode)))
+        optimizer.step(grads, lr=1e-2)
+        losses.append(float(loss))
+    grads = {k: backend.to_host(g) for k, g in grads.items()}
+    return losses, norms, {k: backend.to_host(p) for k, p in model.params.items()}, grads
+
+
+@pytest.mark.parametrize("mode", ["bert", "torch"])
+def test_cupy_branches_give_the_numpy_numbers(mode):
+    """The fused kernels, device-side clipping and the AdamW kernel body (run from its CUDA
+    C source by the stand-in) against the NumPy path, float64, dropout on: same losses,
+    norms, gradients and weights after two clipped steps."""
+    expected = run_steps("cpu", mode)
+    with cupy_standin.installed():
+        actual = run_steps("gpu", mode)
+    for what, a, e in zip(("losses", "norms"), actual[:2], expected[:2]):
+        assert_close(a, e, 1e-12, f"stand-in vs NumPy {what}")
+    for name in expected[2]:
+        if name.endswith("attention.self.key.bias"):
+            # Its true gradient is 0 (softmax ignores a shift shared by all keys): both sides
+            # hold rounding noise (~1e-21), compared absolutely.
+            assert numpy.abs(actual[2][name] - expected[2][name]).max() <= 1e-15
+            continue
+        assert_close(actual[2][name], expected[2][name], 1e-12, "stand-in vs NumPy weights")
+        assert_close(actual[3][name], expected[3][name], 1e-10, "stand-in vs NumPy gradients")
+
+
+def task_batch(model_class, config, B=2, T=10, seed=0):
+    rng = numpy.random.default_rng(seed)
+    shape = (B, 3, T) if model_class is BertForMultipleChoice else (B, T)
+    batch = {"input_ids": rng.integers(5, config.vocab_size, size=shape),
+             "attention_mask": numpy.ones(shape, dtype=numpy.int64)}
+    name = model_class.__name__
+    if name == "BertForSequenceClassification":
+        batch["labels"] = rng.integers(0, 2, size=B)
+    elif name == "BertForTokenClassification":
+        batch["labels"] = numpy.where(rng.random((B, T)) < 0.3, -100, rng.integers(0, 2, (B, T)))
+    elif name == "BertForQuestionAnswering":
+        batch["start_positions"], batch["end_positions"] = [2, 3], [4, T + 3]
+    else:
+        batch["labels"] = rng.integers(0, 3, size=B)
+    return batch
+
+
+@pytest.mark.parametrize("model_class", TASK_HEADS, ids=lambda c: c.__name__)
+def test_each_finetuning_head_runs_on_the_standin_without_syncs(model_class):
+    config = with_labels(BertConfig(**TINY), 2)
+    batch = task_batch(model_class, config)
+    cpu = model_class(config, seed=1, dtype=numpy.float64).eval()
+    expected_loss, expected = cpu.loss_and_grads(batch)
+    with cupy_standin.installed() as cupy:
+        gpu = model_class(config, seed=1, dtype=numpy.float64, device="gpu").eval()
+        optimizer = AdamW(gpu.params)
+        cupy.counts.reset()
+        loss, grads = gpu.loss_and_grads(batch, on_device=True)
+        assert cupy.counts.syncs == 0, dict(cupy.counts.sync_sites)
+        assert_close(float(loss), expected_loss, 1e-12, "stand-in vs NumPy head losses")
+        for name, g in expected.items():
+            assert_close(grads[name].get(), g, 1e-12, "stand-in vs NumPy head gradients")
+        cupy.counts.reset()
+        clip_by_global_norm(grads, 1.0)
+        optimizer.step(grads)
+        assert cupy.counts.syncs == 0, dict(cupy.counts.sync_sites)
+
+
+def test_regression_and_multilabel_losses_stay_on_the_device(cupy):
+    from nanobert.model.heads import BertForSequenceClassification
+    for num_labels, labels in ((1, numpy.array([0.5, -1.0])),
+                               (3, numpy.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))):
+        config = with_labels(BertConfig(**TINY), num_labels)
+        model = BertForSequenceClassification(config, device="gpu")
+        cupy.counts.reset()
+        loss, _ = model.loss_and_grads({"input_ids": numpy.full((2, 6), 7), "labels": labels},
+                                       on_device=True)
+        assert cupy.counts.syncs == 0 and loss.ndim == 0
+
+# ------------------------------------------- unmodified command lines, on the stand-in
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_on_standin(tmp_path, argv):
+    """Run a command line in a fresh Python whose `import cupy` is the stand-in (via
+    tests/standin_site/sitecustomize.py) -> its launch and sync counts."""
+    import json
+    import subprocess
+    import sys
+    counts = tmp_path / "counts.json"
+    env = {**os.environ, "NANOBERT_CUPY_STANDIN": "1", "NANOBERT_CUPY_STANDIN_COUNTS": str(counts),
+           "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests", "standin_site"),
+                                          os.path.join(ROOT, "tests"), ROOT])}
+    result = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(counts.read_text()), result.stdout
+
+
+def test_train_py_runs_on_the_standin(tmp_path):
+    """train.py --device gpu, unmodified, for 3 steps on the stand-in. It runs; its syncs
+    are reported, not bounded: train.py's loop (another engineer's) still reads each step's
+    loss and norm on the host and makes a Generator per step."""
+    config = tmp_path / "config.json"
+    config.write_text('{"vocab_size": 8192, "hidden_size": 32, "num_hidden_layers": 1, '
+                      '"num_attention_heads": 2, "intermediate_size": 64, '
+                      '"max_position_embeddings": 128}')
+    data = os.path.join(ROOT, "data", "brown")
+    counts, _ = run_on_standin(tmp_path, [
+        "train.py", "--device", "gpu", "--data", os.path.join(data, "heldout.txt.gz"),
+        "--heldout", "--vocab", os.path.join(data, "vocab-uncased-8192.txt"), "--config",
+        str(config), "--dupe-factor", "1", "--max-seq-length", "64", "--batch-size", "8",
+        "--log-every", "1", "--steps", "3", "--out", str(tmp_path / "run")])
+    print(f"train.py --device gpu, 3 steps with evaluation and checkpoint on the stand-in: "
+          f"{counts}")
+    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").exists()
+
+
+def test_bench_device_gpu_runs_on_the_standin(tmp_path):
+    counts, stdout = run_on_standin(tmp_path, ["-m", "bench.train_step", "--device", "gpu",
+                                               "--configs", "mini", "--steps", "1",
+                                               "--no-torch"])
+    assert "matmuls in tf32" in stdout and "mini" in stdout, stdout
