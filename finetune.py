@@ -49,7 +49,7 @@ from typing import Callable, NamedTuple
 import numpy
 
 from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, flags, learning_rate
-from nanobert.backend import default_rng, resolve_device, to_host
+from nanobert.backend import default_rng, resolve_device, set_tf32, to_host
 from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
 from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.data.tokenizer import BertTokenizer
@@ -58,7 +58,7 @@ from nanobert.formats.fileio import atomic_folder, atomic_open, output_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
 from nanobert.model.flat import flat_buffer
-from nanobert.model.optim import warmup_steps
+from nanobert.model.optim import LossScaler, warmup_steps
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
 
@@ -208,7 +208,11 @@ def add_run_arguments(g):
     g.add_argument("--seed", type=flags.non_negative_int, default=0,
                    help="head init, shuffling, dropout, subsampling")
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
-    g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    g.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32",
+                   help="float16: mixed precision (float32 master weights and statistics, "
+                        "float16 matmuls, dynamic loss scaling)")
+    g.add_argument("--no-tf32", action="store_true",
+                   help="GPU: keep float32 matmuls in full float32 (default: TF32)")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
     g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")
@@ -744,6 +748,7 @@ def train(args, group, task, model, tokenizer, data):
     warmup = warmup_steps(args.warmup, num_train_steps)
     optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
                       weight_decay=args.weight_decay)
+    scaler = LossScaler(model.xp) if args.dtype == "float16" else None
     print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "
           f"{len(features):,} training rows, batch {args.batch_size}, {num_train_steps} steps "
           f"({num_train_steps / steps_per_epoch:.2g} epochs), warmup {warmup}, lr {args.lr:g}, "
@@ -757,7 +762,7 @@ def train(args, group, task, model, tokenizer, data):
         order = numpy.random.default_rng([args.seed, epoch]).permutation(len(features))
         rows = order[position * args.batch_size:(position + 1) * args.batch_size]
         lr = learning_rate(step, args.lr, warmup, num_train_steps)
-        progress.add(train_step(args, group, model, optimizer, features, rows, lr, step),
+        progress.add(train_step(args, group, model, optimizer, scaler, features, rows, lr, step),
                      len(rows))
         done = step + 1
         if group.is_main and (done % args.log_every == 0 or done == num_train_steps):
@@ -772,16 +777,22 @@ def train(args, group, task, model, tokenizer, data):
     return best, (time.time() - progress.start_time) / 60
 
 
-def train_step(args, group, model, optimizer, features, rows, lr, step):
+def train_step(args, group, model, optimizer, scaler, features, rows, lr, step):
     """One optimizer step on `rows`: this rank's slice of them in --grad-accum micro-batches,
-    each weighed by its share of all the rows, gradients summed over the ranks; -> the loss.
-    """
+    each weighed by its share of all the rows, gradients summed over the ranks; in float16
+    through the loss scaler (an overflow skips the step); -> the loss. (The loss is read on
+    the host every step, also on the GPU: fine-tuning steps are few.)"""
     mine = rank_slice(rows, group)
     micro = max(1, args.batch_size // group.world_size // args.grad_accum)
     parts = [mine[m:m + micro] for m in range(0, len(mine), micro)]
-    loss, grads, _ = average_gradients(model.loss_and_grads, [features.batch(p) for p in parts],
+    loss_and_grads = model.loss_and_grads
+    if scaler:
+        loss_and_grads = functools.partial(model.loss_and_grads, loss_scale=scaler.scale)
+    loss, grads, _ = average_gradients(loss_and_grads, [features.batch(p) for p in parts],
                                        weights=[len(p) / len(rows) for p in parts])  # per row
     allreduce_grads(group, grads)
+    if scaler:
+        scaler.unscale(grads)
     loss = group.sum([loss])[0]
     if not math.isfinite(loss):
         bad = first_non_finite(model.params)
@@ -789,6 +800,9 @@ def train_step(args, group, model, optimizer, features, rows, lr, step):
                          + (f" (first non-finite weight: {bad})" if bad else "")
                          + "; lower --lr or try --dtype float64")
     norm = clip_by_global_norm(grads, args.max_grad_norm, mode=args.optimizer)
+    if scaler:
+        optimizer.step(grads, lr=lr, skip=scaler.update(norm))    # overflow: skipped
+        return loss
     if not math.isfinite(norm):
         raise SystemExit(f"error: the gradient norm is {norm} at step {step} (first non-finite "
                          f"gradient: {first_non_finite(grads)}); lower --lr or try --dtype "
@@ -869,6 +883,7 @@ def evaluate_test(args, task, tokenizer, data, best):
 def main(argv=None):
     args = resolve_task(parse_args(argv))
     args.device = resolve_device(args.device)
+    set_tf32(not args.no_tf32)
     if args.task == "features":
         return extract_features(args)
     group = process_group(args.device)

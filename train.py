@@ -36,7 +36,7 @@ import numpy
 from nanobert import (AdamW, BertConfig, BertForPreTraining, average_gradients,
                       clip_by_global_norm, flags, learning_rate)
 from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
-from nanobert.backend import default_rng, resolve_device, to_host
+from nanobert.backend import default_rng, matmul_precision, resolve_device, set_tf32, to_host
 from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
 from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
@@ -45,9 +45,9 @@ from nanobert.formats.checkpoint import (NonFiniteError, first_non_finite,
 from nanobert.formats.fileio import (atomic_open, output_folder, read_json, recover_folder,
                                      recover_folders_in)
 from nanobert.model.flat import flat_buffer
-from nanobert.model.flops import step_flops
+from nanobert.model.flops import gpu_peak_tflops, step_flops
 from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
-from nanobert.model.optim import warmup_steps
+from nanobert.model.optim import LossScaler, warmup_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")
@@ -55,13 +55,10 @@ PRESETS = {   # (layers, hidden, heads): the BERT sizes of the paper and of Turc
     "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
     "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16),
 }
-# Used only to report model FLOPs utilisation on a GPU (dense TF32 / FP32 tensor-core peaks).
-GPU_PEAK_TFLOPS = {"H100": 494.7, "H200": 494.7, "A100": 156.0, "L4": 60.0, "A10": 62.5,
-                   "V100": 15.7}
 # Per-window sums: losses weighted by their counts, so that means are per token / sequence.
 SUM_KEYS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "masked", "sequences",
             "random_next")
-WINDOW_KEYS = SUM_KEYS + ("tokens", "flops", "seconds", "steps")
+STEP_KEYS = SUM_KEYS + ("tokens",)      # one vector per step: on the GPU it stays there
 
 
 def parse_args(argv=None):
@@ -129,7 +126,11 @@ def parse_args(argv=None):
                         "steps, e.g. --lr or --grad-accum, must keep its value)")
     g.add_argument("--seed", type=flags.non_negative_int, default=0)
     g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
-    g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    g.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32",
+                   help="float16: mixed precision (float32 master weights and statistics, "
+                        "float16 matmuls, dynamic loss scaling)")
+    g.add_argument("--no-tf32", action="store_true",
+                   help="GPU: keep float32 matmuls in full float32 (default: TF32)")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
     g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
                    help="held-out evaluation interval in steps (0: only at the end)")
@@ -486,25 +487,29 @@ def append_metrics(metrics_path, record):
         f.write(json.dumps(record) + "\n")
 
 
-def log_train(metrics_path, window, step, num_train_steps, lr, elapsed, peak_tflops,
-              world_size=1):
+def log_train(args, model, metrics_path, window, step, lr, elapsed, peak):
     """Print and append the means of the steps since the last log line (the whole job's
-    throughput, and per rank under mpiexec)."""
-    record = {"kind": "train", "step": step, "lr": lr, **means(window),
-              "tokens_per_second": window["tokens"] / window["seconds"], "elapsed": elapsed}
-    line = (f"step {step:>6}/{num_train_steps}  "
+    throughput, and per rank under mpiexec). The window's sums are read here, once per log
+    line (on the GPU the only read of the loop), and a non-finite loss stops the run."""
+    sums = dict(zip(STEP_KEYS, to_host(window["sums"]).tolist()))
+    stop_if_not_finite(args, model, None, window["sums"], step)
+    record = {"kind": "train", "step": step, "lr": lr, **means(sums),
+              "tokens_per_second": sums["tokens"] / window["seconds"], "elapsed": elapsed}
+    line = (f"step {step:>6}/{args.steps}  "
             f"mlm {record['mlm_loss']:.3f} acc {record['mlm_accuracy']:.3f}  "
             f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  lr {lr:.2e}  "
             f"{record['tokens_per_second']:,.0f} tok/s")
-    if world_size > 1:
-        record["ranks"] = world_size
-        record["tokens_per_second_per_rank"] = record["tokens_per_second"] / world_size
+    ranks = window.get("ranks", 1)
+    if ranks > 1:
+        record["ranks"] = ranks
+        record["tokens_per_second_per_rank"] = record["tokens_per_second"] / ranks
         line += f" ({record['tokens_per_second_per_rank']:,.0f} per rank)"
-    if peak_tflops:
-        record["mfu"] = window["flops"] / window["seconds"] / (peak_tflops * 1e12)
+    if peak:
+        record["mfu"] = window["flops"] / window["seconds"] / (peak * 1e12)
         line += f"  MFU {100 * record['mfu']:.1f}%"
-    print(line, flush=True)
-    append_metrics(metrics_path, record)
+    if metrics_path:
+        print(line, flush=True)
+        append_metrics(metrics_path, record)
 
 
 def log_evaluation(metrics_path, model, heldout, step, batch_size, max_batches):
@@ -547,11 +552,12 @@ def gpu_name():
         return ""
 
 
-def gpu_peak_tflops(device):
-    """The peak of the GPU in use (for MFU), None on the CPU or on an unknown GPU."""
-    if device != "gpu":
+def peak_tflops(args):
+    """The peak of the GPU in use at the precision its matmuls run in (TF32, float16, ...),
+    for MFU; None on the CPU or on an unknown GPU."""
+    if args.device != "gpu":
         return None
-    return next((v for k, v in GPU_PEAK_TFLOPS.items() if k in gpu_name()), None)
+    return gpu_peak_tflops(gpu_name(), matmul_precision(args.dtype, args.device))
 
 # ------------------------------------------------------------------------------ training
 
@@ -572,18 +578,22 @@ class StopFlag:
         self.stop = True
 
 
-def train_step(args, group, model, optimizer, data, phase, step):
+def train_step(args, group, model, optimizer, scaler, data, phase, step):
     """One optimizer step on the global batch at `step` of the phase's stream: this rank's
     slice in --grad-accum micro-batches, each loss divided by the global batch's counts so
-    that the sum over micro-batches and ranks (MPI allreduce) is exactly the global batch's;
-    then global-norm clipping and AdamW at the scheduled learning rate.
-    -> (lr, this rank's micro-batches, the step's sums over every rank)."""
+    that the sum over micro-batches and ranks (allreduce) is exactly the global batch's;
+    then global-norm clipping and AdamW at the scheduled learning rate (in float16, through
+    the loss scaler: an overflow skips the step). On the GPU nothing is read back here: the
+    step's sums stay on the device until the next log line.
+    -> (lr, this rank's micro-batches, the step's sums over every rank as one vector, the
+    global batch's tokens)."""
     rows = batch_rows(len(data), args.batch_size, args.seed + phase, step)
     # Masks from (seed, step), dropout from (seed, step, rank), not from running streams:
-    # exact resume, with any number of ranks.
+    # exact resume, with any number of ranks. (On the GPU the run keeps one Generator.)
     mask_rng = numpy.random.default_rng([args.seed, step, 1])
-    dropout_seed = numpy.random.SeedSequence([args.seed, step, group.rank]).generate_state(1)[0]
-    model.rng = default_rng(model.xp, int(dropout_seed))
+    if model.xp is numpy:
+        seed = numpy.random.SeedSequence([args.seed, step, group.rank]).generate_state(1)[0]
+        model.rng = default_rng(numpy, int(seed))
     whole = data.batch(rows, mask_rng, args.dynamic_masking)      # the same on every rank
     denominators = {"masked_lm": int((whole["labels"] != IGNORE_INDEX).sum()),
                     "next_sentence": int((whole["next_sentence_label"] != IGNORE_INDEX).sum())}
@@ -591,53 +601,78 @@ def train_step(args, group, model, optimizer, data, phase, step):
     micro = len(mine) // args.grad_accum
     batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()})
                for m in range(args.grad_accum)]
-    loss_and_grads = functools.partial(model.loss_and_grads, return_outputs=True,
-                                       denominators=denominators)
+    loss_and_grads = functools.partial(
+        model.loss_and_grads, return_outputs=True, denominators=denominators,
+        on_device=model.xp is not numpy, loss_scale=scaler.scale if scaler else None)
     _, grads, outputs = average_gradients(loss_and_grads, batches, weights=[1.0] * len(batches))
     allreduce_grads(group, grads)
-    sums = step_sums(group, batches, outputs, denominators)
-    loss = (sums["mlm_loss"] / max(sums["masked"], 1)
-            + sums["nsp_loss"] / max(sums["sequences"], 1))
-    if not math.isfinite(loss):
-        save_debug = os.path.join(args.out, "nonfinite_batch.npz")
-        if group.is_main:
-            numpy.savez(save_debug, **whole)
-        bad = first_non_finite(model.params)
-        raise SystemExit(f"error: loss is {loss} at step {step + 1}"
-                         + (f" (first non-finite weight: {bad})" if bad else "")
-                         + f"; the batch is in {save_debug}; nothing was saved at this step. "
-                           "Lower --lr or use --dtype float64 to investigate.")
+    if scaler:
+        scaler.unscale(grads)
+    sums = step_sums(group, model.xp, batches, outputs, denominators)
     norm = clip_by_global_norm(grads, 1.0, mode=args.optimizer)
-    if not math.isfinite(norm):
-        raise SystemExit(f"error: the gradient norm is {norm} at step {step + 1} (first "
-                         f"non-finite gradient: {first_non_finite(grads)}); nothing was saved "
-                         "at this step. Lower --lr or use --dtype float64 to investigate.")
+    skip = scaler.update(norm) if scaler else None
+    if model.xp is numpy:                 # on the GPU these wait for the log line
+        stop_if_not_finite(args, model, whole if group.is_main else None, sums, step + 1)
+        if not scaler and not math.isfinite(norm):
+            raise SystemExit(f"error: the gradient norm is {norm} at step {step + 1} (first "
+                             f"non-finite gradient: {first_non_finite(grads)}); nothing was "
+                             "saved at this step. Lower --lr or use --dtype float64 to "
+                             "investigate.")
     lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
-    optimizer.step(grads, lr=lr)
-    return lr, batches, sums
+    if scaler:
+        optimizer.step(grads, lr=lr, skip=skip)       # skipped when the gradients overflowed
+    else:
+        optimizer.step(grads, lr=lr)
+    return lr, batches, sums, int(whole["attention_mask"].sum())
 
 
-def step_sums(group, batches, outputs, denominators):
-    """The step's MLM/NSP sums and tokens, added over micro-batches and ranks (one small
-    allreduce): every rank then logs, and decides, from the same numbers."""
-    sums = dict.fromkeys(SUM_KEYS + ("tokens",), 0)
+def step_sums(group, xp, batches, outputs, denominators):
+    """The step's MLM/NSP sums and tokens (STEP_KEYS), added over micro-batches and ranks
+    into one float64 vector: one small allreduce, and every rank logs and decides from the
+    same numbers. On the GPU the vector stays on the device."""
+    sums = dict.fromkeys(STEP_KEYS, 0)
     for batch, out in zip(batches, outputs):
         add_batch(sums, out, batch, denominators)
         sums["tokens"] += int(batch["attention_mask"].sum())
-    return dict(zip(sums, group.sum(list(sums.values()))))
+    if xp is numpy:
+        vector = numpy.array([float(v) for v in sums.values()])
+    else:
+        vector = xp.stack([xp.asarray(v, dtype=numpy.float64) for v in sums.values()])
+    return group.allreduce_(vector)
 
 
-def add_step(window, config, batches, outputs_sums, seconds):
-    """Add one step's global sums, this rank's model FLOPs and the time to the logging
-    window; -> the step's tokens (all ranks)."""
-    for key in SUM_KEYS + ("tokens",):
-        window[key] += outputs_sums[key]
+def stop_if_not_finite(args, model, whole, sums, step):
+    """A non-finite loss stops the run naming the step (and the first non-finite weight),
+    before anything is saved; the batch is kept for a look."""
+    total = dict(zip(STEP_KEYS, to_host(sums).tolist()))
+    loss = total["mlm_loss"] / max(total["masked"], 1) + total["nsp_loss"] / max(
+        total["sequences"], 1)
+    if math.isfinite(loss):
+        return
+    save_debug = os.path.join(args.out, "nonfinite_batch.npz")
+    if whole is not None:
+        numpy.savez(save_debug, **whole)
+    bad = first_non_finite(model.params)
+    raise SystemExit(f"error: loss is {loss} at step {step}"
+                     + (f" (first non-finite weight: {bad})" if bad else "")
+                     + (f"; the batch is in {save_debug}" if whole is not None else "")
+                     + "; nothing was saved at this step. Lower --lr or use --dtype float64 "
+                       "to investigate.")
+
+
+def add_step(window, config, batches, sums, seconds):
+    """Add one step's sums (a vector over every rank), this rank's model FLOPs and the time
+    to the logging window."""
+    window["sums"] = sums if window["steps"] == 0 else window["sums"] + sums
     for batch in batches:
         masked = int((batch["labels"] != IGNORE_INDEX).sum())
         window["flops"] += step_flops(config, *batch["input_ids"].shape, masked)
     window["seconds"] += seconds
     window["steps"] += 1
-    return outputs_sums["tokens"]
+
+
+def new_window():
+    return {"sums": None, "flops": 0, "seconds": 0.0, "steps": 0}
 
 
 def replan_steps(args, state, step, budget_end):
@@ -649,14 +684,15 @@ def replan_steps(args, state, step, budget_end):
     return steps
 
 
-def train(args, group, config, model, optimizer, state, data, stop, save, metrics_path):
+def train(args, group, config, model, optimizer, scaler, state, data, stop, save,
+          metrics_path):
     """The loop, from state["step"] until args.steps, the time budget, --stop-at-step or
     Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> the last step.
     Under mpiexec every decision (when to stop, how many steps fit) is taken together, and
     rank 0 alone logs, evaluates and writes (metrics_path is None on the others)."""
     micro = args.batch_size // group.world_size // args.grad_accum
-    peak_tflops = gpu_peak_tflops(args.device)
-    window = dict.fromkeys(WINDOW_KEYS, 0)
+    peak = peak_tflops(args)
+    window = new_window()
     step = state["step"]
     replan = args.steps is None and not args.resume
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
@@ -670,21 +706,23 @@ def train(args, group, config, model, optimizer, state, data, stop, save, metric
             break
         phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1
         start = time.time()
-        lr, batches, sums = train_step(args, group, model, optimizer, data.train_sets[phase],
-                                       phase, step)
+        lr, batches, sums, tokens = train_step(args, group, model, optimizer, scaler,
+                                               data.train_sets[phase], phase, step)
         step += 1
         seconds = time.time() - start
-        state["tokens"] += add_step(window, config, batches, sums, seconds)
+        add_step(window, config, batches, sums, seconds)
+        window["ranks"] = group.world_size
+        state["tokens"] += tokens
         state["train_seconds"] += seconds
-        if replan and group.broadcast_object(state["train_seconds"] > min(60.0, 6 * args.minutes)):
+        if replan and group.broadcast_object(state["train_seconds"] > min(60.0,
+                                                                          6 * args.minutes)):
             replan = False                       # once, after a minute of real steps
             args.steps = group.broadcast_object(replan_steps(args, state, step, budget_end))
         if group.world_size > 1 and args.check_sync_every and step % args.check_sync_every == 0:
             group.digest(flat_buffer(model.params))      # identical weights, or a loud stop
-        if metrics_path and (step % args.log_every == 0 or step == args.steps or stop.stop):
-            log_train(metrics_path, window, step, args.steps, lr, state["train_seconds"],
-                      peak_tflops, group.world_size)
-            window = dict.fromkeys(WINDOW_KEYS, 0)
+        if step % args.log_every == 0 or step == args.steps or stop.stop:
+            log_train(args, model, metrics_path, window, step, lr, state["train_seconds"], peak)
+            window = new_window()
         if metrics_path and data.heldout and args.eval_every and step % args.eval_every == 0 \
                 and step != args.steps:
             log_evaluation(metrics_path, model, data.heldout, step, micro, args.eval_batches)
@@ -758,6 +796,7 @@ def prepare(args, checkpoint_dir):
 def main(argv=None):
     args = parse_args(argv)
     args.device = resolve_device(args.device)
+    set_tf32(not args.no_tf32)
     group = process_group(args.device)
     if not group.is_main:
         sys.stdout = open(os.devnull, "w")            # rank 0 alone prints
@@ -784,6 +823,11 @@ def main(argv=None):
         config, model, optimizer, state = new_model(args, tokenizer.vocab_size, metrics_path)
     if group.world_size > 1:
         group.broadcast_(flat_buffer(model.params))
+    if model.xp is not numpy:     # one Generator for the run: a new one per step would cost
+        model.rng = default_rng(model.xp, args.seed + 1_000_003 * group.rank)   # launches
+    scaler = LossScaler(model.xp) if args.dtype == "float16" else None
+    if scaler and "loss_scaler" in state:
+        scaler.load_state_dict(state["loss_scaler"])
     for dataset in data.train_sets + ([data.heldout] if data.heldout else []):
         dataset.check_compatible(config, tokenizer)
     model.train()
@@ -797,11 +841,14 @@ def main(argv=None):
 
     # the loop, then a last checkpoint (written by rank 0; every rank checks it is finite)
     def save(step):
+        if scaler:
+            state["loss_scaler"] = scaler.state_dict()
         save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step,
                         write=group.is_main)
 
     stop = StopFlag()
-    step = train(args, group, config, model, optimizer, state, data, stop, save, metrics_path)
+    step = train(args, group, config, model, optimizer, scaler, state, data, stop, save,
+                 metrics_path)
     save(step)
     print(f"saved {checkpoint_dir} at step {step} "
           f"({state['train_seconds'] / 60:.1f} min of training)")

@@ -270,23 +270,33 @@ def run_on_standin(tmp_path, argv):
     return json.loads(counts.read_text()), result.stdout
 
 
-def test_train_py_runs_on_the_standin(tmp_path):
-    """train.py --device gpu, unmodified, for 3 steps on the stand-in. It runs; its syncs
-    are reported, not bounded: train.py's loop (another engineer's) still reads each step's
-    loss and norm on the host and makes a Generator per step."""
+def train_on_standin(tmp_path, steps, *extra):
     config = tmp_path / "config.json"
     config.write_text('{"vocab_size": 8192, "hidden_size": 32, "num_hidden_layers": 1, '
                       '"num_attention_heads": 2, "intermediate_size": 64, '
                       '"max_position_embeddings": 128}')
     data = os.path.join(ROOT, "data", "brown")
+    out = tmp_path / f"run-{steps}-{len(extra)}"
     counts, _ = run_on_standin(tmp_path, [
         "train.py", "--device", "gpu", "--data", os.path.join(data, "heldout.txt.gz"),
         "--heldout", "--vocab", os.path.join(data, "vocab-uncased-8192.txt"), "--config",
         str(config), "--dupe-factor", "1", "--max-seq-length", "64", "--batch-size", "8",
-        "--log-every", "1", "--steps", "3", "--out", str(tmp_path / "run")])
-    print(f"train.py --device gpu, 3 steps with evaluation and checkpoint on the stand-in: "
-          f"{counts}")
-    assert (tmp_path / "run" / "checkpoint" / "model.safetensors").exists()
+        "--steps", str(steps), "--out", str(out), *extra])
+    assert (out / "checkpoint" / "model.safetensors").exists()
+    return counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_train_py_steps_that_do_not_log_never_sync(tmp_path, dtype):
+    """train.py --device gpu, unmodified, on the stand-in: a run of 6 steps and one of 3,
+    each logging and saving once at its end, differ by 3 steps that do not log, and those
+    issue no device-to-host sync at all; the run keeps one dropout Generator."""
+    quiet = ("--log-every", "1000", "--checkpoint-every", "1000", "--eval-every", "0",
+             "--dtype", dtype)
+    short, long = train_on_standin(tmp_path, 3, *quiet), train_on_standin(tmp_path, 6, *quiet)
+    print(f"train.py --device gpu {dtype} on the stand-in: 3 steps {short}, 6 steps {long}")
+    assert long["syncs"] == short["syncs"], (short["sync_sites"], long["sync_sites"])
+    assert long["generators"] == short["generators"]
 
 
 def test_bench_device_gpu_runs_on_the_standin(tmp_path):

@@ -137,3 +137,30 @@ def test_float16_checkpoint_saves_the_float32_master_weights(tmp_path):
         assert numpy.array_equal(tensors[name], p), name
     loaded = BertForPreTraining.from_pretrained(tmp_path, dtype=numpy.float16)
     assert loaded.params["cls.predictions.bias"][0] == numpy.float32(1.0 + 2.0 ** -20)
+
+
+def test_both_command_lines_train_in_float16_and_save_float32(tmp_path):
+    """--dtype float16 end to end: train.py takes steps and checkpoints float32 master
+    weights with the loss scale in trainer_state.json; finetune.py's training loss falls and
+    best/ holds float32 weights."""
+    import json
+
+    import finetune
+    from nanobert.formats import safetensors
+    from test_finetune import assert_loss_falls, data, make_tiny_bert
+    from test_train import run
+    out = tmp_path / "pretrain"
+    run(tmp_path, out, "--steps", "3", "--dtype", "float16")
+    state = json.loads((out / "checkpoint" / "trainer_state.json").read_text())
+    assert state["loss_scaler"]["loss_scale"] == 2.0 ** 16, state["loss_scaler"]
+    weights = safetensors.load_file(out / "checkpoint" / "model.safetensors")
+    assert {w.dtype for w in weights.values()} == {numpy.dtype(numpy.float32)}
+    tiny = make_tiny_bert(tmp_path / "tiny")
+    tuned = tmp_path / "finetune"
+    assert finetune.main(["--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev",
+                          data("sst2_dev.tsv"), "--model", tiny, "--out", str(tuned),
+                          "--epochs", "20", "--batch-size", "4", "--lr", "1e-3",
+                          "--dtype", "float16"]) == 0
+    assert_loss_falls(tuned)
+    best = safetensors.load_file(tuned / "best" / "model.safetensors")
+    assert {w.dtype for w in best.values()} == {numpy.dtype(numpy.float32)}
