@@ -15,6 +15,8 @@ NumPy loop of AdamW.step), and LossScaler (float16) keeps its scale and its coun
 steps on the device and skips an overflowing step inside the AdamW kernel.
 """
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 
@@ -46,6 +48,15 @@ CHUNK = 1 << 16
 # Elements per partial sum of the norm: a float32 dot over 110M elements drifts by ~3e-3
 # (sequential accumulation); per 1M-element chunk, added in float64, by ~3e-6.
 NORM_CHUNK = 1 << 20
+
+
+def cpu_threads():
+    """Threads for the optimizer's sweep: as many as BLAS is told to use (OMP_NUM_THREADS, as
+    under mpiexec with one thread per rank), else the cores this process may run on."""
+    told = os.environ.get("OMP_NUM_THREADS", "")
+    if told.isdigit() and int(told) > 0:
+        return int(told)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def chunks(xp, n, size):
@@ -175,7 +186,12 @@ class AdamW:
             self.m = self._views(self.flat_m)                   # first moment
             self.v = self._views(self.flat_v)                   # second moment
             self.decay_runs = self._decay_runs()
-            self.scratch = xp.empty(min(CHUNK, self.buffer.size), self.buffer.dtype)
+            # One scratch chunk per thread: NumPy's ufuncs release the GIL, so the chunks of
+            # a step are shared between threads (the cores BLAS uses are idle here).
+            self.threads = cpu_threads() if xp is numpy else 1
+            self.scratch = [xp.empty(min(CHUNK, self.buffer.size), self.buffer.dtype)
+                            for _ in range(self.threads)]
+            self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
             if xp is not numpy:         # one kernel per step: which elements decay, as a mask
                 decay = numpy.zeros(self.buffer.size, dtype=bool)
                 for start, stop, wd in self.decay_runs:
@@ -204,21 +220,21 @@ class AdamW:
         return runs
 
     def _spans(self, grads):
-        """(p, g, m, v, weight decay, scratch), arrays of one shape: chunks of the flat
-        buffers when the gradients share the parameters' layout, else tensor by tensor."""
+        """[(p, g, m, v, weight decay)], arrays of one shape: chunks of the flat buffers when
+        the gradients share the parameters' layout (-> True), else tensor by tensor."""
         if self.buffer is not None:
             g_buffer, g_offsets = flat_offsets(grads)
             if g_offsets == self.offsets:
                 xp = array_module(self.buffer)
+                spans = []
                 for run_start, run_stop, wd in self.decay_runs:
                     for start, stop in chunks(xp, run_stop - run_start, CHUNK):
                         s = slice(run_start + start, run_start + stop)
-                        scratch = self.scratch[:stop - start] if xp is numpy else None
-                        yield (self.buffer[s], g_buffer[s], self.flat_m[s], self.flat_v[s], wd,
-                               scratch)
-                return
-        for name, p in self.params.items():
-            yield p, grads[name], self.m[name], self.v[name], self.weight_decay[name], None
+                        spans.append((self.buffer[s], g_buffer[s], self.flat_m[s],
+                                      self.flat_v[s], wd))
+                return spans, True
+        return [(p, grads[name], self.m[name], self.v[name], self.weight_decay[name])
+                for name, p in self.params.items()], False
 
     def step(self, grads, lr=None, skip=None):
         """One update of every parameter from `grads` (same keys), at lr (default self.lr).
@@ -236,9 +252,24 @@ class AdamW:
             return self._step_kernel(flat_buffer(grads), lr, t, skip)
         if skip is not None and bool(skip):
             return
-        for p, g, m, v, wd, update in self._spans(grads):
+        spans, chunked = self._spans(grads)
+        if not chunked:
+            self._update(spans, None, lr, t)
+            return
+        share = -(-len(spans) // self.threads)             # contiguous shares, one per thread
+        parts = [(spans[i * share:(i + 1) * share], self.scratch[i], lr, t)
+                 for i in range(self.threads)]
+        if self.pool is None:
+            self._update(*parts[0])
+        else:
+            list(self.pool.map(lambda part: self._update(*part), parts))
+
+    def _update(self, spans, scratch, lr, t):
+        """The Adam(W) update of each span in place; `scratch` (at least a span long) holds
+        the update, else a temporary per span."""
+        for p, g, m, v, wd in spans:
             xp = array_module(p)
-            update = xp.empty_like(g) if update is None else update   # scratch
+            update = xp.empty_like(g) if scratch is None else scratch[:g.size]
             m *= self.beta1
             xp.multiply(g, 1.0 - self.beta1, out=update)
             m += update
