@@ -117,3 +117,15 @@ def test_slices_with_the_global_denominators_sum_to_the_whole_batch():
         scale = max(numpy.abs(whole[k]).max(), 1e-6 * largest)
         error = numpy.abs(total[k] - whole[k]).max() / scale
         assert error <= 1e-12, f"{k}: {error:.2e}"
+
+
+def test_a_task_head_refuses_denominators_before_any_work():
+    """Only the pretraining means divide by a global count; a fine-tuning head weighs
+    micro-batches by rows, so denominators there are a mistake, refused at the door."""
+    from nanobert import BertConfig, BertForSequenceClassification
+    from test_checkpoint import CONFIG, tiny_batch
+    model = BertForSequenceClassification(BertConfig(**CONFIG), seed=0)
+    batch = {k: tiny_batch()[k] for k in ("input_ids", "attention_mask")}
+    batch["labels"] = numpy.array([0, 1, 0])
+    with pytest.raises(ValueError, match="takes no denominators"):
+        model.loss_and_grads(batch, denominators={"masked_lm": 3})

@@ -286,6 +286,7 @@ class BertPreTrainedModel:
     base_prefix = "bert."       # where the encoder's names start in this model's dict
     uses_pooler = True          # False for token classification and QA, as in transformers
     target_keys = ()            # batch keys the loss needs beyond input_ids
+    takes_denominators = False  # BertForPreTraining: its means can divide by a global count
 
     def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
         if not isinstance(config, BertConfig):
@@ -357,6 +358,11 @@ class BertPreTrainedModel:
         if self._half_buffer is not None:
             self._half_buffer[...] = self.buffer
 
+    def _check_denominators(self, denominators):
+        if denominators is not None and not self.takes_denominators:
+            raise ValueError(f"{type(self).__name__} takes no denominators: fine-tuning weighs "
+                             "micro-batches by their rows (average_gradients' weights)")
+
     def _encode(self, host):
         """The encoder on checked inputs -> sequence_output, pooled_output, hidden_states, cache."""
         self._refresh_weights()
@@ -379,6 +385,7 @@ class BertPreTrainedModel:
         return_outputs also the outputs dict of loss_and_grads (logits, hidden_states, loss
         details), at half the cost: no backward. on_device: as in loss_and_grads."""
         host = self.check_batch(batch)
+        self._check_denominators(denominators)
         forward = self._forward(host)
         loss, _, outputs = self._loss_forward(forward.logits, host, denominators)
         if not on_device:
@@ -409,6 +416,7 @@ class BertPreTrainedModel:
         from it instead of 1, so grads are loss_scale times the gradients (the loss is not
         scaled); float16 training needs it."""
         host = self.check_batch(batch)
+        self._check_denominators(denominators)
         with self._overflow_is_expected():
             forward = self._forward(host)
             loss, loss_cache, outputs = self._loss_forward(forward.logits, host, denominators)

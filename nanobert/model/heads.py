@@ -86,12 +86,6 @@ def counted(host_labels):
     return int((numpy.asarray(host_labels) != ops.IGNORE_INDEX).sum())
 
 
-def no_denominators(model, denominators):
-    if denominators is not None:
-        raise ValueError(f"{type(model).__name__} takes no denominators: fine-tuning weighs "
-                         "micro-batches by their rows (average_gradients' weights)")
-
-
 class BertForTask(BertPreTrainedModel):
     """What every task head shares: num_labels and label names from config, the classifier
     dropout, and from_pretrained from any BERT checkpoint (nanobert.formats.checkpoint's
@@ -185,7 +179,6 @@ class BertForSequenceClassification(BertForTask):
         return None, classifier_backward(dlogits, cache, grads)        # dsequence, dpooled
 
     def _loss_forward(self, logits, host, denominators=None):
-        no_denominators(self, denominators)
         kind = host["problem_type"]
         float_labels = kind != "single_label_classification"
         labels = to_device(host["labels"], self.xp, logits.dtype if float_labels else None)
@@ -240,7 +233,6 @@ class BertForTokenClassification(BertForTask):
         return classifier_backward(dlogits, cache, grads), None
 
     def _loss_forward(self, logits, host, denominators=None):
-        no_denominators(self, denominators)
         C = logits.shape[-1]
         labels = to_device(host["labels"].reshape(-1), self.xp)
         loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels,   # [B*T, C]
@@ -301,7 +293,6 @@ class BertForQuestionAnswering(BertForTask):
         return linear_backward_into(dlogits, linear_cache, grads, "qa_outputs"), None
 
     def _loss_forward(self, logits, host, denominators=None):
-        no_denominators(self, denominators)
         xp = self.xp
         start_loss, start_cache = ops.cross_entropy_forward(
             logits[..., 0], to_device(host["start_positions"], xp),
@@ -372,7 +363,6 @@ class BertForMultipleChoice(BertForTask):
         return None, classifier_backward(dlogits.reshape(-1, 1), cache, grads)
 
     def _loss_forward(self, logits, host, denominators=None):
-        no_denominators(self, denominators)
         loss, cache = ops.cross_entropy_forward(logits, to_device(host["labels"], self.xp),
                                                 count=counted(host["labels"]))
         return loss, cache, {"logits": logits, "num_counted": cache.count}

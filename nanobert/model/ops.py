@@ -260,9 +260,7 @@ def dropout_forward(x, p, rng, training):
     if not training or p == 0.0:
         return x, None
     xp = array_module(x)
-    scale = x.dtype.type(1.0 / (1.0 - p))
-    uniform_dtype = numpy.float32 if x.dtype == HALF else x.dtype   # Generators draw no float16
-    uniform = rng.random(x.shape, dtype=uniform_dtype)
+    uniform, scale = _uniform_and_scale(x, p, rng)
     if xp is not numpy:
         return kernels.fused(xp, kernels.dropout)(x, uniform, p, scale)
     mask = (uniform >= p) * scale
@@ -277,9 +275,14 @@ def dropout_add_forward(x, residual, p, rng, training):
         out, mask = dropout_forward(x, p, rng, training)
         out += residual
         return out, mask
-    uniform_dtype = numpy.float32 if x.dtype == HALF else x.dtype
-    return kernels.fused(xp, kernels.dropout_add)(
-        x, rng.random(x.shape, dtype=uniform_dtype), residual, p, x.dtype.type(1.0 / (1.0 - p)))
+    uniform, scale = _uniform_and_scale(x, p, rng)
+    return kernels.fused(xp, kernels.dropout_add)(x, uniform, residual, p, scale)
+
+
+def _uniform_and_scale(x, p, rng):
+    """A uniform draw shaped like x and the 1/(1-p) that scales the kept elements."""
+    uniform_dtype = numpy.float32 if x.dtype == HALF else x.dtype   # Generators draw no float16
+    return rng.random(x.shape, dtype=uniform_dtype), x.dtype.type(1.0 / (1.0 - p))
 
 
 def dropout_backward(dout, mask):

@@ -113,6 +113,7 @@ class BertForPreTraining(BertPreTrainedModel):
     loss is MLM alone and the NSP head gets zero gradients).
     """
     target_keys = ("labels",)
+    takes_denominators = True
 
     @classmethod
     def head_shapes(cls, config):
