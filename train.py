@@ -491,8 +491,8 @@ def log_train(args, model, metrics_path, window, step, lr, elapsed, peak):
     """Print and append the means of the steps since the last log line (the whole job's
     throughput, and per rank under mpiexec). The window's sums are read here, once per log
     line (on the GPU the only read of the loop), and a non-finite loss stops the run."""
-    sums = dict(zip(STEP_KEYS, to_host(window["sums"]).tolist()))
-    stop_if_not_finite(args, model, None, window["sums"], step)
+    sums = host_sums(window["sums"])
+    stop_if_not_finite(args, model, None, sums, step)
     record = {"kind": "train", "step": step, "lr": lr, **means(sums),
               "tokens_per_second": sums["tokens"] / window["seconds"], "elapsed": elapsed}
     line = (f"step {step:>6}/{args.steps}  "
@@ -612,7 +612,8 @@ def train_step(args, group, model, optimizer, scaler, data, phase, step):
     norm = clip_by_global_norm(grads, 1.0, mode=args.optimizer)
     skip = scaler.update(norm) if scaler else None
     if model.xp is numpy:                 # on the GPU these wait for the log line
-        stop_if_not_finite(args, model, whole if group.is_main else None, sums, step + 1)
+        stop_if_not_finite(args, model, whole if group.is_main else None, host_sums(sums),
+                           step + 1)
         if not scaler and not math.isfinite(norm):
             raise SystemExit(f"error: the gradient norm is {norm} at step {step + 1} (first "
                              f"non-finite gradient: {first_non_finite(grads)}); nothing was "
@@ -641,10 +642,14 @@ def step_sums(group, xp, batches, outputs, denominators):
     return group.allreduce_(vector)
 
 
-def stop_if_not_finite(args, model, whole, sums, step):
-    """A non-finite loss stops the run naming the step (and the first non-finite weight),
-    before anything is saved; the batch is kept for a look."""
-    total = dict(zip(STEP_KEYS, to_host(sums).tolist()))
+def host_sums(vector):
+    """The step (or window) sums vector, read to the host, by name."""
+    return dict(zip(STEP_KEYS, to_host(vector).tolist()))
+
+
+def stop_if_not_finite(args, model, whole, total, step):
+    """A non-finite loss (from the host sums `total`) stops the run naming the step (and the
+    first non-finite weight), before anything is saved; the batch is kept for a look."""
     loss = total["mlm_loss"] / max(total["masked"], 1) + total["nsp_loss"] / max(
         total["sequences"], 1)
     if math.isfinite(loss):
