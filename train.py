@@ -83,6 +83,9 @@ def parse_args(argv=None):
                    help="passes over the corpus with new masks/pairs (default 5)")
     g.add_argument("--max-predictions-per-seq", type=flags.positive_int, default=20)
     g.add_argument("--whole-word-mask", action="store_true")
+    g.add_argument("--no-nsp", action="store_true",
+                   help="train with the masked LM alone (the paper's 'No NSP' ablation, Table 5): "
+                        "same instances, the NSP loss left out; held-out NSP is still reported")
     g.add_argument("--dynamic-masking", action="store_true",
                    help="draw new masks every time an instance is used")
     g.add_argument("--utf8-errors", choices=("strict", "replace"), default="strict",
@@ -301,14 +304,15 @@ def refuse_another_vocab(state, checkpoint_dir, vocab_file):
 
 # Flags whose change breaks exact continuation: they change the data (corpus, casing, pairs,
 # masks, sequence lengths), which batch each step reads (seed, batch size, micro-batches), the
-# learning-rate schedule (lr, warmup, steps) or the update itself (weight decay, optimizer,
-# dtype). The rest may change on resume: logging, evaluation, checkpoint interval, time budget,
-# --stop-at-step, the held-out set, --utf8-errors (a corpus that read strictly reads the same
-# with replace; one that needed replace fails strictly) and --device.
+# learning-rate schedule (lr, warmup, steps) or the update itself (the loss with or without
+# NSP, weight decay, optimizer, dtype). The rest may change on resume: logging, evaluation,
+# checkpoint interval, time budget, --stop-at-step, the held-out set, --utf8-errors (a corpus
+# that read strictly reads the same with replace; one that needed replace fails strictly) and
+# --device.
 RESUME_FIXED = ("data", "seed", "cased", "dupe_factor", "max_predictions_per_seq",
-                "whole_word_mask", "dynamic_masking", "max_seq_length", "phase2_max_seq_length",
-                "phase2_fraction", "batch_size", "grad_accum", "lr", "warmup", "steps",
-                "weight_decay", "optimizer", "dtype")
+                "whole_word_mask", "no_nsp", "dynamic_masking", "max_seq_length",
+                "phase2_max_seq_length", "phase2_fraction", "batch_size", "grad_accum", "lr",
+                "warmup", "steps", "weight_decay", "optimizer", "dtype")
 
 
 def refuse_changed_flags(args, state):
@@ -404,9 +408,10 @@ def add_batch(sums, out, batch, denominators=None):
     B = len(batch["input_ids"])
     denominators = denominators or {"masked_lm": out["num_masked"], "next_sentence": B}
     sums["mlm_loss"] += out["mlm_loss"] * denominators["masked_lm"]
-    sums["nsp_loss"] += out["nsp_loss"] * denominators["next_sentence"]
     sums["mlm_correct"] += out["mlm_correct"]
-    sums["nsp_correct"] += out["nsp_correct"]
+    if out["nsp_loss"] is not None:               # None: trained without NSP (--no-nsp)
+        sums["nsp_loss"] += out["nsp_loss"] * denominators["next_sentence"]
+        sums["nsp_correct"] += out["nsp_correct"]
     sums["masked"] += out["num_masked"]
     sums["sequences"] += B
     sums["random_next"] += int(batch["next_sentence_label"].sum())
@@ -495,10 +500,13 @@ def log_train(args, model, metrics_path, window, step, lr, elapsed, peak):
     stop_if_not_finite(args, model, None, sums, step)
     record = {"kind": "train", "step": step, "lr": lr, **means(sums),
               "tokens_per_second": sums["tokens"] / window["seconds"], "elapsed": elapsed}
+    if args.no_nsp:                       # nothing was predicted: no zeros that look measured
+        del record["nsp_loss"], record["nsp_accuracy"]
     line = (f"step {step:>6}/{args.steps}  "
             f"mlm {record['mlm_loss']:.3f} acc {record['mlm_accuracy']:.3f}  "
-            f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  lr {lr:.2e}  "
-            f"{record['tokens_per_second']:,.0f} tok/s")
+            + ("" if args.no_nsp else
+               f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  ")
+            + f"lr {lr:.2e}  {record['tokens_per_second']:,.0f} tok/s")
     ranks = window.get("ranks", 1)
     if ranks > 1:
         record["ranks"] = ranks
@@ -533,7 +541,8 @@ def plot(metrics_path, png_path):
     held = [r for r in rows if r["kind"] == "eval"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key in zip(axes, ("mlm_loss", "nsp_loss")):
-        ax.plot([r["step"] for r in train], [r[key] for r in train], label="train", lw=1)
+        logged = [r for r in train if key in r]        # --no-nsp logs no train NSP loss
+        ax.plot([r["step"] for r in logged], [r[key] for r in logged], label="train", lw=1)
         if held:
             ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", label="held-out")
         ax.set_xlabel("step")
@@ -601,10 +610,14 @@ def train_step(args, group, model, optimizer, scaler, data, phase, step):
     micro = len(mine) // args.grad_accum
     batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()})
                for m in range(args.grad_accum)]
+    # --no-nsp: the model sees no NSP labels, so its loss is the MLM alone (the sums below
+    # still count the random-next pairs)
+    inputs = [{k: v for k, v in b.items() if k != "next_sentence_label"} for b in batches] \
+        if args.no_nsp else batches
     loss_and_grads = functools.partial(
         model.loss_and_grads, return_outputs=True, denominators=denominators,
         on_device=model.xp is not numpy, loss_scale=scaler.scale if scaler else None)
-    _, grads, outputs = average_gradients(loss_and_grads, batches, weights=[1.0] * len(batches))
+    _, grads, outputs = average_gradients(loss_and_grads, inputs, weights=[1.0] * len(inputs))
     allreduce_grads(group, grads)
     if scaler:
         scaler.unscale(grads)

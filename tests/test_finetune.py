@@ -9,7 +9,7 @@ import numpy
 import pytest
 
 import finetune
-from nanobert import BertConfig, BertModel
+from nanobert import BertConfig, BertForSequenceClassification, BertModel
 from nanobert.data.tokenizer import BertTokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "finetune")
@@ -150,6 +150,23 @@ def test_gradient_accumulation_takes_the_same_step(tmp_path):
         for name, w in weights[0].items():
             assert numpy.allclose(other[name], w, rtol=0, atol=1e-12), \
                 f"{name} differs after one step"
+
+
+def test_from_scratch_keeps_the_architecture_and_drops_the_weights(tiny_bert):
+    """--from-scratch: the checkpoint's config, a fresh initialisation from --seed (the
+    ablation's random-init baseline), nothing of the pretrained weights."""
+    args = finetune.resolve_task(finetune.parse_args(
+        ["--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"),
+         "--model", tiny_bert, "--from-scratch", "--seed", "3"]))
+    model = finetune.model_with_head(args, finetune.TASKS[args.task], tiny_bert, ["0", "1"])
+    fresh = BertForSequenceClassification(model.config, seed=3)
+    pretrained = BertModel.from_pretrained(tiny_bert)
+    assert model.params["classifier.weight"].shape == (2, 32)
+    assert model.params.keys() == fresh.params.keys()
+    for name, value in model.params.items():
+        numpy.testing.assert_array_equal(value, fresh.params[name], err_msg=name)
+    assert not numpy.array_equal(model.params["bert.embeddings.word_embeddings.weight"],
+                                 pretrained.params["embeddings.word_embeddings.weight"])
 
 
 def test_a_head_with_another_label_count_needs_reinit_head(tiny_bert, tmp_path):

@@ -7,6 +7,7 @@ import numpy
 import pytest
 
 import train
+from nanobert import BertConfig, BertForPreTraining
 from nanobert.formats import safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -60,6 +61,29 @@ def test_gradient_accumulation_takes_the_same_steps(tmp_path):
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert len(one) == len(two) == 3
     numpy.testing.assert_allclose(two, one, rtol=1e-5)
+
+
+def test_no_nsp_trains_the_masked_lm_alone(tmp_path):
+    """--no-nsp (the paper's "No NSP" ablation): without weight decay the NSP classifier and
+    the pooler, which only the NSP loss reaches, keep their initial weights while the MLM
+    weights move; with NSP all of them move. The train log has no NSP numbers; the held-out
+    evaluation still measures NSP."""
+    held = ["--heldout", str(BROWN / "heldout.txt.gz"), "--eval-batches", "2"]
+    for name, extra in (("mlm", ["--no-nsp", *held]), ("both", [])):
+        run(tmp_path, tmp_path / name, "--steps", "3", "--weight-decay", "0", *extra)
+    config = BertConfig.from_json_file(tmp_path / "mlm" / "checkpoint" / "config.json")
+    initial = BertForPreTraining(config, seed=0).params
+    nsp_only = ("cls.seq_relationship.weight", "cls.seq_relationship.bias",
+                "bert.pooler.dense.weight", "bert.pooler.dense.bias")
+    for name, moved in (("mlm", False), ("both", True)):
+        weights = safetensors.load_file(tmp_path / name / "checkpoint" / "model.safetensors")
+        for key in nsp_only:
+            assert numpy.array_equal(weights[key], initial[key]) != moved, (name, key)
+        assert not numpy.array_equal(weights["cls.predictions.transform.dense.weight"],
+                                     initial["cls.predictions.transform.dense.weight"]), name
+    rows = [json.loads(line) for line in open(tmp_path / "mlm" / "metrics.jsonl")]
+    assert all("nsp_loss" not in r for r in rows if r["kind"] == "train")
+    assert "nsp_accuracy" in json.loads((tmp_path / "mlm" / "eval.json").read_text())["heldout"]
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
