@@ -115,8 +115,10 @@ def parse_args(argv=None):
     g.add_argument("--steps", type=flags.positive_int,
                    help="optimizer steps (default: as many as --minutes allows, estimated from "
                         "the first steps)")
-    g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True), default=10.0,
-                   help="time budget for training (default 10)")
+    g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True),
+                   help="time budget for training: stop there (a checkpoint; --resume goes on) "
+                        "even if --steps are left (default: 10 without --steps, none with it "
+                        "or with --resume)")
     g.add_argument("--optimizer", choices=("bert", "torch"), default="bert",
                    help="AdamW flavour: the original AdamWeightDecay (default) or "
                         "torch.optim.AdamW's")
@@ -146,7 +148,10 @@ def parse_args(argv=None):
     g.add_argument("--stop-at-step", type=flags.positive_int,
                    help="checkpoint and stop at this step (the schedule still spans --steps; "
                         "continue with --resume)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.minutes is None and args.steps is None and not args.resume:
+        args.minutes = 10.0                     # the no-argument run: a ten-minute budget
+    return args
 
 # ----------------------------------------------------------------------------- vocab and data
 
@@ -716,10 +721,13 @@ def train(args, group, config, model, optimizer, scaler, state, data, stop, save
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
         args.steps = group.broadcast_object(
             steps_for_budget(model, data.train_sets[0], micro, args.grad_accum, args.minutes))
-    budget_end = time.time() + 60 * args.minutes
+    budget_end = time.time() + 60 * args.minutes if args.minutes else math.inf
     while step < args.steps:
         stopping, over_budget = group.sum([stop.stop, time.time() > budget_end])
         stop.stop = stopping > 0                 # Ctrl-C on any rank stops every rank
+        if over_budget:
+            print(f"the time budget (--minutes {args.minutes:g}) ends the run at step {step} of "
+                  f"{args.steps}; --resume continues it")
         if stop.stop or over_budget or step == args.stop_at_step:
             break
         phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1

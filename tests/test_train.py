@@ -49,6 +49,21 @@ def test_resume_continues_exactly(tmp_path):
                      "trainer_state.json", "vocab.txt"]
 
 
+def test_time_budget_stops_early_and_resume_finishes(tmp_path, capsys):
+    """--steps without --minutes has no time budget (a schedule of 10,000 steps once stopped
+    silently at the default ten minutes); --minutes with --steps stops at the budget, says
+    so, and --resume alone runs the schedule to its end."""
+    assert train.parse_args([]).minutes == 10.0
+    assert train.parse_args(["--steps", "5"]).minutes is None
+    out = tmp_path / "run"
+    run(tmp_path, out, "--steps", "400", "--minutes", "0.002")
+    stopped = json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"]
+    assert stopped < 400
+    assert f"ends the run at step {stopped} of 400" in capsys.readouterr().out
+    run(tmp_path, out, "--resume", "--log-every", "50")
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 400
+
+
 def test_gradient_accumulation_takes_the_same_steps(tmp_path):
     """--grad-accum 2 (two micro-batches of 4) ~ one batch of 8, without dropout: the logged
     losses of 3 steps agree to 1e-5 (the first is the mean over both halves before any update;
