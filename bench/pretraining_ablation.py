@@ -23,7 +23,8 @@ side, then the fine-tunings.
 
 Everything lands in --out (default runs/ablation/): pretrain-<name>/, <task>/<start>-seed<s>/
 (each a finetune.py output folder with results.json), table.md and results.json. A run whose
-results exist is not repeated (--force repeats the fine-tuning).
+results exist is not repeated (--force repeats the fine-tuning); an interrupted pretraining run
+is resumed from its last checkpoint.
 """
 import argparse
 import concurrent.futures
@@ -100,8 +101,11 @@ def pretraining_jobs(args):
         out = os.path.join(args.out, f"pretrain-{name}")
         checkpoints[name] = os.path.join(out, "checkpoint")
         if not os.path.isfile(os.path.join(out, "eval.json")):
+            # an interrupted run goes on from its last checkpoint (exactly as if uninterrupted)
+            resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
             jobs.append(([sys.executable, "train.py", *PRETRAIN, "--steps",
-                          str(args.pretrain_steps), *flags, "--out", out], out))
+                          str(args.pretrain_steps), *flags, "--out", out,
+                          *(["--resume"] if resume else [])], out))
     return jobs, checkpoints
 
 

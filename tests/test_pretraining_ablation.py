@@ -1,0 +1,60 @@
+"""bench/pretraining_ablation.py's bookkeeping, on made-up results (the runs themselves take
+an hour: a benchmark): which runs it would start, and the table's means, sample standard
+deviations and differences in units of the pooled seed spread."""
+import json
+import math
+import os
+import statistics
+
+from bench import pretraining_ablation as ablation
+
+
+def write_result(args, task, start, seed, score):
+    folder = ablation.finetune_folder(args, task, start, seed)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"test": {ablation.TASKS[task][1]: score}}, f)
+
+
+def touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+
+
+def parse(tmp_path):
+    return ablation.argparse.Namespace(out=str(tmp_path), tasks=["trec"], seeds=[0, 1, 2],
+                                       force=False, pretrain_steps=10, parallel=1)
+
+
+def test_table_means_stds_and_differences(tmp_path):
+    args = parse(tmp_path)
+    scores = {"MLM + NSP": [0.80, 0.82, 0.84], "MLM only (no NSP)": [0.79, 0.80, 0.81],
+              "random init": [0.70, 0.71, 0.75]}
+    for start, values in scores.items():
+        for seed, value in zip(args.seeds, values):
+            write_result(args, "trec", start, seed, value)
+    text, numbers = ablation.table(args)
+    pretrained, scratch = numbers["trec"]["MLM + NSP"], numbers["trec"]["random init"]
+    assert math.isclose(pretrained["mean"], 82.0) and math.isclose(scratch["mean"], 72.0)
+    assert math.isclose(pretrained["std"], statistics.stdev([80, 82, 84]))      # sample std
+    pooled = math.sqrt((statistics.stdev([80, 82, 84]) ** 2
+                        + statistics.stdev([70, 71, 75]) ** 2) / 2)
+    assert math.isclose(pretrained["difference"], 10.0)
+    assert math.isclose(pretrained["in_stds"], 10.0 / pooled)
+    assert "| TREC question type, 6 classes | MLM + NSP | 82.0 +- 2.0 | 3 | +10.0 (" in text
+
+
+def test_only_missing_runs_are_started(tmp_path):
+    args = parse(tmp_path)
+    jobs, checkpoints = ablation.pretraining_jobs(args)
+    assert len(jobs) == 2 and "--no-nsp" in jobs[1][0] and "--no-nsp" not in jobs[0][0]
+    write_result(args, "trec", "random init", 1, 0.7)
+    runs = ablation.finetune_jobs(args, checkpoints)
+    assert len(runs) == 3 * 3 - 1
+    scratch = [cmd for cmd, _ in runs if "--from-scratch" in cmd]
+    assert len(scratch) == 2 and all(checkpoints["mlm-nsp"] in cmd for cmd in scratch)
+    # an interrupted pretraining run is resumed, a finished one is not started again
+    touch(tmp_path / "pretrain-mlm" / "checkpoint" / "trainer_state.json")
+    touch(tmp_path / "pretrain-mlm-nsp" / "eval.json")
+    jobs, _ = ablation.pretraining_jobs(args)
+    assert len(jobs) == 1 and "--no-nsp" in jobs[0][0] and "--resume" in jobs[0][0]
