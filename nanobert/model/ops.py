@@ -150,12 +150,14 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
             dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
             (dxhat * xhat).mean(axis=-1, keepdims=True), rstd)
         return dx.astype(dtype, copy=False), dgamma, dbeta
-    dgamma = xp.sum((dout * xhat).reshape(-1, H), axis=0, out=dgamma)
+    product = dout * xhat                                  # one scratch buffer, reused
+    dgamma = xp.sum(product.reshape(-1, H), axis=0, out=dgamma)
     dbeta = xp.sum(dout.reshape(-1, H), axis=0, out=dbeta)
-    dxhat = dout * gamma
+    dx = dout * gamma                                      # dxhat, made dx in place
     # d/dx of (x - mean) * rstd: remove the mean of dxhat and its projection on xhat.
-    dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
-    dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    projection = xp.multiply(dx, xhat, out=product).mean(axis=-1, keepdims=True)
+    dx -= dx.mean(axis=-1, keepdims=True)
+    dx -= xp.multiply(xhat, projection, out=product)
     dx *= rstd
     return dx.astype(dtype, copy=False), dgamma, dbeta
 
