@@ -224,14 +224,17 @@ def tanh_backward(dout, y):
 # ------------------------------------------------------------------------------- softmax
 
 
-def softmax_forward(x):
+def softmax_forward(x, overwrite_x=False):
     """Softmax over the last axis; the max is subtracted so exp never overflows.
-    float16 input: computed in float32, the probabilities returned in float16."""
+    float16 input: computed in float32, the probabilities returned in float16.
+    overwrite_x: x is a temporary the caller drops (the attention scores); on NumPy the
+    probabilities are computed in its memory, one large allocation fewer."""
     xp = array_module(x)
     dtype = x.dtype
+    in_place = xp is numpy and (overwrite_x or dtype == HALF)   # float16: x is our copy
     x = float32_if_half(x)
     if xp is numpy:
-        y = x - x.max(axis=-1, keepdims=True)
+        y = xp.subtract(x, x.max(axis=-1, keepdims=True), out=x if in_place else None)
         xp.exp(y, out=y)
     else:
         y = kernels.fused(xp, kernels.exp_shifted)(x, x.max(axis=-1, keepdims=True))
@@ -359,7 +362,7 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     q = q * (1.0 / math.sqrt(D))                           # scale q: cheaper than scores
     scores = matmul(q, k.transpose(0, 1, 3, 2))            # [B, A, T, T]
     scores += mask_bias
-    probs, softmax_cache = softmax_forward(scores)
+    probs, softmax_cache = softmax_forward(scores, overwrite_x=True)
     probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
     # The matmul writes each head straight into its columns of [B, T, H]: no transposing copy.
     context = xp.empty((B, T, H), dtype=x.dtype)
