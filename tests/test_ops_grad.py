@@ -108,6 +108,20 @@ def test_dropout_is_identity_in_eval_and_keeps_expectation_in_train():
     assert abs(out.mean() - 1.0) < 0.02, f"mean {out.mean()} should stay ~1 (inverted dropout)"
 
 
+
+@settings(max_examples=25, deadline=None)
+@given(dtype=st.sampled_from(["float16", "float32", "float64"]), p=st.floats(1e-6, 0.999),
+       n=st.integers(1, 40), seed=seeds)
+def test_dropout_keeps_exactly_where_a_uniform_draw_is_at_least_p(dtype, p, n, seed):
+    """The NumPy mask, made from raw random words, is the one the CuPy kernels make from
+    rng.random: kept where uniform >= p (float16 draws float32 uniforms)."""
+    x = numpy.ones((2, 2 * n), dtype=dtype)          # even: float32 words come in pairs
+    _, mask = ops.dropout_forward(x, p, numpy.random.default_rng(seed), True)
+    uniform_dtype = "float32" if dtype == "float16" else dtype
+    uniform = numpy.random.default_rng(seed).random(x.shape, dtype=uniform_dtype)
+    expected = uniform >= uniform.dtype.type(p)
+    assert mask.dtype == x.dtype and numpy.array_equal(mask != 0, expected), (mask, uniform, p)
+
 @settings(max_examples=30, deadline=None)
 @given(b=st.integers(1, 3), t=st.integers(1, 5), heads=st.integers(1, 3), d=st.integers(1, 3),
        dropout=st.sampled_from([0.0, 0.2]), seed=seeds)

@@ -150,12 +150,14 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
             dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
             (dxhat * xhat).mean(axis=-1, keepdims=True), rstd)
         return dx.astype(dtype, copy=False), dgamma, dbeta
-    dgamma = xp.sum((dout * xhat).reshape(-1, H), axis=0, out=dgamma)
+    product = dout * xhat                                  # one scratch buffer, reused
+    dgamma = xp.sum(product.reshape(-1, H), axis=0, out=dgamma)
     dbeta = xp.sum(dout.reshape(-1, H), axis=0, out=dbeta)
-    dxhat = dout * gamma
+    dx = dout * gamma                                      # dxhat, made dx in place
     # d/dx of (x - mean) * rstd: remove the mean of dxhat and its projection on xhat.
-    dx = dxhat - dxhat.mean(axis=-1, keepdims=True)
-    dx -= xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    projection = xp.multiply(dx, xhat, out=product).mean(axis=-1, keepdims=True)
+    dx -= dx.mean(axis=-1, keepdims=True)
+    dx -= xp.multiply(xhat, projection, out=product)
     dx *= rstd
     return dx.astype(dtype, copy=False), dgamma, dbeta
 
@@ -222,14 +224,17 @@ def tanh_backward(dout, y):
 # ------------------------------------------------------------------------------- softmax
 
 
-def softmax_forward(x):
+def softmax_forward(x, overwrite_x=False):
     """Softmax over the last axis; the max is subtracted so exp never overflows.
-    float16 input: computed in float32, the probabilities returned in float16."""
+    float16 input: computed in float32, the probabilities returned in float16.
+    overwrite_x: x is a temporary the caller drops (the attention scores); on NumPy the
+    probabilities are computed in its memory, one large allocation fewer."""
     xp = array_module(x)
     dtype = x.dtype
+    in_place = xp is numpy and (overwrite_x or dtype == HALF)   # float16: x is our copy
     x = float32_if_half(x)
     if xp is numpy:
-        y = x - x.max(axis=-1, keepdims=True)
+        y = xp.subtract(x, x.max(axis=-1, keepdims=True), out=x if in_place else None)
         xp.exp(y, out=y)
     else:
         y = kernels.fused(xp, kernels.exp_shifted)(x, x.max(axis=-1, keepdims=True))
@@ -260,10 +265,10 @@ def dropout_forward(x, p, rng, training):
     if not training or p == 0.0:
         return x, None
     xp = array_module(x)
-    uniform, scale = _uniform_and_scale(x, p, rng)
+    scale = x.dtype.type(1.0 / (1.0 - p))
     if xp is not numpy:
-        return kernels.fused(xp, kernels.dropout)(x, uniform, p, scale)
-    mask = (uniform >= p) * scale
+        return kernels.fused(xp, kernels.dropout)(x, _uniform(x, rng), p, scale)
+    mask = _keep_mask(x.shape, p, rng, _uniform_dtype(x)) * scale
     return x * mask, mask
 
 
@@ -275,14 +280,42 @@ def dropout_add_forward(x, residual, p, rng, training):
         out, mask = dropout_forward(x, p, rng, training)
         out += residual
         return out, mask
-    uniform, scale = _uniform_and_scale(x, p, rng)
-    return kernels.fused(xp, kernels.dropout_add)(x, uniform, residual, p, scale)
+    scale = x.dtype.type(1.0 / (1.0 - p))
+    return kernels.fused(xp, kernels.dropout_add)(x, _uniform(x, rng), residual, p, scale)
 
 
-def _uniform_and_scale(x, p, rng):
-    """A uniform draw shaped like x and the 1/(1-p) that scales the kept elements."""
-    uniform_dtype = numpy.float32 if x.dtype == HALF else x.dtype   # Generators draw no float16
-    return rng.random(x.shape, dtype=uniform_dtype), x.dtype.type(1.0 / (1.0 - p))
+def _uniform_dtype(x):
+    return numpy.dtype(numpy.float32) if x.dtype == HALF else x.dtype  # Generators draw no float16
+
+
+def _uniform(x, rng):
+    """A uniform draw shaped like x (CuPy: the fused kernels compare it with p)."""
+    return rng.random(x.shape, dtype=_uniform_dtype(x))
+
+
+# A Generator's uniform is a random word shifted right and scaled: float32 (32-bit word >> 8)
+# * 2^-24, float64 (64-bit word >> 11) * 2^-53. dtype -> (word, bits kept).
+UNIFORM_WORDS = {numpy.dtype(numpy.float32): (numpy.dtype(numpy.uint32), 24),
+                 numpy.dtype(numpy.float64): (numpy.dtype(numpy.uint64), 53)}
+
+
+def _keep_mask(shape, p, rng, uniform_dtype):
+    """rng.random(shape, uniform_dtype) >= p (bool), decided on the random words without
+    making floats of them: twice as fast. The same elements are kept (p is quantised as the
+    uniforms are, to 2^-24 in float32), except that a float32 draw of odd size drops the
+    unused half of its last 64-bit word instead of keeping it for the next draw."""
+    word, bits = UNIFORM_WORDS[uniform_dtype]
+    n = math.prod(shape)
+    if isinstance(rng.bit_generator, numpy.random.MT19937):   # 32-bit raw output
+        words = rng.integers(0, 2 ** (8 * word.itemsize), size=n, dtype=word)
+    else:                                                      # 64-bit raw output, cut in words
+        per_raw = 8 // word.itemsize
+        words = rng.bit_generator.random_raw(-(-n // per_raw)).view(word)[:n]
+    # (w >> shift) * 2^-bits >= p  <=>  w >= ceil(p * 2^bits) << shift (a Python int: it may
+    # be 2^32 when p rounds to 1.0 in float32, and then nothing is kept, as before)
+    shift = 8 * word.itemsize - bits
+    threshold = math.ceil(float(uniform_dtype.type(p)) * 2 ** bits) << shift
+    return words.reshape(shape) >= threshold
 
 
 def dropout_backward(dout, mask):
@@ -329,7 +362,7 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     q = q * (1.0 / math.sqrt(D))                           # scale q: cheaper than scores
     scores = matmul(q, k.transpose(0, 1, 3, 2))            # [B, A, T, T]
     scores += mask_bias
-    probs, softmax_cache = softmax_forward(scores)
+    probs, softmax_cache = softmax_forward(scores, overwrite_x=True)
     probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
     # The matmul writes each head straight into its columns of [B, T, H]: no transposing copy.
     context = xp.empty((B, T, H), dtype=x.dtype)
