@@ -98,7 +98,9 @@ def test_no_nsp_trains_the_masked_lm_alone(tmp_path):
                                      initial["cls.predictions.transform.dense.weight"]), name
     rows = [json.loads(line) for line in open(tmp_path / "mlm" / "metrics.jsonl")]
     assert all("nsp_loss" not in r for r in rows if r["kind"] == "train")
-    assert "nsp_accuracy" in json.loads((tmp_path / "mlm" / "eval.json").read_text())["heldout"]
+    summary = json.loads((tmp_path / "mlm" / "eval.json").read_text())
+    assert "nsp_accuracy" in summary["heldout"] and "nsp_standard_errors" in summary
+    assert 0.01 < summary["unigram_accuracy"] < 0.2       # always "the": a few percent
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
@@ -182,7 +184,8 @@ def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
     assert held["step"] == 1500
     first = train_losses(out)[0][1]
     datasets = {p.name.split("-")[0]: PretrainingDataset(p) for p in (out / "data").iterdir()}
-    unigram = train.unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000, 32)
+    unigram, _, _ = train.unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000,
+                                           32)
     margin = 3 * (0.25 / held["sequences"]) ** 0.5
     print(f"MLM: first logged {first:.3f}, held-out {held['mlm_loss']:.3f}, unigram {unigram:.3f}; "
           f"NSP held-out {held['nsp_accuracy']:.3f} vs majority "
