@@ -41,7 +41,8 @@ def test_table_means_stds_and_differences(tmp_path):
                         + statistics.stdev([70, 71, 75]) ** 2) / 2)
     assert math.isclose(pretrained["difference"], 10.0)
     assert math.isclose(pretrained["in_stds"], 10.0 / pooled)
-    assert "| TREC question type, 6 classes | MLM + NSP | 82.0 +- 2.0 | 3 | +10.0 (" in text
+    assert "| TREC question type, 6 classes, 4,305 train | MLM + NSP | 82.0 +- 2.0 | 3 | +10.0 (" \
+        in text
 
 
 def test_only_missing_runs_are_started(tmp_path):
@@ -58,3 +59,20 @@ def test_only_missing_runs_are_started(tmp_path):
     touch(tmp_path / "pretrain-mlm-nsp" / "eval.json")
     jobs, _ = ablation.pretraining_jobs(args)
     assert len(jobs) == 1 and "--no-nsp" in jobs[0][0] and "--resume" in jobs[0][0]
+
+
+def test_the_few_label_setting_overrides_the_recipe(tmp_path):
+    """finetune.py takes the last of a repeated flag: the subset's 10 epochs must come after
+    the recipe's 3."""
+    args = parse(tmp_path)
+    args.tasks = ["trec-1k"]
+    _, checkpoints = ablation.pretraining_jobs(args)
+    cmd = ablation.finetune_jobs(args, checkpoints)[0][0]
+    epochs = [cmd[i + 1] for i, flag in enumerate(cmd) if flag == "--epochs"]
+    assert epochs[-1] == "10" and "--max-train-examples" in cmd
+    assert finetune_epochs(cmd) == 10.0
+
+
+def finetune_epochs(cmd):
+    import finetune
+    return finetune.parse_args(cmd[cmd.index("finetune.py") + 1:]).epochs
