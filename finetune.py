@@ -49,7 +49,7 @@ from typing import Callable, NamedTuple
 import numpy
 
 from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, flags, learning_rate
-from nanobert.backend import default_rng, resolve_device, set_tf32, to_host
+from nanobert.backend import default_rng, resolve_device, reuse_freed_memory, set_tf32, to_host
 from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
 from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.data.tokenizer import BertTokenizer
@@ -888,6 +888,7 @@ def evaluate_test(args, task, tokenizer, data, best):
 
 def main(argv=None):
     args = resolve_task(parse_args(argv))
+    reuse_freed_memory()                          # each step's arrays land in mapped memory
     args.device = resolve_device(args.device)
     set_tf32(not args.no_tf32)
     if args.task == "features":

@@ -36,7 +36,8 @@ import numpy
 from nanobert import (AdamW, BertConfig, BertForPreTraining, average_gradients,
                       clip_by_global_norm, flags, learning_rate)
 from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
-from nanobert.backend import default_rng, matmul_precision, resolve_device, set_tf32, to_host
+from nanobert.backend import (default_rng, matmul_precision, resolve_device, reuse_freed_memory,
+                              set_tf32, to_host)
 from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
 from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
@@ -51,8 +52,9 @@ from nanobert.model.optim import LossScaler, warmup_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")
-PRESETS = {   # (layers, hidden, heads): the BERT sizes of the paper and of Turc et al. (2019)
-    "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
+PRESETS = {   # (layers, hidden, heads): the BERT sizes of the paper and of Turc et al. (2019),
+    # and below them "nano", the ten-minute CPU default: small enough for ~10,000 steps there
+    "nano": (2, 64, 2), "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
     "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16),
 }
 # Per-window sums: losses weighted by their counts, so that means are per token / sequence.
@@ -92,8 +94,9 @@ def parse_args(argv=None):
                    help="non-UTF-8 bytes: stop naming file and offset (strict), or replace "
                         "and count")
     g = p.add_argument_group("model")
-    g.add_argument("--preset", choices=PRESETS, default="tiny",
-                   help="model size (default tiny: L=2, H=128)")
+    g.add_argument("--preset", choices=PRESETS, default="nano",
+                   help="model size (default nano: L=2, H=64, A=2; tiny is BERT-Tiny, L=2, "
+                        "H=128)")
     g.add_argument("--config",
                    help="a config.json instead of --preset (vocab_size is set from the vocab)")
     g.add_argument("--max-seq-length", type=flags.in_range(int, 5), default=64,
@@ -109,8 +112,9 @@ def parse_args(argv=None):
                    help="sequences per optimizer step (default 32)")
     g.add_argument("--grad-accum", type=flags.positive_int, default=1,
                    help="split each batch into this many micro-batches")
-    g.add_argument("--lr", type=flags.learning_rate, default=5e-4,
-                   help="peak learning rate (default 5e-4, for the tiny preset)")
+    g.add_argument("--lr", type=flags.learning_rate,
+                   help="peak learning rate (default 1e-3 for the nano preset, else 5e-4: "
+                        "BERT-Tiny's learning stalls at 1e-3)")
     g.add_argument("--warmup", type=flags.non_negative_float, default=0.05,
                    help="warmup: a fraction of the steps (<1) or a count")
     g.add_argument("--steps", type=flags.positive_int,
@@ -150,6 +154,8 @@ def parse_args(argv=None):
                    help="checkpoint and stop at this step (the schedule still spans --steps; "
                         "continue with --resume)")
     args = p.parse_args(argv)
+    if args.lr is None:
+        args.lr = 1e-3 if args.preset == "nano" and not args.config else 5e-4
     if args.minutes is None and args.steps is None and not args.resume:
         args.minutes = 10.0                     # the no-argument run: a ten-minute budget
     return args
@@ -833,6 +839,7 @@ def prepare(args, checkpoint_dir):
 
 def main(argv=None):
     args = parse_args(argv)
+    reuse_freed_memory()                          # each step's arrays land in mapped memory
     args.device = resolve_device(args.device)
     set_tf32(not args.no_tf32)
     group = process_group(args.device)

@@ -186,6 +186,7 @@ def main(argv=None):
     if args.no_tf32:
         backend.set_tf32(False)       # the environment carries it to the workers
     if args.worker:
+        backend.reuse_freed_memory()   # as train.py does; for torch too, so the ratio is fair
         print(*measure(*args.worker, args.steps, args.device, args.dtype))
         return
 

@@ -4,6 +4,7 @@ Model and optimizer code never import numpy or cupy directly for array math: the
 `array_module(x)` for the namespace (`xp`) an array lives in, so the same code runs on both.
 Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings.
 """
+import ctypes
 import os
 
 import numpy
@@ -99,6 +100,22 @@ def to_device(x, xp, dtype=None):
     if xp is numpy:
         return numpy.asarray(to_host(x), dtype=dtype)
     return xp.asarray(x, dtype=dtype)
+
+
+def reuse_freed_memory():
+    """Ask glibc's malloc to keep freed blocks of up to 32 MiB for reuse instead of handing
+    them back to the system. A training step allocates the same activations every time; with
+    glibc's defaults many arrive as fresh pages that the kernel must fault in and zero, one
+    more pass over memory per array (BERT-base on 2 cores: ~0.5 of a 4 s step). Peak memory
+    stays the same (the same arrays, reused). Process-wide, so the command lines call it, not
+    the library. -> whether it applied (False where the C library is not glibc)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3            # glibc's malloc.h
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 * 2 ** 20)) and bool(
+        mallopt(M_TRIM_THRESHOLD, 2 ** 30))
 
 
 def to_host(x):
