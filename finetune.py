@@ -48,7 +48,8 @@ from typing import Callable, NamedTuple
 
 import numpy
 
-from nanobert import AdamW, BertModel, average_gradients, clip_by_global_norm, flags, learning_rate
+from nanobert import (AdamW, BertConfig, BertModel, average_gradients, clip_by_global_norm, flags,
+                      learning_rate)
 from nanobert.backend import default_rng, resolve_device, reuse_freed_memory, set_tf32, to_host
 from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
 from nanobert.data import datasets, metrics, squad, tasks
@@ -57,6 +58,7 @@ from nanobert.formats.checkpoint import first_non_finite
 from nanobert.formats.fileio import atomic_folder, atomic_open, output_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
+from nanobert.model.config import with_labels
 from nanobert.model.flat import flat_buffer
 from nanobert.model.optim import LossScaler, warmup_steps
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
@@ -640,12 +642,14 @@ def save_best(model, tokenizer, folder, info):
 def model_with_head(args, task, folder, label_list, rank=0):
     """The encoder from the checkpoint and the task's head (a fresh one unless the checkpoint
     holds it), in training mode with seeded dropout (a stream of its own on each rank)."""
-    model = task.head.from_pretrained(folder, reinit_head=args.reinit_head,
-                                      dtype=numpy.dtype(args.dtype), device=args.device,
-                                      seed=args.seed, **task.head_options(label_list))
-    if args.from_scratch:           # same config (labels included), no pretrained weight
-        model = task.head(model.config, seed=args.seed, dtype=numpy.dtype(args.dtype),
-                          device=args.device)
+    dtype, options = numpy.dtype(args.dtype), task.head_options(label_list)
+    if args.from_scratch:           # the checkpoint's config (and the labels), no weight read
+        config = with_labels(BertConfig.from_json_file(os.path.join(folder, "config.json")),
+                             **options)
+        model = task.head(config, seed=args.seed, dtype=dtype, device=args.device)
+    else:
+        model = task.head.from_pretrained(folder, reinit_head=args.reinit_head, dtype=dtype,
+                                          device=args.device, seed=args.seed, **options)
     if args.max_seq_length > model.config.max_position_embeddings:
         raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
