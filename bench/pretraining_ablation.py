@@ -16,10 +16,11 @@ several seeds, and print the difference (a benchmark: hours on a CPU, not part o
 2. Fine-tuning (`python finetune.py ...`) of every task from three starts: "MLM + NSP", "MLM
    only" and "random init" (`--from-scratch`: the same config and vocab, every weight fresh),
    each with the same recipe and seeds; the best dev epoch is scored on test.
-Runs go two at a time (--parallel), one BLAS thread each: the two pretraining runs side by
-side, then the fine-tunings.
 3. The table: test score, mean +- standard deviation over the seeds, and each pretrained
    row's difference from random init in units of the seeds' spread (pooled std).
+
+Runs go two at a time (--parallel), one BLAS thread each: the two pretraining runs side by
+side, then the fine-tunings.
 
 Everything lands in --out (default runs/ablation/): pretrain-<name>/, <task>/<start>-seed<s>/
 (each a finetune.py output folder with results.json), table.md and results.json. A run whose
@@ -35,6 +36,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from nanobert import flags
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # train.py's folder
 # Pretraining: BERT-tiny (L=2, H=128, A=2; ~10,000 steps fit in the time BERT-mini takes for
@@ -104,14 +107,14 @@ def run_all(jobs, parallel):
 def pretraining_jobs(args):
     """The pretraining runs whose eval.json is missing -> (jobs, {name: checkpoint folder})."""
     jobs, checkpoints = [], {}
-    for name, flags in PRETRAININGS.items():
+    for name, extra in PRETRAININGS.items():
         out = os.path.join(args.out, f"pretrain-{name}")
         checkpoints[name] = os.path.join(out, "checkpoint")
         if not os.path.isfile(os.path.join(out, "eval.json")):
             # an interrupted run goes on from its last checkpoint (exactly as if uninterrupted)
             resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
             jobs.append(([sys.executable, "train.py", *PRETRAIN, "--steps",
-                          str(args.pretrain_steps), *flags, "--out", out,
+                          str(args.pretrain_steps), *extra, "--out", out,
                           *(["--resume"] if resume else [])], out))
     return jobs, checkpoints
 
@@ -126,12 +129,12 @@ def finetune_jobs(args, checkpoints):
     jobs = []
     for task in args.tasks:
         for seed in args.seeds:
-            for start, (pretraining, flags) in STARTS.items():
+            for start, (pretraining, extra) in STARTS.items():
                 out = finetune_folder(args, task, start, seed)
                 if os.path.isfile(os.path.join(out, "results.json")) and not args.force:
                     continue
                 jobs.append(([sys.executable, "finetune.py", *RECIPE, *TASKS[task][0],
-                              "--model", checkpoints[pretraining], *flags, "--seed", str(seed),
+                              "--model", checkpoints[pretraining], *extra, "--seed", str(seed),
                               "--out", out], out))
     return jobs
 
@@ -162,25 +165,24 @@ def table(args):
              "|---|---|---|---|---|"]
     numbers = {}
     for task in args.tasks:
-        stats = {start: mean_std(test_scores(args, task, start)) for start in STARTS}
+        scores = {start: test_scores(args, task, start) for start in STARTS}
+        base = mean_std(scores["random init"])
         numbers[task] = {}
-        for start, ms in stats.items():
-            if ms is None:
+        for start, seeds in scores.items():
+            if not seeds:
                 lines.append(f"| {TASKS[task][2]} | {start} | not run | 0 | |")
                 continue
-            n = len(test_scores(args, task, start))
+            mean, std = mean_std(seeds)
+            row = numbers[task][start] = {"mean": mean, "std": std, "seeds": len(seeds)}
             versus = ""
-            base = stats["random init"]
             if start != "random init" and base is not None:
-                difference = ms[0] - base[0]
-                pooled = math.sqrt((ms[1] ** 2 + base[1] ** 2) / 2)
+                difference = mean - base[0]
+                pooled = math.sqrt((std ** 2 + base[1] ** 2) / 2)
                 spreads = difference / pooled if pooled > 0 else math.nan   # one seed
                 versus = f"{difference:+.1f} ({spreads:+.1f} std)"
-                numbers[task][start] = {"difference": difference, "pooled_std": pooled,
-                                        "in_stds": spreads}
-            numbers[task].setdefault(start, {}).update(mean=ms[0], std=ms[1], seeds=n)
-            lines.append(f"| {TASKS[task][2]} | {start} | {ms[0]:.1f} +- {ms[1]:.1f} | {n} | "
-                         f"{versus} |")
+                row.update(difference=difference, pooled_std=pooled, in_stds=spreads)
+            lines.append(f"| {TASKS[task][2]} | {start} | {mean:.1f} +- {std:.1f} | "
+                         f"{len(seeds)} | {versus} |")
     return "\n".join(lines), numbers
 
 
@@ -208,20 +210,18 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=list(TASKS),
                    help="fine-tuning tasks (default: all six)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
+    p.add_argument("--seeds", nargs="+", type=flags.non_negative_int, default=[0, 1, 2],
                    help="fine-tuning seeds (default: 0 1 2)")
-    p.add_argument("--pretrain-steps", type=int, default=10000,
+    p.add_argument("--pretrain-steps", type=flags.positive_int, default=10000,
                    help="optimizer steps of each pretraining run (default 10000)")
     p.add_argument("--out", default=os.path.join("runs", "ablation"))
-    p.add_argument("--parallel", type=int, default=2,
+    p.add_argument("--parallel", type=flags.positive_int, default=2,
                    help="runs at a time, one BLAS thread each when more than one (default 2, "
                         "the cores here)")
     p.add_argument("--force", action="store_true", help="fine-tune again where results exist")
     p.add_argument("--table", action="store_true", help="print the table; run nothing")
     args = p.parse_args(argv)
     args.out = os.path.abspath(args.out)
-    if args.pretrain_steps < 1 or args.parallel < 1:
-        p.error("--pretrain-steps and --parallel must be at least 1")
     if not args.table:
         jobs, checkpoints = pretraining_jobs(args)
         run_all(jobs, args.parallel)
