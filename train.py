@@ -218,7 +218,8 @@ def prepare_datasets(args, tokenizer, vocab_file):
     if args.heldout:
         heldout = prepare_data(args, tokenizer, vocab_file, args.heldout, "heldout",
                                args.max_seq_length, args.heldout_dupe_factor, args.seed + 1)
-    return types.SimpleNamespace(phases=phases, train_sets=train_sets, heldout=heldout)
+    return types.SimpleNamespace(phases=phases, train_sets=train_sets, heldout=heldout,
+                                 mask_id=tokenizer.mask_token_id)
 
 
 def batch_rows(dataset_size, batch_size, seed, position):
@@ -437,20 +438,49 @@ def means(sums):
             "nsp_accuracy": sums["nsp_correct"] / sequences}
 
 
-def evaluate(model, dataset, batch_size, max_batches):
-    """Held-out MLM loss/accuracy (over masked tokens) and NSP loss/accuracy, dropout off."""
+# What the input holds at a predicted position: BERT replaces a chosen token by [MASK] 80% of
+# the time, by a random token 10%, and keeps it 10% (a random draw of the token itself counts
+# as kept: the model cannot tell them apart).
+MASKED_INPUTS = ("mask", "random", "kept")
+INPUT_NAMES = {"mask": "[MASK]", "random": "random token", "kept": "kept token"}
+
+
+def masked_input_hits(batch, mlm_logits, mask_id):
+    """MLM hits and counts by what the input held at each predicted position. A kept token
+    is answered by copying the input, so the overall accuracy overstates what the model
+    infers from context; the [MASK] positions show that alone. -> {kind: (correct, count)}"""
+    labels = batch["labels"].reshape(-1)
+    positions = numpy.flatnonzero(labels != IGNORE_INDEX)    # [M], the order of mlm_logits
+    inputs, targets = batch["input_ids"].reshape(-1)[positions], labels[positions]
+    hits = to_host(mlm_logits.argmax(-1)) == targets          # [M]
+    kinds = {"mask": inputs == mask_id, "kept": inputs == targets}
+    kinds["random"] = ~(kinds["mask"] | kinds["kept"])
+    return {kind: (int(hits[kinds[kind]].sum()), int(kinds[kind].sum()))
+            for kind in MASKED_INPUTS}
+
+
+def evaluate(model, dataset, batch_size, max_batches, mask_id):
+    """Held-out MLM loss/accuracy (over masked tokens, and by what the input held there) and
+    NSP loss/accuracy, dropout off."""
     was_training = model.training
     model.eval()
     sums = dict.fromkeys(SUM_KEYS, 0)
+    by_input = {kind: [0, 0] for kind in MASKED_INPUTS}       # kind -> [correct, count]
     for i, batch in enumerate(dataset.batches(batch_size, shuffle=False)):
         if i == max_batches:
             break
         batch = trim(batch)
         _, out = model.loss(batch, return_outputs=True)      # forward only: no backward
         add_batch(sums, out, batch)
+        for kind, (correct, count) in masked_input_hits(batch, out["mlm_logits"],
+                                                        mask_id).items():
+            by_input[kind][0] += correct
+            by_input[kind][1] += count
     model.train(was_training)
     random_next = sums["random_next"] / sums["sequences"]
     return {**means(sums),
+            "mlm_accuracy_by_input": {k: c / max(n, 1) for k, (c, n) in by_input.items()},
+            "masked_tokens_by_input": {k: n for k, (_, n) in by_input.items()},
             "sequences": sums["sequences"], "masked_tokens": sums["masked"],
             "nsp_majority_accuracy": max(random_next, 1 - random_next)}   # always one class
 
@@ -536,8 +566,8 @@ def log_train(args, model, metrics_path, window, step, lr, elapsed, peak):
         append_metrics(metrics_path, record)
 
 
-def log_evaluation(metrics_path, model, heldout, step, batch_size, max_batches):
-    result = evaluate(model, heldout, batch_size, max_batches)
+def log_evaluation(metrics_path, model, heldout, step, batch_size, max_batches, mask_id):
+    result = evaluate(model, heldout, batch_size, max_batches, mask_id)
     print(f"  held-out: mlm {result['mlm_loss']:.3f} acc {result['mlm_accuracy']:.3f}  "
           f"nsp {result['nsp_loss']:.3f} acc {result['nsp_accuracy']:.3f}")
     append_metrics(metrics_path, {"kind": "eval", "step": step, **result})
@@ -762,7 +792,8 @@ def train(args, group, config, model, optimizer, scaler, state, data, stop, save
             window = new_window()
         if metrics_path and data.heldout and args.eval_every and step % args.eval_every == 0 \
                 and step != args.steps:
-            log_evaluation(metrics_path, model, data.heldout, step, micro, args.eval_batches)
+            log_evaluation(metrics_path, model, data.heldout, step, micro, args.eval_batches,
+                           data.mask_id)
         if step % args.checkpoint_every == 0:
             save(step)
     return step
@@ -805,7 +836,7 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
     """Held-out MLM/NSP against the unigram baseline and the majority class, and a fill-mask
     example: printed, logged and added to `summary`."""
     micro = args.batch_size // args.grad_accum
-    result = evaluate(model, data.heldout, micro, args.eval_batches)
+    result = evaluate(model, data.heldout, micro, args.eval_batches, tokenizer.mask_token_id)
     baseline, baseline_accuracy, commonest = unigram_baseline(
         data.train_sets[0], data.heldout, config.vocab_size, args.eval_batches, micro)
     append_metrics(metrics_path, {"kind": "eval", "step": summary["step"], **result})
@@ -816,7 +847,9 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
     print(f"held-out ({result['sequences']} sequences, {result['masked_tokens']} masked tokens):\n"
           f"  MLM loss {result['mlm_loss']:.3f} (unigram baseline {baseline:.3f}), "
           f"MLM accuracy {result['mlm_accuracy']:.3f} (always "
-          f"\"{tokenizer.convert_ids_to_tokens([commonest])[0]}\": {baseline_accuracy:.3f})\n"
+          f"\"{tokenizer.convert_ids_to_tokens([commonest])[0]}\": {baseline_accuracy:.3f});"
+          " by input: " + ", ".join(f"{INPUT_NAMES[k]} {a:.3f}" for k, a in
+                                    result["mlm_accuracy_by_input"].items()) + "\n"
           f"  NSP accuracy {result['nsp_accuracy']:.3f} (majority class "
           f"{result['nsp_majority_accuracy']:.3f}: {margin:+.1f} standard errors)")
     example = fill_mask_example(model, tokenizer, args.heldout, args.utf8_errors)

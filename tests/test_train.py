@@ -101,6 +101,27 @@ def test_no_nsp_trains_the_masked_lm_alone(tmp_path):
     summary = json.loads((tmp_path / "mlm" / "eval.json").read_text())
     assert "nsp_accuracy" in summary["heldout"] and "nsp_standard_errors" in summary
     assert 0.01 < summary["unigram_accuracy"] < 0.2       # always "the": a few percent
+    counts = summary["heldout"]["masked_tokens_by_input"]
+    assert sum(counts.values()) == summary["heldout"]["masked_tokens"]
+    assert counts["mask"] > 5 * counts["random"] > 0        # 80% / 10% / 10%
+
+
+def test_masked_accuracy_is_split_by_what_the_input_held():
+    """[MASK] (id 4), a random token, or the original kept: each predicted position counts
+    in one kind, by its input; hits are argmax == label. Counts and hits differ per kind so
+    that a swap of kinds, or counting unpredicted positions, fails."""
+    ignore = train.IGNORE_INDEX
+    input_ids = numpy.array([[2, 4, 9, 4, 7, 3],
+                             [2, 8, 4, 6, 6, 3]])
+    labels = numpy.array([[ignore, 5, 10, 6, 7, ignore],      # mask, random, mask, kept
+                          [ignore, 8, 11, ignore, 6, ignore]])  # kept, mask, kept
+    # argmax per predicted position, in row-major order: mask hit, random miss, mask miss,
+    # kept hit, kept miss, mask hit, kept miss
+    guesses = [5, 0, 0, 7, 0, 11, 0]
+    logits = numpy.zeros((len(guesses), 16))
+    logits[numpy.arange(len(guesses)), guesses] = 1.0
+    hits = train.masked_input_hits({"input_ids": input_ids, "labels": labels}, logits, 4)
+    assert hits == {"mask": (2, 3), "random": (0, 1), "kept": (1, 3)}
 
 
 def test_resume_with_another_config_is_refused(tmp_path):
