@@ -106,6 +106,18 @@ def test_no_nsp_trains_the_masked_lm_alone(tmp_path):
     assert counts["mask"] > 5 * counts["random"] > 0        # 80% / 10% / 10%
 
 
+def test_presets_set_dropout(tmp_path):
+    """nano, the ten-minute default, trains without dropout; the BERT sizes keep 0.1; a
+    --config keeps its own."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**SMALL, "hidden_dropout_prob": 0.2,
+                                "attention_probs_dropout_prob": 0.2}))
+    for flags, dropout in ((["--preset", "nano"], 0.0), ([], 0.0), (["--preset", "tiny"], 0.1),
+                           (["--preset", "base"], 0.1), (["--config", str(path)], 0.2)):
+        config = train.model_config(train.parse_args(flags), 8192)
+        assert (config.hidden_dropout_prob, config.attention_probs_dropout_prob) == (dropout,) * 2
+
+
 def test_masked_accuracy_is_split_by_what_the_input_held():
     """[MASK] (id 4), a random token, or the original kept: each predicted position counts
     in one kind, by its input; hits are argmax == label. Counts and hits differ per kind so
