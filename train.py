@@ -53,7 +53,8 @@ from nanobert.model.optim import LossScaler, warmup_steps
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")
 # (layers, hidden, heads, dropout, default peak lr): the BERT sizes of the paper and of Turc et
-# al. (2019) with BERT's dropout, and "nano", the ten-minute CPU default (~12,000 steps there).
+# al. (2019) with BERT's dropout, and "nano", the ten-minute CPU default (12,000-16,000 steps
+# there).
 # nano trains without dropout: its masked LM leaves the plateau sooner (held-out MLM accuracy
 # 16.9% against 14.7% with dropout after 3,000 steps at T=40) and its held-out loss keeps
 # falling (the train loss drops below it: ten minutes see each instance ~4 times); without

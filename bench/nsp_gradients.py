@@ -48,19 +48,14 @@ def squared_norms(model, dataset, batch_size, num_batches):
 def report(sums, used):
     """The table: per weight the RMS norm of each part and NSP / MLM; then the encoder's."""
     print(f"{'weight':56s} {'MLM':>8s} {'NSP':>8s} {'NSP/MLM':>8s}")
-    encoder = [0.0, 0.0]
     for k, (mlm, nsp) in sums.items():
         ratio = f"{(nsp / mlm) ** 0.5:8.2f}" if mlm and nsp else f"{'-':>8s}"
         print(f"{k:56s} {(mlm / used) ** 0.5:8.4f} {(nsp / used) ** 0.5:8.4f} {ratio}")
-        if k.startswith("bert.embeddings.") or k.startswith("bert.encoder."):
-            encoder[0] += mlm
-            encoder[1] += nsp
-    shared = [k for k in sums if k.startswith(("bert.embeddings.", "bert.encoder."))]
-    larger = sum(sums[k][1] > sums[k][0] for k in shared)
-    ratio = (encoder[1] / encoder[0]) ** 0.5
+    shared = [sums[k] for k in sums if k.startswith(("bert.embeddings.", "bert.encoder."))]
+    ratio = (sum(nsp for _, nsp in shared) / sum(mlm for mlm, _ in shared)) ** 0.5
+    larger = sum(nsp > mlm for mlm, nsp in shared)
     print(f"encoder (embeddings and layers): NSP / MLM gradient norm {ratio:.2f}; the NSP "
           f"part is the larger in {larger} of {len(shared)} weights ({used} batches)")
-    return ratio
 
 
 def main(argv=None):
