@@ -751,11 +751,14 @@ def new_window():
     return {"sums": None, "flops": 0, "seconds": 0.0, "steps": 0}
 
 
-def replan_steps(args, state, step, budget_end):
-    """Fit the step count to the speed measured over real steps: the probe before training
-    may have met a busy machine. -> the new step count."""
-    left = budget_end - time.time()
-    steps = max(step + 1, step + int(left / (state["train_seconds"] / step) * 0.95))
+def replan_steps(args, step, budget_end):
+    """Fit the step count to the speed measured over the first `step` steps of a fresh run:
+    the probe before training may have met a busy machine, and it times steps alone, while
+    the budget also pays for held-out evaluations and checkpoints. Wall time per step counts
+    them, so the schedule ends (lr at 0) within the budget. -> the new step count."""
+    now = time.time()
+    per_step = (now - (budget_end - 60 * args.minutes)) / step    # the budget began the loop
+    steps = max(step + 1, step + int((budget_end - now) / per_step * 0.95))
     print(f"re-planned from the measured speed: {steps} steps in all")
     return steps
 
@@ -796,7 +799,7 @@ def train(args, group, config, model, optimizer, scaler, state, data, stop, save
         if replan and group.broadcast_object(state["train_seconds"] > min(60.0,
                                                                           6 * args.minutes)):
             replan = False                       # once, after a minute of real steps
-            args.steps = group.broadcast_object(replan_steps(args, state, step, budget_end))
+            args.steps = group.broadcast_object(replan_steps(args, step, budget_end))
         if group.world_size > 1 and args.check_sync_every and step % args.check_sync_every == 0:
             group.digest(flat_buffer(model.params))      # identical weights, or a loud stop
         if step % args.log_every == 0 or step == args.steps or stop.stop:

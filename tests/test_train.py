@@ -64,6 +64,21 @@ def test_time_budget_stops_early_and_resume_finishes(tmp_path, capsys):
     assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 400
 
 
+def test_time_budget_fits_the_whole_schedule(tmp_path, capsys):
+    """--minutes alone: the step count is re-planned after the first steps from the wall time
+    they took, held-out evaluations included, so the schedule (and its decay of the lr to 0)
+    ends inside the budget. Here evaluations cost several steps each: a plan from the steps'
+    own time overshoots and the budget cuts the run short."""
+    out = tmp_path / "run"
+    run(tmp_path, out, "--minutes", "0.25", "--heldout", str(BROWN / "heldout.txt.gz"),
+        "--eval-every", "2", "--eval-batches", "20", "--log-every", "1000")
+    printed = capsys.readouterr().out
+    state = json.loads((out / "checkpoint" / "trainer_state.json").read_text())
+    assert "re-planned from the measured speed" in printed
+    assert "ends the run at step" not in printed
+    assert state["step"] == state["total_steps"] > 100
+
+
 def test_gradient_accumulation_takes_the_same_steps(tmp_path):
     """--grad-accum 2 (two micro-batches of 4) ~ one batch of 8, without dropout: the logged
     losses of 3 steps agree to 1e-5 (the first is the mean over both halves before any update;
