@@ -80,7 +80,10 @@ def check_gradients(model, batch, check):
     assert value == loss()                           # loss() is loss_and_grads' forward
     assert set(grads) == set(model.params)
     largest = max(float(numpy.abs(g).max()) for g in grads.values())
-    assume(largest > 0)                              # e.g. every label ignored: nothing to check
+    # Nothing to check when the loss is flat: every label ignored (all gradients 0), or
+    # multiple-choice inputs whose choices pool to the same vector (equal scores, gradients
+    # cancel to rounding noise ~1e-17; hypothesis found seed=130, B=1, T=2, 2 choices).
+    assume(largest > 1e-12)
     # transformers never updates the [PAD] row of the word embeddings (padding_idx), so its
     # gradient is 0 by definition, not d loss / d row: check that, and skip it below.
     pad = model.config.pad_token_id
