@@ -453,8 +453,7 @@ def means(sums):
 # What the input holds at a predicted position: BERT replaces a chosen token by [MASK] 80% of
 # the time, by a random token 10%, and keeps it 10% (a random draw of the token itself counts
 # as kept: the model cannot tell them apart).
-MASKED_INPUTS = ("mask", "random", "kept")
-INPUT_NAMES = {"mask": "[MASK]", "random": "random token", "kept": "kept token"}
+MASKED_INPUTS = {"mask": "[MASK]", "random": "random token", "kept": "kept token"}   # kind: name
 
 
 def masked_input_hits(batch, mlm_logits, mask_id):
@@ -851,7 +850,7 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
     """Held-out MLM/NSP against the unigram baseline and the majority class, and a fill-mask
     example: printed, logged and added to `summary`."""
     micro = args.batch_size // args.grad_accum
-    result = evaluate(model, data.heldout, micro, args.eval_batches, tokenizer.mask_token_id)
+    result = evaluate(model, data.heldout, micro, args.eval_batches, data.mask_id)
     baseline, baseline_accuracy, commonest = unigram_baseline(
         data.train_sets[0], data.heldout, config.vocab_size, args.eval_batches, micro)
     append_metrics(metrics_path, {"kind": "eval", "step": summary["step"], **result})
@@ -863,7 +862,7 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
           f"  MLM loss {result['mlm_loss']:.3f} (unigram baseline {baseline:.3f}), "
           f"MLM accuracy {result['mlm_accuracy']:.3f} (always "
           f"\"{tokenizer.convert_ids_to_tokens([commonest])[0]}\": {baseline_accuracy:.3f});"
-          " by input: " + ", ".join(f"{INPUT_NAMES[k]} {a:.3f}" for k, a in
+          " by input: " + ", ".join(f"{MASKED_INPUTS[k]} {a:.3f}" for k, a in
                                     result["mlm_accuracy_by_input"].items()) + "\n"
           f"  NSP accuracy {result['nsp_accuracy']:.3f} (majority class "
           f"{result['nsp_majority_accuracy']:.3f}: {margin:+.1f} standard errors)")
