@@ -3,6 +3,8 @@
 Model and optimizer code never import numpy or cupy directly for array math: they ask
 `array_module(x)` for the namespace (`xp`) an array lives in, so the same code runs on both.
 Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings.
+Also here, because they only look at arrays: scatter_add and the flat-buffer test
+(flat_buffer, flat_offsets; model/flat.py lays the buffers out).
 """
 import ctypes
 import os
@@ -145,3 +147,37 @@ def scatter_add(table, ids, values):
     else:
         import cupyx
         cupyx.scatter_add(table, ids, values)
+
+# ---------------------------------------------------------------- flat buffers (model/flat.py)
+
+
+def data_pointer(a):
+    """Address of an array's first element (NumPy or CuPy)."""
+    if array_module(a).__name__ == "numpy":
+        return a.__array_interface__["data"][0]
+    return a.data.ptr
+
+
+def flat_offsets(tensors):
+    """-> (buffer, {name: offset}) when the tensors of this dict tile one 1-D array exactly
+    (each a C-contiguous view of it, no gap, no overlap, in any order); else (None, None),
+    and callers loop over the tensors one by one."""
+    arrays = list(tensors.values())
+    buffer = arrays[0].base if arrays else None
+    if buffer is None or buffer.ndim != 1 or not buffer.flags.c_contiguous:
+        return None, None
+    if any(a.base is not buffer or not a.flags.c_contiguous for a in arrays):
+        return None, None
+    start = data_pointer(buffer)
+    offsets = {name: (data_pointer(a) - start) // buffer.itemsize for name, a in tensors.items()}
+    end = 0
+    for offset, name in sorted((offset, name) for name, offset in offsets.items()):
+        if offset != end:
+            return None, None
+        end += tensors[name].size
+    return (buffer, offsets) if end == buffer.size else (None, None)
+
+
+def flat_buffer(tensors):
+    """The 1-D array the tensors of this dict tile exactly, or None (see flat_offsets)."""
+    return flat_offsets(tensors)[0]

@@ -24,8 +24,7 @@ import sys
 
 import numpy
 
-from .backend import to_host
-from .model.flat import flat_buffer
+from .backend import flat_buffer, to_host
 
 # (rank, size) variables of the launchers: MPICH / Intel MPI (Hydra), Open MPI, PMIx, MVAPICH
 LAUNCHER_VARIABLES = (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),

@@ -13,7 +13,7 @@ import numpy
 import pytest
 
 from nanobert.formats import safetensors
-from nanobert.formats.checkpoint import load_training_checkpoint
+from nanobert.model.pretrained import load_training_checkpoint
 from nanobert import BertForPreTraining
 from conftest import record
 from test_distributed import ROOT, mpiexec_or_skip

@@ -9,8 +9,8 @@ import pytest
 
 from nanobert import AdamW, BertConfig, BertForPreTraining
 from nanobert.formats import safetensors
-from nanobert.formats.checkpoint import (NonFiniteError, load_training_checkpoint,
-                                         save_training_checkpoint)
+from nanobert.formats.checkpoint import NonFiniteError
+from nanobert.model.pretrained import load_training_checkpoint, save_training_checkpoint
 from test_checkpoint import CONFIG
 
 

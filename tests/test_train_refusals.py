@@ -14,7 +14,7 @@ import pytest
 import train
 from nanobert import BertForPreTraining
 from nanobert.formats import safetensors
-from nanobert.formats.checkpoint import load_training_checkpoint
+from nanobert.model.pretrained import load_training_checkpoint
 from test_train import BROWN, run, train_losses
 
 POISONED = "cls.predictions.bias"

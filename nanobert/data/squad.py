@@ -30,7 +30,6 @@ import os
 
 import numpy
 
-from ..model.ops import softmax_forward
 from .tasks import Features, read_text
 from .tokenizer import BasicTokenizer
 
@@ -375,6 +374,13 @@ def _candidates(features, rows, start_logits, end_logits, n_best_size, max_answe
     return prelim, score_null
 
 
+def softmax(scores):
+    """Probabilities of a few host scores (the n-best), float64: exp(s - max) / sum. A
+    post-processing step on the host, not the model's softmax_forward (no cache, no device)."""
+    e = numpy.exp(scores - scores.max())
+    return e / e.sum()
+
+
 def _nbest(example, features, prelim, n_best_size, do_lower_case, strip_accents):
     """The n_best_size best distinct answer texts ("" for the null span), with their logits
     and their softmax probability over the n-best."""
@@ -405,7 +411,7 @@ def _nbest(example, features, prelim, n_best_size, do_lower_case, strip_accents)
     if not nbest:                        # no valid span at all (as the original: a nonce answer)
         nbest.append({"text": "empty", "start_logit": 0.0, "end_logit": 0.0})
     scores = numpy.array([n["start_logit"] + n["end_logit"] for n in nbest], dtype=numpy.float64)
-    for n, p in zip(nbest, softmax_forward(scores)[0].tolist()):
+    for n, p in zip(nbest, softmax(scores).tolist()):
         n["probability"] = p
     return nbest
 

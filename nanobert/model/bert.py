@@ -29,7 +29,7 @@ import numpy
 
 from . import ops
 from ..backend import array_module, default_rng, get_xp, to_device
-from ..formats.checkpoint import check_state_dict, load_pretrained, save_pretrained
+from .pretrained import check_state_dict, load_pretrained, save_pretrained
 from ..formats.hub import resolve_model
 from .config import BertConfig
 from .inputs import INPUT_KEYS, check_inputs, require_keys

@@ -9,10 +9,15 @@ one pass over one array instead of a loop over ~200 small ones.
     buffer = layout.zeros(xp, dtype)         [layout.size]
     tensors = layout.views(buffer)           name -> buffer[offset:offset+size].reshape(shape)
     flat_buffer(tensors)                     -> buffer, or None for a dict of separate arrays
+
+flat_buffer and flat_offsets, which only look at arrays, live in backend.py (below the model,
+so that distributed.py's allreduce finds the buffer too); they are importable from here.
 """
 import math
 
-from ..backend import array_module
+from ..backend import data_pointer, flat_buffer, flat_offsets
+
+__all__ = ["FlatLayout", "flat_buffer", "flat_offsets", "stacked_view"]
 
 
 class FlatLayout:
@@ -39,38 +44,6 @@ class FlatLayout:
     def view(self, buffer, name):
         start, shape = self.offsets[name], self.shapes[name]
         return buffer[start:start + math.prod(shape)].reshape(shape)
-
-
-def data_pointer(a):
-    """Address of an array's first element (NumPy or CuPy)."""
-    if array_module(a).__name__ == "numpy":
-        return a.__array_interface__["data"][0]
-    return a.data.ptr
-
-
-def flat_offsets(tensors):
-    """-> (buffer, {name: offset}) when the tensors of this dict tile one 1-D array exactly
-    (each a C-contiguous view of it, no gap, no overlap, in any order); else (None, None),
-    and callers loop over the tensors one by one."""
-    arrays = list(tensors.values())
-    buffer = arrays[0].base if arrays else None
-    if buffer is None or buffer.ndim != 1 or not buffer.flags.c_contiguous:
-        return None, None
-    if any(a.base is not buffer or not a.flags.c_contiguous for a in arrays):
-        return None, None
-    start = data_pointer(buffer)
-    offsets = {name: (data_pointer(a) - start) // buffer.itemsize for name, a in tensors.items()}
-    end = 0
-    for offset, name in sorted((offset, name) for name, offset in offsets.items()):
-        if offset != end:
-            return None, None
-        end += tensors[name].size
-    return (buffer, offsets) if end == buffer.size else (None, None)
-
-
-def flat_buffer(tensors):
-    """The 1-D array the tensors of this dict tile exactly, or None (see flat_offsets)."""
-    return flat_offsets(tensors)[0]
 
 
 def stacked_view(arrays):

@@ -29,7 +29,7 @@ import numpy
 
 from . import ops
 from ..backend import to_device, to_host
-from ..formats.checkpoint import load_for_task
+from .pretrained import load_for_task
 from ..formats.hub import resolve_model
 from .bert import BertPreTrainedModel, linear_backward_into
 from .config import BertConfig, num_labels, with_labels
@@ -88,8 +88,8 @@ def counted(host_labels):
 
 class BertForTask(BertPreTrainedModel):
     """What every task head shares: num_labels and label names from config, the classifier
-    dropout, and from_pretrained from any BERT checkpoint (nanobert.formats.checkpoint's
-    load_for_task decides what is kept and what starts fresh)."""
+    dropout, and from_pretrained from any BERT checkpoint (model/pretrained.py's load_for_task
+    decides what is kept and what starts fresh)."""
     head_ignores_num_labels = False      # True where num_labels plays no part in the head
 
     def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
