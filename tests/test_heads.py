@@ -18,6 +18,7 @@ from hypothesis import assume, example, given, settings, strategies as st
 
 from nanobert import BertConfig, BertForPreTraining, BertModel
 from nanobert.model import heads
+from nanobert.model.bert import BertPreTrainedModel
 from nanobert.formats import safetensors
 from nanobert.backend import default_rng
 from nanobert.model.config import num_labels, with_labels
@@ -501,6 +502,48 @@ def test_regression_labels_must_be_finite():
         model.loss_and_grads(batch)
     batch["labels"] = numpy.array([[0.5], [1.0], [2.0]])                # [B, 1]: squeezed, as HF
     assert numpy.isfinite(model.loss_and_grads(batch)[0])
+
+# ------------------------------------------------------------------ the skeleton's hooks
+
+HOOKS = ("_check_targets", "_head_forward", "_loss_forward", "_loss_backward", "_head_backward",
+         "_output")
+
+
+def test_every_hook_is_declared_on_the_skeleton_and_supplied_by_every_head():
+    for hook in HOOKS:
+        assert getattr(BertPreTrainedModel, hook).__doc__, f"{hook} has no contract"
+        for cls in (BertForPreTraining, *heads.TASK_HEADS):
+            assert getattr(cls, hook) is not getattr(BertPreTrainedModel, hook), (cls, hook)
+
+
+@pytest.mark.parametrize("method", ["loss", "loss_and_grads"])
+def test_the_bare_encoder_has_no_loss_and_says_what_to_use_instead(method):
+    model = BertModel(BertConfig(**CONFIG), seed=0)
+    batch = {**tiny_inputs(), "labels": numpy.array([0, 1, 0])}
+    with pytest.raises(TypeError, match=r"^BertModel is the bare encoder and has no loss: call it "
+                                        r"for last_hidden_state and pooler_output, or train "
+                                        r"BertForPreTraining or a task head \(BertForSequence"):
+        getattr(model, method)(batch)
+    assert model.check_batch(batch).keys() == {"input_ids", "token_type_ids", "attention_mask"}
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_a_head_that_leaves_out_a_hook_is_told_which(hook):
+    """A sequence classifier written without one hook: the first call that needs it raises
+    NotImplementedError naming the class, the hook and where its contract is."""
+    parts = ("head_shapes", "problem_type", "target_keys", *HOOKS)
+    cls = type("HeadWithout" + hook, (heads.BertForTask,),
+               {name: BertForSequenceClassification.__dict__[name] for name in parts
+                if name != hook})
+    model = cls(BertConfig(**CONFIG), seed=0)
+    inputs = tiny_inputs()
+    message = (rf"^HeadWithout{hook} does not define {hook}: a model with a head supplies it "
+               rf"\(the contract: BertPreTrainedModel\.{hook}\)$")
+    with pytest.raises(NotImplementedError, match=message):
+        if hook == "_output":
+            call(model, inputs)
+        else:
+            model.loss_and_grads({**inputs, "labels": numpy.array([0, 1, 0])})
 
 # ------------------------------------------------------ live round trips with transformers
 

@@ -265,6 +265,12 @@ class Forward(NamedTuple):
     cache: tuple                # (BertCache, the head's cache)
 
 
+def missing_hook(model, hook):
+    """The error of a model class that leaves out one of the skeleton's hooks."""
+    return NotImplementedError(f"{type(model).__name__} does not define {hook}: a model with a "
+                               f"head supplies it (the contract: BertPreTrainedModel.{hook})")
+
+
 class BertPreTrainedModel:
     """Parameters, device, dtype, train/eval, checkpoint I/O, and the one skeleton shared by
     every model with a loss:
@@ -274,7 +280,9 @@ class BertPreTrainedModel:
         loss:            _loss_forward                       -> loss, outputs (logits, counts)
         backward:        _loss_backward -> _head_backward -> bert_backward -> grads
 
-    A model class adds only its head: head_shapes, target_keys and the underscored hooks.
+    A model class adds only its head: head_shapes, target_keys and the six hooks declared
+    below (_check_targets, _head_forward, _head_backward, _loss_forward, _loss_backward,
+    _output), each with its contract; a hook a head leaves out raises NotImplementedError.
 
     dtype float16 is mixed precision: the parameters (self.params, what the optimizer
     updates and checkpoints save) and the gradients stay float32, the master weights; the
@@ -327,6 +335,8 @@ class BertPreTrainedModel:
 
     @classmethod
     def head_shapes(cls, config):
+        """HF names -> shapes of the head's parameters (the encoder's come from
+        bert_param_shapes); {} for the bare encoder."""
         return {}
 
     def train(self, mode=True):
@@ -445,6 +455,50 @@ class BertPreTrainedModel:
         outputs.update(hidden_states=forward.hidden_states, pooler_output=forward.pooled)
         return outputs
 
+    # ------------------------------------------------------- the hooks a head supplies
+
+    def _check_targets(self, batch, host):
+        """The batch's targets (target_keys), checked on the host. batch: the caller's dict
+        (NumPy or CuPy arrays, lists); host: the checked inputs, NumPy int64 [B, T] under
+        INPUT_KEYS (plus what _inputs adds, e.g. num_choices). -> a dict of NumPy arrays and
+        counts that check_batch merges into host, for _head_forward and _loss_forward. A bad
+        target is a ValueError naming its key, index and value."""
+        raise missing_hook(self, "_check_targets")
+
+    def _head_forward(self, sequence, pooled, host):
+        """The head on the encoder's output: sequence [B, T, H] and pooled [B, H] (None where
+        uses_pooler is False), arrays of self.xp in self.dtype; host: check_batch's dict (the
+        inputs alone at inference). Computes with self.weights (the float16 copy in mixed
+        precision), never self.params. -> (logits: an array or a tuple of arrays, as
+        _loss_forward and _output take them; cache: what _head_backward needs)."""
+        raise missing_hook(self, "_head_forward")
+
+    def _loss_forward(self, logits, host, denominators=None):
+        """The loss of one batch from _head_forward's logits and check_batch's host dict (the
+        targets, and every count the loss divides by: the host never reads the device here);
+        denominators only where takes_denominators (see loss_and_grads). -> (loss: a 0-d array
+        of self.xp; cache: what _loss_backward needs; outputs: a dict of the logits and the
+        loss details, 0-d arrays or host numbers)."""
+        raise missing_hook(self, "_loss_forward")
+
+    def _loss_backward(self, loss_cache, dloss=1.0):
+        """dloss (1.0, or the loss scale: a float or a 0-d array) and _loss_forward's cache ->
+        dlogits, shaped as _head_forward's logits (a tuple where they are a tuple; an entry
+        may be None where no loss reached it)."""
+        raise missing_hook(self, "_loss_backward")
+
+    def _head_backward(self, dlogits, cache, grads):
+        """_loss_backward's dlogits and _head_forward's cache -> (dsequence [B, T, H] or None,
+        dpooled [B, H] or None) for bert_backward, which may use dsequence as scratch (hand
+        over a fresh array). Writes the head's parameter gradients into grads (views of a
+        zeroed flat buffer, keyed like self.params)."""
+        raise missing_hook(self, "_head_backward")
+
+    def _output(self, logits, hidden_states):
+        """Inference: _head_forward's logits (every position) and hidden_states (L+1 arrays
+        [B, T, H]) -> the model's output object (SequenceClassifierOutput, ...)."""
+        raise missing_hook(self, "_output")
+
     # -------------------------------------------------------------------- checkpoints
 
     @classmethod
@@ -462,8 +516,24 @@ class BertPreTrainedModel:
 
 
 class BertModel(BertPreTrainedModel):
-    """The bare encoder: last_hidden_state and pooler_output, HF names without a prefix."""
+    """The bare encoder: last_hidden_state and pooler_output, HF names without a prefix.
+    It has no head, so no targets and no loss."""
     base_prefix = ""
+
+    def _check_targets(self, batch, host):
+        return {}
+
+    def loss(self, batch, *args, **kwargs):
+        raise TypeError(self._no_loss())
+
+    def loss_and_grads(self, batch, *args, **kwargs):
+        raise TypeError(self._no_loss())
+
+    def _no_loss(self):
+        return (f"{type(self).__name__} is the bare encoder and has no loss: call it for "
+                f"last_hidden_state and pooler_output, or train BertForPreTraining or a task head "
+                f"(BertForSequenceClassification, BertForTokenClassification, "
+                f"BertForQuestionAnswering, BertForMultipleChoice) for loss and loss_and_grads")
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
