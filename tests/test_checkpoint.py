@@ -7,7 +7,7 @@ import numpy
 import pytest
 
 from nanobert import BertConfig, BertForPreTraining, BertModel
-from nanobert.formats import safetensors
+from nanobert.formats import checkpoint, safetensors
 from nanobert.formats.hub import resolve_model
 from conftest import assert_close, installed_or_skip
 
@@ -79,6 +79,20 @@ def test_missing_files_name_the_path(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="config.json"):
         BertModel.from_pretrained(tmp_path)
+
+
+def test_the_file_layer_reads_back_a_config_dict_and_named_tensors_without_a_model(tmp_path):
+    """formats/checkpoint.py alone: a dict and named host arrays in, the same out (a model
+    gives them meaning in model/pretrained.py)."""
+    config = {"model_type": "bert", "hidden_size": 3, "anything": [1, "two"]}
+    tensors = {"a.weight": numpy.arange(6.0).reshape(2, 3), "b": numpy.ones(2, numpy.float32)}
+    checkpoint.write_checkpoint(tmp_path / "folder", config, tensors)
+    assert checkpoint.read_config(tmp_path / "folder") == config
+    back = checkpoint.read_weights(tmp_path / "folder")
+    assert back.keys() == tensors.keys()
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype, name
+        numpy.testing.assert_array_equal(back[name], t, err_msg=name)
 
 
 def test_legacy_gamma_beta_names_and_a_stored_tied_decoder_load(tmp_path):
