@@ -1,11 +1,11 @@
-"""CuPy's half of the ops: fused elementwise kernels, so that a step launches ~1,000 kernels
-rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size).
+"""CuPy's half of the fast layer (fast.py): fused elementwise kernels, so that a step launches
+~1,000 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size).
 
-Each function here is the arithmetic of a few lines of ops.py (its readable NumPy twin,
-which stays as it was: NumPy gains nothing from fusion, it works in place instead), written
-as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
+Each function here is the arithmetic of a few lines of an op in ops.py (the reference, whose
+math it restates; NumPy gains nothing from fusion, fast.py works in place there instead),
+written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
 kernel. Only ufuncs and operators appear inside, no reductions, no indexing: reductions
-(row means, sums) stay separate CuPy calls in ops.py. On NumPy nothing here is used.
+(row means, sums) stay separate CuPy calls in fast.py. On NumPy nothing here is used.
 
 Proven on the CPU only (tests/test_cupy_standin.py): the stand-in runs these functions with
 NumPy and checks that they use nothing but elementwise ops and give the NumPy path's

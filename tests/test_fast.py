@@ -1,0 +1,312 @@
+"""fast.py (what the model runs) equals ops.py (the reference: what the gradient checks and
+the parity tests check), op by op, on hypothesis-drawn shapes and values, float32 and
+float64: every forward output, every cache entry the model reads, every backward gradient.
+
+Bitwise (numpy.array_equal) wherever the fast function does the reference's arithmetic in
+the same order, only in other memory (in place, out=, a view written by a matmul): every op
+but the losses, and every loss in float64. Within a stated bound (float32 losses, the
+cross-entropy's gradient), because the fast twin orders its roundings otherwise:
+- cross-entropy dlogits: the fast backward scales exp(x - max) by dloss / (denominator *
+  sum) and subtracts dloss / denominator at the label; the reference forms softmax - onehot,
+  then scales. Each entry is (dloss / denominator) times an O(1) difference, so the bound is
+  2 eps of that scale, elementwise (measured over 20,000 draws: 1.0 eps in float32 and
+  float64). Relative to the largest gradient it would be no bound at all: where every
+  counted row is saturated the gradients are themselves rounding-sized (0.94 measured).
+- float32 losses: the fast loss is float(sum) / n in float64 (device_loss: a Python float),
+  the reference's sum / n rounded to float32: one float32 rounding, bound 2^-23 relative
+  (measured: 5.1e-8 cross-entropy, 5.6e-8 MSE, 5.7e-8 BCE).
+Then the whole model: BertForPreTraining with the reference in the place of the fast layer.
+"""
+import types
+
+import numpy
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import record
+from nanobert.model import bert, fast, ops, pretraining
+from nanobert.model.config import BertConfig
+from nanobert.model.pretraining import BertForPreTraining
+
+SETTINGS = settings(max_examples=25, deadline=None)
+dims = st.integers(1, 6)
+seeds = st.integers(0, 2**31 - 1)
+dtypes = st.sampled_from([numpy.float32, numpy.float64])
+FLOAT32_LOSS_BOUND = 2.0**-23     # one float32 rounding (see above)
+
+
+def same(actual, expected, name):
+    """Bitwise equal: same dtype, shape and bits (NaNs included)."""
+    actual, expected = numpy.asarray(actual), numpy.asarray(expected)
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    if not numpy.array_equal(actual, expected, equal_nan=True):
+        err = numpy.abs(actual.astype(float) - expected).max()
+        raise AssertionError(f"{name}: not bitwise equal, max difference {err:.3e}")
+
+
+def close(actual, expected, bound, name):
+    """max |actual - expected| / max |expected| <= bound (recorded: printed after the run)."""
+    actual, expected = numpy.asarray(actual), numpy.asarray(expected)
+    assert actual.shape == expected.shape, f"{name}: shape {actual.shape} != {expected.shape}"
+    scale = max(float(numpy.abs(expected).max(initial=0.0)), 1e-30)
+    err = record(f"fast vs reference {name}",
+                 float(numpy.abs(actual.astype(float) - expected).max(initial=0.0)) / scale)
+    assert err <= bound, f"{name}: relative error {err:.3e} > {bound:.0e}"
+
+
+def normal(seed, shape, dtype, scale=1.0):
+    return (scale * numpy.random.default_rng(seed).standard_normal(shape)).astype(dtype)
+
+# ------------------------------------------------------------------------ the contract
+
+
+def test_every_reference_op_has_a_fast_twin_and_trickless_ones_are_the_reference():
+    names = [n for n in dir(ops) if n.endswith(("_forward", "_backward"))]
+    missing = [n for n in names if not callable(getattr(fast, n, None))]
+    assert not missing, f"ops.py functions with no fast.py twin: {missing}"
+    for name in ("embedding_forward", "embedding_backward", "tanh_forward", "tanh_backward",
+                 "dropout_backward", "attention_mask_bias", "mse_backward",
+                 "bce_with_logits_backward", "AttentionCache", "IGNORE_INDEX", "GELU_KINDS"):
+        assert getattr(fast, name) is getattr(ops, name), name
+
+# ---------------------------------------------------------------------------------- ops
+
+
+@SETTINGS
+@given(n=dims, d_in=dims, d_out=dims, dtype=dtypes, into=st.booleans(), seed=seeds)
+def test_linear(n, d_in, d_out, dtype, into, seed):
+    x, w, b = normal(seed, (2, n, d_in), dtype), normal(seed + 1, (d_out, d_in), dtype), \
+        normal(seed + 2, d_out, dtype)
+    dout = normal(seed + 3, (2, n, d_out), dtype)
+    out, cache = fast.linear_forward(x, w, b)
+    ref_out, ref_cache = ops.linear_forward(x, w, b)
+    same(out, ref_out, "linear out")
+    buffers = lambda: (numpy.empty_like(w), numpy.empty_like(b)) if into else (None, None)  # noqa: E731
+    grads = fast.linear_backward(dout, cache, *buffers())
+    for name, g, r in zip(("dx", "dweight", "dbias"), grads,
+                          ops.linear_backward(dout, ref_cache, *buffers())):
+        same(g, r, f"linear {name}")
+
+
+@SETTINGS
+@given(n=dims, h=st.integers(1, 9), dtype=dtypes, scale=st.floats(1e-3, 1e3), into=st.booleans(),
+       seed=seeds)
+def test_layernorm(n, h, dtype, scale, into, seed):
+    x = normal(seed, (n, 2, h), dtype, scale) + dtype(numpy.random.default_rng(seed).normal())
+    gamma, beta = normal(seed + 1, h, dtype), normal(seed + 2, h, dtype)
+    dout = normal(seed + 3, x.shape, dtype)
+    out, cache = fast.layernorm_forward(x, gamma, beta, 1e-12)
+    ref_out, ref_cache = ops.layernorm_forward(x, gamma, beta, 1e-12)
+    same(out, ref_out, "layernorm out")
+    for name, c, r in zip(("xhat", "gamma", "rstd"), cache, ref_cache):
+        same(c, r, f"layernorm cache {name}")
+    buffers = lambda: (numpy.empty_like(gamma), numpy.empty_like(beta)) if into else (None, None)  # noqa: E731
+    grads = fast.layernorm_backward(dout, cache, *buffers())
+    for name, g, r in zip(("dx", "dgamma", "dbeta"), grads,
+                          ops.layernorm_backward(dout, ref_cache, *buffers())):
+        same(g, r, f"layernorm {name}")
+
+
+@SETTINGS
+@given(n=dims, kind=st.sampled_from(ops.GELU_KINDS), dtype=dtypes, scale=st.floats(0.1, 10.0),
+       seed=seeds)
+def test_gelu(n, kind, dtype, scale, seed):
+    x, dout = normal(seed, (n, 7), dtype, scale), normal(seed + 1, (n, 7), dtype)
+    out, cache = fast.gelu_forward(x, kind)
+    ref_out, ref_cache = ops.gelu_forward(x, kind)
+    same(out, ref_out, f"gelu[{kind}] out")
+    same(cache[1], ref_cache[1], f"gelu[{kind}] cache")
+    same(fast.gelu_backward(dout, cache), ops.gelu_backward(dout, ref_cache), f"gelu[{kind}] dx")
+
+
+def test_gelu_refuses_an_unknown_kind_in_both_layers():
+    for layer in (fast, ops):
+        with pytest.raises(ValueError, match="hidden_act must be one of"):
+            layer.gelu_forward(numpy.zeros(3), "relu")
+
+
+@SETTINGS
+@given(n=dims, c=dims, dtype=dtypes, scale=st.floats(0.1, 30.0), overwrite=st.booleans(),
+       seed=seeds)
+def test_softmax(n, c, dtype, scale, overwrite, seed):
+    x, dout = normal(seed, (2, n, c), dtype, scale), normal(seed + 1, (2, n, c), dtype)
+    y, y_cache = fast.softmax_forward(x.copy(), overwrite_x=overwrite)
+    ref_y, ref_cache = ops.softmax_forward(x)
+    same(y, ref_y, "softmax out")
+    same(fast.softmax_backward(dout, y_cache), ops.softmax_backward(dout, ref_cache), "softmax dx")
+
+
+def test_tanh_is_the_reference():
+    x = normal(0, (3, 4), numpy.float64)
+    same(fast.tanh_forward(x)[0], ops.tanh_forward(x)[0], "tanh out")
+
+
+@SETTINGS
+@given(n=st.integers(1, 40), dtype=dtypes, p=st.sampled_from([0.0, 0.1, 0.5, 0.9]),
+       training=st.booleans(), seed=seeds)
+def test_dropout(n, dtype, p, training, seed):
+    x, residual = normal(seed, (3, n), dtype), normal(seed + 1, (3, n), dtype)
+    dout = normal(seed + 2, x.shape, dtype)
+    out, mask = fast.dropout_forward(x, p, numpy.random.default_rng(seed), training)
+    ref_out, ref_mask = ops.dropout_forward(x, p, numpy.random.default_rng(seed), training)
+    assert (mask is None) == (ref_mask is None) == (not training or p == 0.0)
+    same(out, ref_out, "dropout out")
+    if mask is not None:
+        same(mask, ref_mask, "dropout mask")
+    same(fast.dropout_backward(dout, mask), ops.dropout_backward(dout, ref_mask), "dropout dx")
+    out, mask = fast.dropout_add_forward(x.copy(), residual, p, numpy.random.default_rng(seed),
+                                         training)
+    ref_out, _ = ops.dropout_add_forward(x, residual, p, numpy.random.default_rng(seed), training)
+    same(out, ref_out, "dropout_add out")
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), dtype=dtypes, p=st.floats(1e-6, 0.999),
+       bit_generator=st.sampled_from(["PCG64", "MT19937"]), seed=seeds)
+def test_dropout_keeps_the_elements_of_a_uniform_draw_at_least_p(n, dtype, p, bit_generator,
+                                                                  seed):
+    """The fast mask, made from the bit generator's raw words (64-bit for PCG64, 32-bit for
+    MT19937), keeps what rng.random(shape, dtype) >= p keeps, from the same seed."""
+    def rng():
+        return numpy.random.Generator(getattr(numpy.random, bit_generator)(seed))
+    x = numpy.ones((2, n), dtype=dtype)
+    _, mask = fast.dropout_forward(x, p, rng(), True)
+    uniform = rng().random(x.shape, dtype=dtype)
+    kept = uniform >= uniform.dtype.type(p)
+    assert numpy.array_equal(mask != 0, kept), (
+        f"{bit_generator} {numpy.dtype(dtype)}: {numpy.sum((mask != 0) != kept)} of {kept.size} "
+        f"elements differ at p = {p}")
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 3), t=st.integers(1, 6), heads=st.integers(1, 3), d=st.integers(1, 4),
+       dropout=st.sampled_from([0.0, 0.2]), dtype=dtypes, seed=seeds)
+def test_self_attention_with_padding(b, t, heads, d, dropout, dtype, seed):
+    rng = numpy.random.default_rng(seed)
+    H = heads * d
+    mask = (rng.random((b, t)) < 0.7).astype(numpy.int64)
+    mask[:, 0] = 1                                  # [CLS] is never padding
+    mask[0, 1:] = 0                                 # row 0: all padding but [CLS]
+    bias = ops.attention_mask_bias(mask, dtype)
+    x, w, bq = normal(seed, (b, t, H), dtype), normal(seed + 1, (3 * H, H), dtype, 0.5), \
+        normal(seed + 2, 3 * H, dtype)
+    dcontext = normal(seed + 3, (b, t, H), dtype)
+    context, cache = fast.self_attention_forward(x, w, bq, bias, heads, dropout,
+                                                 numpy.random.default_rng(seed), True)
+    ref_context, ref_cache = ops.self_attention_forward(x, w, bq, bias, heads, dropout,
+                                                        numpy.random.default_rng(seed), True)
+    same(context, ref_context, "attention context")
+    for name in ("q", "k", "v", "probs", "probs_dropped"):
+        same(getattr(cache, name), getattr(ref_cache, name), f"attention cache.{name}")
+    dw, db = numpy.empty_like(w), numpy.empty_like(bq)
+    grads = fast.self_attention_backward(dcontext, cache, dw, db)
+    for name, g, r in zip(("dx", "dw_qkv", "db_qkv"), grads,
+                          ops.self_attention_backward(dcontext, ref_cache)):
+        same(g, r, f"attention {name}")
+
+# ------------------------------------------------------------------------------- losses
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=dims, c=dims, dtype=dtypes, ignored=st.floats(0.0, 1.0), scale=st.floats(0.1, 20.0),
+       denominator=st.sampled_from([None, 7]), pass_count=st.booleans(),
+       dloss=st.floats(0.1, 4.0), seed=seeds)
+def test_cross_entropy_with_ignored_rows_and_denominators(n, c, dtype, ignored, scale,
+                                                          denominator, pass_count, dloss, seed):
+    rng = numpy.random.default_rng(seed)
+    labels = rng.integers(0, c, size=n)
+    labels[rng.random(n) < ignored] = ops.IGNORE_INDEX
+    logits = normal(seed, (n, c), dtype, scale)
+    count = int((labels != ops.IGNORE_INDEX).sum())
+    loss, cache = fast.cross_entropy_forward(logits, labels, denominator,
+                                             count=count if pass_count else None)
+    ref_loss, ref_cache = ops.cross_entropy_forward(logits, labels, denominator)
+    assert cache.count == ref_cache.count == count
+    assert cache.denominator == ref_cache.denominator
+    if dtype is numpy.float64:
+        same(loss, float(ref_loss), "cross-entropy loss")     # the same float64 division
+    else:
+        close(loss, ref_loss, FLOAT32_LOSS_BOUND, "cross-entropy loss float32")
+    dlogits = fast.cross_entropy_backward(dloss, cache)
+    ref_dlogits = ops.cross_entropy_backward(dloss, ref_cache)
+    assert dlogits.dtype == ref_dlogits.dtype == dtype
+    assert not dlogits[labels == ops.IGNORE_INDEX].any()
+    assert not ref_dlogits[labels == ops.IGNORE_INDEX].any()
+    # elementwise, in eps of dloss / denominator: the scale of each entry (see the top)
+    eps = numpy.finfo(dtype).eps * dloss / ref_cache.denominator
+    err = record(f"fast vs reference cross-entropy dlogits {numpy.dtype(dtype)} (eps of the "
+                 "scale)", float(numpy.abs(dlogits.astype(float) - ref_dlogits).max()) / eps)
+    assert err <= 2.0, f"cross-entropy dlogits: {err:.2f} eps of dloss / denominator > 2"
+
+
+@SETTINGS
+@given(n=dims, c=dims, dtype=dtypes, seed=seeds)
+def test_regression_and_multilabel_losses(n, c, dtype, seed):
+    prediction, target = normal(seed, (n, c), dtype), normal(seed + 1, (n, c), dtype)
+    targets01 = (numpy.random.default_rng(seed).random((n, c)) < 0.5).astype(dtype)
+    for name, layer_pair, args in (("mse", "mse", (prediction, target)),
+                                   ("bce", "bce_with_logits", (prediction, targets01))):
+        loss, cache = getattr(fast, layer_pair + "_forward")(*args)
+        ref_loss, ref_cache = getattr(ops, layer_pair + "_forward")(*args)
+        if dtype is numpy.float64:
+            same(loss, float(ref_loss), f"{name} loss")
+        else:
+            close(loss, ref_loss, FLOAT32_LOSS_BOUND, f"{name} loss float32")
+        backward = getattr(fast, layer_pair + "_backward")
+        same(backward(0.5, cache), backward(0.5, ref_cache), f"{name} dprediction")
+
+# -------------------------------------------------------------------------- whole model
+
+
+def reference_layer():
+    """ops.py in the fast layer's place: its functions under their names. The model passes
+    the fast cross-entropy a host count (count=, which spares the GPU a device read); the
+    reference counts for itself, so the count is dropped."""
+    layer = types.SimpleNamespace(**{n: getattr(ops, n) for n in dir(ops) if not n.startswith("_")})
+    layer.cross_entropy_forward = (lambda logits, labels, denominator=None, count=None:
+                                   ops.cross_entropy_forward(logits, labels, denominator))
+    return layer
+
+
+def pretraining_run(config, batch):
+    model = BertForPreTraining(config, seed=3, dtype=numpy.float64).train()   # dropout on
+    model.rng = numpy.random.default_rng(11)
+    loss, grads = model.loss_and_grads(batch)
+    return float(loss), {k: g.copy() for k, g in grads.items()}
+
+
+def test_bert_for_pretraining_on_the_reference_equals_the_fast_run(monkeypatch):
+    """float64, dropout on, padding, ignored labels, NSP: the reference run's loss and every
+    gradient within 1e-12 of the fast run's (measured: the loss bitwise equal, gradients
+    7.2e-16: every op is bitwise its twin but the cross-entropy's backward, whose ulp-sized
+    differences then flow back through the whole model)."""
+    config = BertConfig(vocab_size=53, hidden_size=12, num_hidden_layers=2,
+                        num_attention_heads=3, intermediate_size=20, max_position_embeddings=16,
+                        hidden_act="gelu")
+    rng = numpy.random.default_rng(5)
+    B, T = 3, 10
+    ids = rng.integers(5, config.vocab_size, size=(B, T))
+    mask = numpy.ones((B, T), dtype=numpy.int64)
+    mask[1, 6:] = 0
+    labels = numpy.where(rng.random((B, T)) < 0.3, ids, ops.IGNORE_INDEX)
+    labels[:, 1] = ids[:, 1]
+    batch = {"input_ids": ids, "token_type_ids": (numpy.arange(T) >= 5) * numpy.ones((B, 1), int),
+             "attention_mask": mask, "labels": labels,
+             "next_sentence_label": numpy.array([0, 1, 1])}
+    fast_loss, fast_grads = pretraining_run(config, batch)
+    for module in (bert, pretraining):          # the one line that picks the layer, in each
+        assert module.ops is fast
+        monkeypatch.setattr(module, "ops", reference_layer())
+    ref_loss, ref_grads = pretraining_run(config, batch)
+    close(fast_loss, ref_loss, 1e-12, "whole model loss")
+    largest = max(numpy.abs(g).max() for g in ref_grads.values())
+    for name, g in ref_grads.items():
+        if name.endswith("attention.self.key.bias"):
+            # its true gradient is 0 (softmax ignores a shift shared by every key): rounding
+            # noise on both sides, compared with the largest gradient of the model
+            err = record("fast vs reference whole model key.bias / largest gradient",
+                         numpy.abs(fast_grads[name] - g).max() / largest)
+            assert err <= 1e-12, f"{name}: {err:.3e}"
+            continue
+        close(fast_grads[name], g, 1e-12, "whole model gradients")
