@@ -227,7 +227,7 @@ def _hypothesis():
 
 
 def _as_strategy(st, value):
-    """A strategy as it is; a tuple or list: one of its values; anything else: just it."""
+    """A strategy as it is; a list (or tuple): one of its values; anything else: just it."""
     if isinstance(value, st.SearchStrategy):
         return value
     if isinstance(value, (tuple, list)):
@@ -235,43 +235,50 @@ def _as_strategy(st, value):
     return st.just(value)
 
 
-def bert_configs(*, vocab_size=7, layers=(1, 2), heads=(1, 2), head_size=(2, 3),
-                 hidden_act=("gelu", "gelu_new"), dropout=(0.0, 0.1), classifier_dropout=None,
-                 intermediate_size=5, max_position_embeddings=8, num_labels=2,
-                 problem_type=None, min_hidden_size=3):
-    """A hypothesis strategy of tiny BertConfigs for gradient checks.
-
-    Each argument is a value, a tuple/list to draw from, or a strategy (layers, heads and
-    head_size as (low, high) integer ranges). hidden_size = heads * head_size >= min_hidden_size
-    (LayerNorm of 2 features is constant: +-1, zero gradients). dropout sets both the hidden and
-    the attention probability; classifier_dropout (the heads' own) is stored only when not None;
-    num_labels / problem_type go into config.json's labels as with_labels does.
-    """
-    st = _hypothesis()
+def tiny_bert_config(*, vocab_size=7, layers=1, heads=1, head_size=3, hidden_act="gelu",
+                     dropout=0.0, classifier_dropout=None, intermediate_size=5,
+                     max_position_embeddings=8, num_labels=2, problem_type=None):
+    """A tiny float64-checkable BertConfig: hidden_size = heads * head_size; dropout sets both
+    the hidden and the attention probability; classifier_dropout (the heads' own) is stored
+    only when not None; num_labels / problem_type go into config.json's labels (with_labels)."""
     from .model.config import BertConfig, with_labels
 
-    def integers(value):
-        if isinstance(value, tuple) and len(value) == 2:
+    extra = {} if classifier_dropout is None else {"classifier_dropout": classifier_dropout}
+    config = BertConfig(vocab_size=vocab_size, hidden_size=heads * head_size,
+                        num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=intermediate_size,
+                        max_position_embeddings=max_position_embeddings, hidden_act=hidden_act,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                        extra=extra)
+    return with_labels(config, num_labels=num_labels, problem_type=problem_type)
+
+
+def bert_configs(*, vocab_size=7, layers=(1, 2), heads=(1, 2), head_size=(2, 3),
+                 hidden_act=("gelu", "gelu_new"), dropout=(0.0, 0.1), classifier_dropout=None,
+                 num_labels=2, problem_type=None, min_hidden_size=3, **fixed):
+    """A hypothesis strategy of tiny_bert_configs for gradient checks.
+
+    Each argument is a value, a list to draw from, a (low, high) pair of integers to draw
+    between, or a strategy. hidden_size = heads * head_size is at least min_hidden_size
+    (LayerNorm of 2 features is constant, +-1: its gradients are zero). `fixed`: passed on.
+    """
+    st = _hypothesis()
+
+    def drawn(value):
+        if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int)
+                                                                for v in value):
             return st.integers(*value)
         return _as_strategy(st, value)
 
     @st.composite
     def draw(draw):
-        n_heads = draw(integers(heads))
-        size = draw(integers(head_size).filter(lambda d: n_heads * d >= min_hidden_size))
-        p = draw(_as_strategy(st, dropout))
-        extra = {}
-        head_p = draw(_as_strategy(st, classifier_dropout))
-        if head_p is not None:
-            extra["classifier_dropout"] = head_p
-        config = BertConfig(vocab_size=draw(integers(vocab_size)), hidden_size=n_heads * size,
-                            num_hidden_layers=draw(integers(layers)),
-                            num_attention_heads=n_heads, intermediate_size=intermediate_size,
-                            max_position_embeddings=max_position_embeddings,
-                            hidden_act=draw(_as_strategy(st, hidden_act)),
-                            hidden_dropout_prob=p, attention_probs_dropout_prob=p, extra=extra)
-        return with_labels(config, num_labels=draw(integers(num_labels)),
-                           problem_type=draw(_as_strategy(st, problem_type)))
+        n_heads = draw(drawn(heads))
+        size = draw(drawn(head_size).filter(lambda d: n_heads * d >= min_hidden_size))
+        values = {k: draw(drawn(v)) for k, v in dict(
+            vocab_size=vocab_size, layers=layers, hidden_act=hidden_act, dropout=dropout,
+            classifier_dropout=classifier_dropout, num_labels=num_labels,
+            problem_type=problem_type).items()}
+        return tiny_bert_config(heads=n_heads, head_size=size, **values, **fixed)
     return draw()
 
 
@@ -343,3 +350,13 @@ def batches(config, task="pretraining", *, batch_size=(1, 3), seq_len=(1, 5),
     return st.builds(lambda seed, B, T, C: make_batch(numpy.random.default_rng(seed), config,
                                                       task, B, T, C),
                      st.integers(0, 2**32 - 1), *sizes)
+
+
+def bert_cases(task="pretraining", *, batch_size=(1, 3), seq_len=(1, 5), num_choices=(2, 3),
+               **config_options):
+    """A hypothesis strategy of (config, batch) pairs: a config from
+    bert_configs(**config_options), then a batch for it and `task` from batches()."""
+    st = _hypothesis()
+    return bert_configs(**config_options).flatmap(lambda config: st.tuples(
+        st.just(config), batches(config, task, batch_size=batch_size, seq_len=seq_len,
+                                 num_choices=num_choices)))
