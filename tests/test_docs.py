@@ -17,11 +17,15 @@ OPS = ("cross_entropy", "mse", "bce_with_logits", "tanh", "layernorm", "gelu", "
        "softmax", "self_attention", "dropout", "embedding")
 
 
-def python_blocks(path):
-    """[(first line of the code, source)] of every ```python block of a Markdown file."""
+def python_blocks(path, section=None):
+    """[(first line of the code, source)] of every ```python block of a Markdown file, or only
+    of those under the heading `section` (up to the next heading)."""
     blocks, source, start = [], None, 0
+    inside = section is None
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if source is None and line.strip() == "```python":
+        if source is None and line.startswith("#") and section is not None:
+            inside = line.lstrip("#").strip() == section
+        if source is None and line.strip() == "```python" and inside:
             source, start = [], number + 1
         elif source is not None and line.strip() == "```":
             blocks.append((start, "\n".join(source) + "\n"))
@@ -32,10 +36,11 @@ def python_blocks(path):
     return blocks
 
 
-def run_blocks(path):
+def run_blocks(path, section=None):
     namespace = {"__name__": f"docs:{path.name}"}
-    blocks = python_blocks(path)
-    assert blocks, f"{path.name} has no ```python block"
+    blocks = python_blocks(path, section)
+    where = f" under {section!r}" if section else ""
+    assert blocks, f"{path.name} has no ```python block{where}"
     for line, source in blocks:
         try:
             exec(compile(source, f"{path.name}:{line}", "exec"), namespace)
@@ -51,9 +56,23 @@ def test_every_code_block_of_the_derivations_runs(capsys):
     assert "self-attention" in printed and "whole model, worst" in printed
 
 
-def test_the_readme_gradient_check_example_runs():
-    namespace = run_blocks(README)
-    assert "check_gradients" in namespace
+def test_the_readme_gradient_check_example_runs(capsys):
+    namespace = run_blocks(README, "Check the gradient of your own op")
+    assert "rmsnorm_backward" in namespace and "'gamma':" in capsys.readouterr().out
+
+
+def heading_anchor(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces -> -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_links_each_idea_to_a_section_that_exists():
+    anchors = {heading_anchor(line.lstrip("#")) for line in BACKWARD.read_text().splitlines()
+               if line.startswith("#")}
+    links = re.findall(r"\(docs/backward\.md#([^)]+)\)", README.read_text())
+    assert len(links) >= 15, links
+    missing = sorted(set(links) - anchors)
+    assert not missing, f"README links to sections docs/backward.md does not have: {missing}"
 
 
 @pytest.mark.parametrize("op", OPS)
