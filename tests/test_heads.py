@@ -50,7 +50,7 @@ def case(task, batch, seq_len, choices=2, seed=0, **config):
     return config, make_batch(rng, config, task, batch, seq_len, choices)
 
 
-def check_gradients(cls, case, seed, check):
+def check_head_gradients(cls, case, seed, check):
     """Every parameter tensor of a perturbed `cls`: nanobert.testing.check_model_gradients
     (five-point central differences of the loss, dropout masks replayed). Draws whose loss is
     flat are skipped: every label ignored, or multiple-choice inputs whose choices pool to the
@@ -78,7 +78,7 @@ def check_gradients(cls, case, seed, check):
 @example(seed=1, case=case("sequence_classification", **BUSY, num_labels=3))
 def test_sequence_classification_gradients_match_central_differences(seed, case):
     """Cross-entropy on the pooled [CLS]; a -100 label is ignored."""
-    check_gradients(BertForSequenceClassification, case, seed, "sequence classification (CE)")
+    check_head_gradients(BertForSequenceClassification, case, seed, "sequence classification (CE)")
 
 
 @settings(max_examples=5, deadline=None)
@@ -89,14 +89,14 @@ def test_sequence_classification_gradients_match_central_differences(seed, case)
 def test_regression_gradients_match_central_differences(seed, case):
     """MSE: num_labels == 1 (logits squeezed to [B]), or problem_type "regression" with
     num_labels = 2 (MSE over [B, 2])."""
-    check_gradients(BertForSequenceClassification, case, seed, "sequence regression (MSE)")
+    check_head_gradients(BertForSequenceClassification, case, seed, "sequence regression (MSE)")
 
 
 @settings(max_examples=4, deadline=None)
 @given(seed=seeds, case=cases("multi_label", num_labels=(2, 3)))
 def test_multi_label_gradients_match_central_differences(seed, case):
     """Float labels [B, C] -> mean binary cross-entropy with logits."""
-    check_gradients(BertForSequenceClassification, case, seed, "sequence multi-label (BCE)")
+    check_head_gradients(BertForSequenceClassification, case, seed, "sequence multi-label (BCE)")
 
 
 @settings(max_examples=6, deadline=None)
@@ -105,7 +105,7 @@ def test_multi_label_gradients_match_central_differences(seed, case):
 @example(seed=1, case=case("token_classification", **BUSY, num_labels=4))
 def test_token_classification_gradients_match_central_differences(seed, case):
     """Cross-entropy at every position whose label is not -100 (padding, continuation pieces)."""
-    check_gradients(BertForTokenClassification, case, seed, "token classification")
+    check_head_gradients(BertForTokenClassification, case, seed, "token classification")
 
 
 @settings(max_examples=6, deadline=None)
@@ -114,7 +114,7 @@ def test_token_classification_gradients_match_central_differences(seed, case):
 @example(seed=1, case=case("question_answering", **BUSY))
 def test_question_answering_gradients_match_central_differences(seed, case):
     """(start CE + end CE) / 2, positions drawn from [-2, T + 2): clamped to [0, T], T ignored."""
-    check_gradients(BertForQuestionAnswering, case, seed, "question answering")
+    check_head_gradients(BertForQuestionAnswering, case, seed, "question answering")
 
 
 @settings(max_examples=5, deadline=None)
@@ -122,7 +122,7 @@ def test_question_answering_gradients_match_central_differences(seed, case):
 @example(seed=0, case=case("multiple_choice", **EDGE, choices=2))
 def test_multiple_choice_gradients_match_central_differences(seed, case):
     """Inputs [B, C, T]; one score per choice from the pooled [CLS]; CE over the choices."""
-    check_gradients(BertForMultipleChoice, case, seed, "multiple choice")
+    check_head_gradients(BertForMultipleChoice, case, seed, "multiple choice")
 
 # ------------------------------------------------------------------- 2. reference parity
 
