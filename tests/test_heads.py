@@ -20,180 +20,110 @@ from nanobert import BertConfig, BertForPreTraining, BertModel
 from nanobert.model import heads
 from nanobert.model.bert import BertPreTrainedModel
 from nanobert.formats import safetensors
-from nanobert.backend import default_rng
 from nanobert.model.config import num_labels, with_labels
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
-from conftest import assert_close, numerical_grad, record, reference_fixture
+from nanobert.testing import bert_cases, check_model_gradients, make_batch, tiny_bert_config
+from conftest import assert_close, record, record_errors, reference_fixture
 
 # ------------------------------------------------------------- 1. central differences
 
 GRAD_TOL = 1e-7
 ENTRIES_PER_TENSOR = 4      # random entries of each tensor checked (all entries when fewer)
-VOCAB = 7
 
-SHAPES = dict(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 3), seq_len=st.integers(1, 5),
-              heads=st.integers(1, 2), head_size=st.integers(2, 3), layers=st.integers(1, 2),
-              act=st.sampled_from(["gelu", "gelu_new"]), dropout=st.sampled_from([0.0, 0.1]),
-              classifier_dropout=st.sampled_from([None, 0.0, 0.3]))
-EDGE = dict(seed=0, batch=1, seq_len=1, heads=1, head_size=3, layers=1, act="gelu", dropout=0.0,
+SHAPES = dict(heads=(1, 2), head_size=(2, 3), layers=(1, 2), classifier_dropout=[None, 0.0, 0.3])
+seeds = st.integers(0, 2**31 - 1)
+EDGE = dict(batch=1, seq_len=1, heads=1, head_size=3, layers=1, hidden_act="gelu", dropout=0.0,
             classifier_dropout=None)                       # T = 1, B = 1, no dropout
-BUSY = dict(seed=1, batch=3, seq_len=5, heads=2, head_size=2, layers=2, act="gelu", dropout=0.1,
+BUSY = dict(batch=3, seq_len=5, heads=2, head_size=2, layers=2, hidden_act="gelu", dropout=0.1,
             classifier_dropout=0.3)                        # everything on
 
 
-def make_model(cls, seed, heads, head_size, layers, act, dropout, classifier_dropout,
-               num_labels=2, problem_type=None, **unused):
-    assume(heads * head_size >= 3)      # LayerNorm of 2 features is constant: zero gradients
-    extra = {} if classifier_dropout is None else {"classifier_dropout": classifier_dropout}
-    config = BertConfig(vocab_size=VOCAB, hidden_size=heads * head_size, num_hidden_layers=layers,
-                        num_attention_heads=heads, intermediate_size=5, max_position_embeddings=8,
-                        hidden_act=act, hidden_dropout_prob=dropout,
-                        attention_probs_dropout_prob=dropout, extra=extra)
-    config = with_labels(config, num_labels=num_labels, problem_type=problem_type)
-    model = cls(config, seed=seed, dtype=numpy.float64)
+def cases(task, **config):
+    """(config, batch) pairs for `task`, drawn by nanobert.testing.bert_cases."""
+    return bert_cases(task, **SHAPES, **config)
+
+
+def case(task, batch, seq_len, choices=2, seed=0, **config):
+    """One explicit (config, batch) pair, for @example."""
+    config = tiny_bert_config(**config)
+    rng = numpy.random.default_rng(seed)
+    return config, make_batch(rng, config, task, batch, seq_len, choices)
+
+
+def check_head_gradients(cls, case, seed, check):
+    """Every parameter tensor of a perturbed `cls`: nanobert.testing.check_model_gradients
+    (five-point central differences of the loss, dropout masks replayed). Draws whose loss is
+    flat are skipped: every label ignored, or multiple-choice inputs whose choices pool to the
+    same vector (equal scores, gradients cancel to ~1e-17; hypothesis found seed=130, B=1,
+    T=2, 2 choices)."""
+    config, batch = case
+    model = cls(config, seed=seed, dtype=numpy.float64).train()
     rng = numpy.random.default_rng(seed)
     for p in model.params.values():                  # move away from LN = 1 / bias = 0
         p += 0.1 * rng.standard_normal(p.shape)
-    return model.train()
-
-
-def make_inputs(rng, batch, seq_len, shape=None):
-    """Random ids (a small vocabulary repeats them), A/B segments, padded rows; row 0 is
-    padding everywhere but [CLS]."""
-    shape = shape or (batch, seq_len)
-    mask = (rng.random(shape) < 0.7).astype(numpy.int64)
-    mask[..., 0] = 1
-    mask[0] = numpy.arange(seq_len) == 0
-    return {"input_ids": rng.integers(0, VOCAB, size=shape),
-            "token_type_ids": rng.integers(0, 2, size=shape), "attention_mask": mask}
-
-
-def check_gradients(model, batch, check):
-    """Every parameter tensor: analytic gradient vs a five-point central difference of the
-    loss, with the dropout masks replayed from the same seed on every evaluation."""
-    def loss():
-        model.rng = default_rng(numpy, 99)
-        return model.loss(batch)
-
-    model.rng = default_rng(numpy, 99)
-    value, grads = model.loss_and_grads(batch)
-    assert value == loss()                           # loss() is loss_and_grads' forward
-    assert set(grads) == set(model.params)
-    largest = max(float(numpy.abs(g).max()) for g in grads.values())
-    # Nothing to check when the loss is flat: every label ignored (all gradients 0), or
-    # multiple-choice inputs whose choices pool to the same vector (equal scores, gradients
-    # cancel to rounding noise ~1e-17; hypothesis found seed=130, B=1, T=2, 2 choices).
-    assume(largest > 1e-12)
+    errors = check_model_gradients(model, batch, entries=ENTRIES_PER_TENSOR, tol=GRAD_TOL,
+                                   if_flat="skip")
+    assume(errors)
+    record_errors(f"grad {check}, every parameter", errors)
     # transformers never updates the [PAD] row of the word embeddings (padding_idx), so its
-    # gradient is 0 by definition, not d loss / d row: check that, and skip it below.
+    # gradient is 0 by definition, not d loss / d row (the checker skips that row): check that.
     pad = model.config.pad_token_id
-    word_table = grads["bert.embeddings.word_embeddings.weight"]
-    assert not word_table[pad].any()
-    pick = numpy.random.default_rng(0)
-    for name, p in model.params.items():
-        candidates = numpy.arange(p.size)
-        if name == "bert.embeddings.word_embeddings.weight":
-            candidates = candidates[candidates // p.shape[1] != pad]
-        n = candidates.size
-        index = (candidates if n <= ENTRIES_PER_TENSOR
-                 else pick.choice(candidates, ENTRIES_PER_TENSOR, replace=False))
-        numeric = numerical_grad(loss, p, index, h=3e-5, five_point=True)
-        analytic = grads[name].reshape(-1)[index]
-        # Relative to the whole tensor's gradient, so entries near 0 don't divide by ~0; and
-        # at least 1e-2 of the largest gradient: some gradients are exactly 0 (a key bias;
-        # the QA bias; a multiple-choice bias: each shifts every logit of a softmax equally),
-        # and there both sides hold only rounding noise.
-        scale = max(float(numpy.abs(grads[name]).max()), 1e-2 * largest)
-        err = float(numpy.abs(analytic - numeric).max()) / scale
-        record(f"grad {check}, every parameter", err)
-        assert err <= GRAD_TOL, f"{name}: relative error {err:.3e}"
+    _, grads = model.loss_and_grads(batch)
+    assert not grads["bert.embeddings.word_embeddings.weight"][pad].any()
 
 
 @settings(max_examples=6, deadline=None)
-@given(**SHAPES, labels=st.integers(2, 4))
-@example(**EDGE, labels=2)
-@example(**BUSY, labels=3)
-def test_sequence_classification_gradients_match_central_differences(labels, **shape):
+@given(seed=seeds, case=cases("sequence_classification", num_labels=(2, 4)))
+@example(seed=0, case=case("sequence_classification", **EDGE))
+@example(seed=1, case=case("sequence_classification", **BUSY, num_labels=3))
+def test_sequence_classification_gradients_match_central_differences(seed, case):
     """Cross-entropy on the pooled [CLS]; a -100 label is ignored."""
-    model = make_model(BertForSequenceClassification, num_labels=labels, **shape)
-    rng = numpy.random.default_rng(shape["seed"])
-    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
-    batch["labels"] = rng.integers(0, labels, size=shape["batch"])
-    if shape["batch"] > 1:
-        batch["labels"][-1] = -100
-    check_gradients(model, batch, "sequence classification (CE)")
+    check_head_gradients(BertForSequenceClassification, case, seed, "sequence classification (CE)")
 
 
 @settings(max_examples=5, deadline=None)
-@given(**SHAPES, outputs=st.integers(1, 2))
-@example(**EDGE, outputs=1)
-def test_regression_gradients_match_central_differences(outputs, **shape):
+@given(seed=seeds, case=st.one_of(
+    cases("regression", num_labels=1),
+    cases("regression", num_labels=2, problem_type="regression")))
+@example(seed=0, case=case("regression", **EDGE, num_labels=1))
+def test_regression_gradients_match_central_differences(seed, case):
     """MSE: num_labels == 1 (logits squeezed to [B]), or problem_type "regression" with
     num_labels = 2 (MSE over [B, 2])."""
-    model = make_model(BertForSequenceClassification, num_labels=outputs,
-                       problem_type=None if outputs == 1 else "regression", **shape)
-    rng = numpy.random.default_rng(shape["seed"])
-    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
-    batch["labels"] = rng.normal(size=(shape["batch"],) if outputs == 1
-                                 else (shape["batch"], outputs))
-    check_gradients(model, batch, "sequence regression (MSE)")
+    check_head_gradients(BertForSequenceClassification, case, seed, "sequence regression (MSE)")
 
 
 @settings(max_examples=4, deadline=None)
-@given(**SHAPES, labels=st.integers(2, 3))
-def test_multi_label_gradients_match_central_differences(labels, **shape):
+@given(seed=seeds, case=cases("multi_label", num_labels=(2, 3)))
+def test_multi_label_gradients_match_central_differences(seed, case):
     """Float labels [B, C] -> mean binary cross-entropy with logits."""
-    model = make_model(BertForSequenceClassification, num_labels=labels, **shape)
-    rng = numpy.random.default_rng(shape["seed"])
-    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
-    batch["labels"] = rng.choice([0.0, 1.0, 0.3], size=(shape["batch"], labels))
-    check_gradients(model, batch, "sequence multi-label (BCE)")
+    check_head_gradients(BertForSequenceClassification, case, seed, "sequence multi-label (BCE)")
 
 
 @settings(max_examples=6, deadline=None)
-@given(**SHAPES, labels=st.integers(2, 4))
-@example(**EDGE, labels=2)
-@example(**BUSY, labels=4)
-def test_token_classification_gradients_match_central_differences(labels, **shape):
+@given(seed=seeds, case=cases("token_classification", num_labels=(2, 4)))
+@example(seed=0, case=case("token_classification", **EDGE))
+@example(seed=1, case=case("token_classification", **BUSY, num_labels=4))
+def test_token_classification_gradients_match_central_differences(seed, case):
     """Cross-entropy at every position whose label is not -100 (padding, continuation pieces)."""
-    model = make_model(BertForTokenClassification, num_labels=labels, **shape)
-    rng = numpy.random.default_rng(shape["seed"])
-    batch = make_inputs(rng, shape["batch"], shape["seq_len"])
-    tags = rng.integers(0, labels, size=(shape["batch"], shape["seq_len"]))
-    tags[(batch["attention_mask"] == 0) | (rng.random(tags.shape) < 0.3)] = -100
-    tags[0, 0] = 1                                   # at least one counted position
-    batch["labels"] = tags
-    check_gradients(model, batch, "token classification")
+    check_head_gradients(BertForTokenClassification, case, seed, "token classification")
 
 
 @settings(max_examples=6, deadline=None)
-@given(**SHAPES)
-@example(**EDGE)
-@example(**BUSY)
-def test_question_answering_gradients_match_central_differences(**shape):
+@given(seed=seeds, case=cases("question_answering"))
+@example(seed=0, case=case("question_answering", **EDGE))
+@example(seed=1, case=case("question_answering", **BUSY))
+def test_question_answering_gradients_match_central_differences(seed, case):
     """(start CE + end CE) / 2, positions drawn from [-2, T + 2): clamped to [0, T], T ignored."""
-    model = make_model(BertForQuestionAnswering, **shape)
-    rng = numpy.random.default_rng(shape["seed"])
-    B, T = shape["batch"], shape["seq_len"]
-    batch = make_inputs(rng, B, T)
-    batch["start_positions"] = rng.integers(-2, T + 2, size=B)
-    batch["end_positions"] = rng.integers(-2, T + 2, size=B)
-    batch["start_positions"][0], batch["end_positions"][0] = 0, T - 1   # both sides count
-    check_gradients(model, batch, "question answering")
+    check_head_gradients(BertForQuestionAnswering, case, seed, "question answering")
 
 
 @settings(max_examples=5, deadline=None)
-@given(**SHAPES, choices=st.integers(2, 3))
-@example(**EDGE, choices=2)
-def test_multiple_choice_gradients_match_central_differences(choices, **shape):
+@given(seed=seeds, case=cases("multiple_choice"))
+@example(seed=0, case=case("multiple_choice", **EDGE, choices=2))
+def test_multiple_choice_gradients_match_central_differences(seed, case):
     """Inputs [B, C, T]; one score per choice from the pooled [CLS]; CE over the choices."""
-    model = make_model(BertForMultipleChoice, **shape)
-    rng = numpy.random.default_rng(shape["seed"])
-    B, T = shape["batch"], shape["seq_len"]
-    batch = make_inputs(rng, B, T, shape=(B, choices, T))
-    batch["labels"] = rng.integers(0, choices, size=B)
-    check_gradients(model, batch, "multiple choice")
+    check_head_gradients(BertForMultipleChoice, case, seed, "multiple choice")
 
 # ------------------------------------------------------------------- 2. reference parity
 

@@ -1,0 +1,362 @@
+"""Check a hand-written backward pass against central differences, and draw small BERTs and
+batches to check it on. nanobert's own tests use exactly this; so can an op of your own.
+
+    from nanobert.testing import check_gradients
+
+    def rmsnorm_forward(x, gamma):                  # your op, in the ops' contract:
+        rms = numpy.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+        return x / rms * gamma, (x, gamma, rms)     # forward(**inputs) -> (out, cache)
+
+    def rmsnorm_backward(dout, cache):              # backward(dout, cache) -> one gradient
+        ...                                         # per input, in the order of `inputs`
+
+    check_gradients(rmsnorm_forward, rmsnorm_backward,
+                    {"x": rng.standard_normal((4, 8)), "gamma": rng.standard_normal(8)})
+
+What is compared. f(inputs) = sum(forward(**inputs)[0] * W) for a fixed random W shaped like
+the output (a random projection: every output element weighs in, none cancels another by
+accident). backward(W, cache) is then the analytic gradient of f; the numerical one is a
+central difference in float64, (f(x + h) - f(x - h)) / 2h per entry (error O(h^2)), or the
+five-point stencil (8[f(x+h) - f(x-h)] - [f(x+2h) - f(x-2h)]) / 12h (error O(h^4)) for
+functions curved enough that the first leaves truncation error above the tolerance.
+
+The noise floor, one rule for both forms. A central difference is only as precise as the
+rounding of f allows: about eps * |f| / h in absolute terms (~1e-10 for f ~ 1, h = 1e-6),
+however small the true gradient is. So the error of an input is measured relative to
+
+    scale = max(largest |analytic gradient| of that input,   # relative where it is large
+                floor,                                       # an absolute floor
+                relative_floor * largest |gradient| of all inputs)
+
+    error = max |analytic - numerical| / scale    (over the entries checked)
+
+An op check (check_gradients) uses floor = 1: its inputs are O(1), so its error is relative
+where gradients are large and absolute (to 1e-7) where they are tiny (a saturated softmax)
+or exactly zero. A model check (check_model_gradients) uses relative_floor = 1e-2: the loss's
+gradients span decades, and some are exactly zero in exact arithmetic (a key bias: softmax
+ignores a shift shared by every key), so both sides hold rounding noise there and are
+compared against 1% of the largest gradient instead. When even that scale is rounding noise
+(every gradient <= `noise`: a flat function, e.g. every label ignored, or two multiple-choice
+inputs that pool alike), nothing can be compared: `if_flat="raise"` (default) raises a
+ValueError, `if_flat="skip"` returns an empty dict (a hypothesis test then `assume`s it).
+
+Both forms return {input name: error} and raise AssertionError naming each input over the
+tolerance with its error. Inputs must be float64: a float32 check measures float32 rounding
+(~1e-7 relative, divided by h), not the backward.
+
+The strategies (bert_configs, batches) need hypothesis (`pip install hypothesis`); the
+checker itself needs only NumPy.
+"""
+import numpy
+
+DEFAULT_TOL = 1e-7      # central differences with h = 1e-6 in float64 agree to ~1e-9
+NOISE = 1e-12           # gradients at or below this are rounding noise of a float64 loss
+TASKS = ("pretraining", "sequence_classification", "regression", "multi_label",
+         "token_classification", "question_answering", "multiple_choice")
+
+
+def rel_error(actual, expected):
+    """max |actual - expected| / max |expected|: one number per tensor, scale-free."""
+    actual = numpy.asarray(actual, dtype=numpy.float64)
+    expected = numpy.asarray(expected, dtype=numpy.float64)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
+    if expected.size == 0:
+        return 0.0
+    scale = max(float(numpy.abs(expected).max()), 1e-30)
+    return float(numpy.abs(actual - expected).max()) / scale
+
+
+def numerical_grad(f, x, index=None, h=1e-6, five_point=False):
+    """Central difference of scalar f() w.r.t. x (a contiguous array modified in place and
+    restored), at every entry or at the given flat indices -> float64 [len(indices)].
+    five_point uses the O(h^4) stencil (8[f(x+h) - f(x-h)] - [f(x+2h) - f(x-2h)]) / 12h."""
+    flat = x.reshape(-1)
+    if not numpy.shares_memory(flat, x):
+        raise ValueError("numerical_grad needs a contiguous array (it perturbs x in place)")
+    indices = range(flat.size) if index is None else index
+
+    def at(i, value):
+        flat[i] = value
+        return float(f())
+
+    grad = numpy.zeros(len(indices))
+    for j, i in enumerate(indices):
+        old = flat[i]
+        d1 = at(i, old + h) - at(i, old - h)
+        if five_point:
+            d2 = at(i, old + 2 * h) - at(i, old - 2 * h)
+            grad[j] = (8 * d1 - d2) / (12 * h)
+        else:
+            grad[j] = d1 / (2 * h)
+        flat[i] = old
+    return grad
+
+
+def _largest(array):
+    return float(numpy.abs(array).max()) if array.size else 0.0
+
+
+def _errors(pairs, tol, floor, relative_floor, noise, if_flat, what):
+    """The noise-floor rule of the module docstring. pairs: name -> (whole analytic gradient,
+    analytic at the checked entries, numerical at those entries) -> {name: error}."""
+    if if_flat not in ("raise", "skip"):
+        raise ValueError(f"if_flat must be 'raise' or 'skip', got {if_flat!r}")
+    largest = max((_largest(whole) for whole, _, _ in pairs.values()), default=0.0)
+    if max(largest, floor) <= noise:
+        if if_flat == "skip":
+            return {}
+        raise ValueError(f"{what} is flat here: its largest gradient is {largest:.1e} <= "
+                         f"{noise:.0e} (rounding noise), nothing to compare; draw other inputs "
+                         "or pass if_flat='skip'")
+    errors, failed = {}, []
+    for name, (whole, analytic, numeric) in pairs.items():
+        scale = max(_largest(whole), floor, relative_floor * largest)
+        diff = numpy.abs(analytic - numeric)
+        errors[name] = float(diff.max()) / scale if diff.size else 0.0
+        if not errors[name] <= tol:                     # NaN fails too
+            failed.append(f"{name}: relative error {errors[name]:.3e} > {tol:.0e}")
+    if failed:
+        raise AssertionError(f"{what}: " + "; ".join(failed))
+    return errors
+
+
+def check_gradients(forward, backward, inputs, *, seed=0, tol=DEFAULT_TOL, h=1e-6,
+                    five_point=False, floor=1.0, relative_floor=0.0, noise=NOISE,
+                    if_flat="raise", name="backward"):
+    """Check backward against central differences of forward, at every entry of every input.
+
+    inputs: dict name -> float64 array (copied: yours are not touched).
+    forward(**inputs) -> (out, cache); backward(dout, cache) -> the gradient of each input, in
+    the order of `inputs` (a tuple, or one array when there is one input).
+    seed: of the random projection W; tol, h, five_point, floor, relative_floor, noise,
+    if_flat: see the module docstring. name: what the AssertionError calls the op.
+    -> {input name: worst relative error}; AssertionError naming every input over tol.
+    """
+    if not inputs:
+        raise ValueError("inputs is empty: nothing to differentiate")
+    arrays = {}
+    for key, x in inputs.items():
+        dtype = getattr(x, "dtype", None)
+        if not isinstance(x, numpy.ndarray) or dtype != numpy.float64:
+            raise ValueError(f"input {key!r} must be a float64 NumPy array, got "
+                             f"{type(x).__name__} of dtype {dtype}: a gradient check in lower "
+                             "precision measures rounding, not the backward")
+        arrays[key] = numpy.array(x, dtype=numpy.float64, order="C", copy=True)
+    rng = numpy.random.default_rng(seed)
+    out, cache = forward(**arrays)
+    w = rng.standard_normal(numpy.shape(out))
+
+    def f():
+        return float((numpy.asarray(forward(**arrays)[0]) * w).sum())
+
+    grads = backward(w, cache)          # before any perturbation: the cache may view inputs
+    grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+    if len(grads) != len(arrays):
+        raise AssertionError(f"{name}: backward returned {len(grads)} gradients for "
+                             f"{len(arrays)} inputs ({', '.join(arrays)})")
+    pairs = {}
+    for (key, x), g in zip(arrays.items(), grads):
+        g = numpy.asarray(g, dtype=numpy.float64)
+        if g.shape != x.shape:
+            raise AssertionError(f"{name} d{key}: gradient shape {g.shape} != input {x.shape}")
+        whole = g.copy()                # a backward may hand back a buffer it reuses
+        pairs[key] = (whole, whole.reshape(-1), numerical_grad(f, x, h=h, five_point=five_point))
+    return _errors(pairs, tol, floor, relative_floor, noise, if_flat, name)
+
+
+def check_model_gradients(model, batch, *, seed=0, entries=6, tol=DEFAULT_TOL, h=3e-5,
+                          five_point=True, floor=0.0, relative_floor=1e-2, noise=NOISE,
+                          if_flat="raise", dropout_seed=99):
+    """Check model.loss_and_grads(batch) against central differences of model.loss(batch)
+    w.r.t. `entries` random entries of every parameter tensor (all when it has fewer).
+
+    model: a float64 nanobert model (BertForPreTraining or a task head); in train mode the
+    dropout masks are replayed: model.rng is reset from dropout_seed before every
+    evaluation. The [PAD] row of the word embeddings is not checked: as transformers'
+    nn.Embedding(padding_idx) its lookup gradient is dropped by definition, so its gradient
+    is not d loss / d row. seed picks the entries. The rest: as check_gradients, with the
+    model's defaults (five-point stencil, h = 3e-5, errors relative to max(the tensor's
+    largest gradient, 1% of the largest gradient of all)).
+    -> {parameter name: worst relative error}; AssertionError naming every parameter over tol.
+    """
+    from .backend import default_rng       # a model lives on model.xp (NumPy here)
+
+    bad = sorted(k for k, p in model.params.items() if p.dtype != numpy.float64)
+    if bad:
+        raise ValueError(f"check_model_gradients needs a float64 model; {bad[0]} is "
+                         f"{model.params[bad[0]].dtype} (make it with dtype=numpy.float64)")
+
+    def loss():
+        model.rng = default_rng(model.xp, dropout_seed)    # the same dropout masks every call
+        return model.loss(batch)
+
+    model.rng = default_rng(model.xp, dropout_seed)
+    value, grads = model.loss_and_grads(batch)
+    again = loss()
+    if value != again:
+        raise AssertionError(f"model.loss gives {again!r} but loss_and_grads {value!r}: the "
+                             "two forwards differ, so the gradient is not of this loss")
+    if set(grads) != set(model.params):
+        raise AssertionError(f"grads keys differ from params: {set(grads) ^ set(model.params)}")
+    pick = numpy.random.default_rng(seed)
+    pad_table = model.base_prefix + "embeddings.word_embeddings.weight"
+    pad = model.config.pad_token_id
+    pairs = {}
+    for key, p in model.params.items():
+        candidates = numpy.arange(p.size)
+        if key == pad_table:
+            candidates = candidates[candidates // p.shape[1] != pad]
+        index = (candidates if candidates.size <= entries
+                 else pick.choice(candidates, entries, replace=False))
+        numeric = numerical_grad(loss, p, index, h=h, five_point=five_point)
+        pairs[key] = (grads[key], grads[key].reshape(-1)[index], numeric)
+    return _errors(pairs, tol, floor, relative_floor, noise, if_flat,
+                   f"{type(model).__name__} loss")
+
+
+# ------------------------------------------------------------------- hypothesis strategies
+
+
+def _hypothesis():
+    try:
+        from hypothesis import strategies
+    except ImportError as e:
+        raise ImportError("nanobert.testing's strategies need hypothesis: "
+                          "pip install hypothesis") from e
+    return strategies
+
+
+def _as_strategy(st, value):
+    """A strategy as it is; a list (or tuple): one of its values; anything else: just it."""
+    if isinstance(value, st.SearchStrategy):
+        return value
+    if isinstance(value, (tuple, list)):
+        return st.sampled_from(list(value))
+    return st.just(value)
+
+
+def tiny_bert_config(*, vocab_size=7, layers=1, heads=1, head_size=3, hidden_act="gelu",
+                     dropout=0.0, classifier_dropout=None, intermediate_size=5,
+                     max_position_embeddings=8, num_labels=2, problem_type=None):
+    """A tiny float64-checkable BertConfig: hidden_size = heads * head_size; dropout sets both
+    the hidden and the attention probability; classifier_dropout (the heads' own) is stored
+    only when not None; num_labels / problem_type go into config.json's labels (with_labels)."""
+    from .model.config import BertConfig, with_labels
+
+    extra = {} if classifier_dropout is None else {"classifier_dropout": classifier_dropout}
+    config = BertConfig(vocab_size=vocab_size, hidden_size=heads * head_size,
+                        num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=intermediate_size,
+                        max_position_embeddings=max_position_embeddings, hidden_act=hidden_act,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+                        extra=extra)
+    return with_labels(config, num_labels=num_labels, problem_type=problem_type)
+
+
+def bert_configs(*, vocab_size=7, layers=(1, 2), heads=(1, 2), head_size=(2, 3),
+                 hidden_act=("gelu", "gelu_new"), dropout=(0.0, 0.1), classifier_dropout=None,
+                 num_labels=2, problem_type=None, min_hidden_size=3, **fixed):
+    """A hypothesis strategy of tiny_bert_configs for gradient checks.
+
+    Each argument is a value, a list to draw from, a (low, high) pair of integers to draw
+    between, or a strategy. hidden_size = heads * head_size is at least min_hidden_size
+    (LayerNorm of 2 features is constant, +-1: its gradients are zero). `fixed`: passed on.
+    """
+    st = _hypothesis()
+
+    def drawn(value):
+        if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, int)
+                                                                for v in value):
+            return st.integers(*value)
+        return _as_strategy(st, value)
+
+    @st.composite
+    def draw(draw):
+        n_heads = draw(drawn(heads))
+        size = draw(drawn(head_size).filter(lambda d: n_heads * d >= min_hidden_size))
+        values = {k: draw(drawn(v)) for k, v in dict(
+            vocab_size=vocab_size, layers=layers, hidden_act=hidden_act, dropout=dropout,
+            classifier_dropout=classifier_dropout, num_labels=num_labels,
+            problem_type=problem_type).items()}
+        return tiny_bert_config(heads=n_heads, head_size=size, **values, **fixed)
+    return draw()
+
+
+def make_batch(rng, config, task, batch_size, seq_len, num_choices=2):
+    """One batch for `task` (one of TASKS) drawn with the NumPy Generator rng: random ids (a
+    small vocabulary repeats them), A/B segments, padded rows with [CLS] always attended and
+    row 0 padding everywhere but [CLS]; and the labels of the task's head:
+
+    pretraining              labels [B, T]: the token at masked positions (the first and the
+                             last index always, ~30% more), -100 elsewhere;
+                             next_sentence_label [B]
+    sequence_classification  labels [B] in [0, num_labels), the last -100 when B > 1
+    regression               labels [B] (num_labels 1) or [B, num_labels], floats
+    multi_label              labels [B, num_labels] in {0, 0.3, 1}
+    token_classification     labels [B, T], -100 at padding and ~30% more; [0, 0] counted
+    question_answering       start/end_positions [B] in [-2, T + 2) (clamped or ignored by
+                             the loss), example 0 from 0 to T - 1
+    multiple_choice          inputs [B, num_choices, T], labels [B]
+    """
+    from .model.config import num_labels as labels_of
+
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    B, T = batch_size, seq_len
+    shape = (B, num_choices, T) if task == "multiple_choice" else (B, T)
+    mask = (rng.random(shape) < 0.7).astype(numpy.int64)
+    mask[..., 0] = 1
+    mask[0] = numpy.arange(T) == 0
+    ids = rng.integers(0, config.vocab_size, size=shape)
+    batch = {"input_ids": ids, "token_type_ids": rng.integers(0, 2, size=shape),
+             "attention_mask": mask}
+    L = labels_of(config)
+    if task == "pretraining":
+        labels = numpy.full((B, T), -100)
+        labels[0, 0] = ids[0, 0]
+        labels[-1, -1] = ids[-1, -1]
+        extra = rng.random((B, T)) < 0.3
+        labels[extra] = rng.integers(0, config.vocab_size, size=int(extra.sum()))
+        batch.update(labels=labels, next_sentence_label=rng.integers(0, 2, size=B))
+    elif task == "sequence_classification":
+        batch["labels"] = rng.integers(0, L, size=B)
+        if B > 1:
+            batch["labels"][-1] = -100
+    elif task == "regression":
+        batch["labels"] = rng.normal(size=(B,) if L == 1 else (B, L))
+    elif task == "multi_label":
+        batch["labels"] = rng.choice([0.0, 1.0, 0.3], size=(B, L))
+    elif task == "token_classification":
+        tags = rng.integers(0, L, size=(B, T))
+        tags[(mask == 0) | (rng.random(tags.shape) < 0.3)] = -100
+        tags[0, 0] = 1
+        batch["labels"] = tags
+    elif task == "question_answering":
+        batch["start_positions"] = rng.integers(-2, T + 2, size=B)
+        batch["end_positions"] = rng.integers(-2, T + 2, size=B)
+        batch["start_positions"][0], batch["end_positions"][0] = 0, T - 1
+    else:
+        batch["labels"] = rng.integers(0, num_choices, size=B)
+    return batch
+
+
+def batches(config, task="pretraining", *, batch_size=(1, 3), seq_len=(1, 5),
+            num_choices=(2, 3)):
+    """A hypothesis strategy of batches for `config` and `task` (see make_batch): the sizes
+    are drawn from the (low, high) ranges, the arrays from a drawn seed."""
+    st = _hypothesis()
+    sizes = [st.integers(*r) if isinstance(r, tuple) else _as_strategy(st, r)
+             for r in (batch_size, seq_len, num_choices)]
+    return st.builds(lambda seed, B, T, C: make_batch(numpy.random.default_rng(seed), config,
+                                                      task, B, T, C),
+                     st.integers(0, 2**32 - 1), *sizes)
+
+
+def bert_cases(task="pretraining", *, batch_size=(1, 3), seq_len=(1, 5), num_choices=(2, 3),
+               **config_options):
+    """A hypothesis strategy of (config, batch) pairs: a config from
+    bert_configs(**config_options), then a batch for it and `task` from batches()."""
+    st = _hypothesis()
+    return bert_configs(**config_options).flatmap(lambda config: st.tuples(
+        st.just(config), batches(config, task, batch_size=batch_size, seq_len=seq_len,
+                                 num_choices=num_choices)))
