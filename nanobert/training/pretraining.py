@@ -91,7 +91,6 @@ def prepare_datasets(args, tokenizer, vocab_file):
                                  mask_id=tokenizer.mask_token_id)
 
 
-
 def trim(batch):
     """Drop the columns that are padding in every row: same loss (padded keys get exactly zero
     attention weight), less work."""
