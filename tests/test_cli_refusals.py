@@ -73,3 +73,39 @@ def test_an_output_path_that_is_a_file_is_named(tmp_path, main, argv, tiny_bert)
     module = __import__(main)
     with pytest.raises(ValueError, match=f"--out {target} exists and is not a folder"):
         module.main(argv + ["--out", str(target)])
+
+
+# Runs a command line's __main__ (argv after the script) with a disk that is full: every
+# fsync, the last call of each atomic write, fails with ENOSPC.
+FULL_DISK = """
+import errno, os, runpy, sys
+def full(fd):
+    raise OSError(errno.ENOSPC, "No space left on device")
+os.fsync = full
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("main", ["train", "finetune"])
+def test_a_full_disk_is_one_line_and_a_non_zero_exit(tmp_path, main, tiny_bert):
+    """Both command lines end an OSError that reaches their __main__ (here a full disk: train.py
+    while it builds its data, finetune.py while it saves best/) with one error line on stderr
+    and exit status 1, never a traceback."""
+    import subprocess
+    import sys
+    from test_train import BROWN, ROOT, VOCAB
+    if main == "train":
+        argv = ["--data", str(BROWN / "heldout.txt.gz"), "--heldout", "--vocab", str(VOCAB),
+                "--steps", "1"]
+    else:
+        argv = ["--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev",
+                data("sst2_dev.tsv"), "--model", tiny_bert, "--max-steps", "1"]
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, os.path.join(ROOT, f"{main}.py"),
+                             *argv, "--out", str(tmp_path / "out")], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300)
+    lines = result.stderr.strip().splitlines()      # train.py's data progress comes first
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and lines[-1].startswith("error: ") \
+        and "no space left" in lines[-1].lower(), result.stderr
+    assert [line for line in lines if "error" in line.lower()] == lines[-1:], result.stderr

@@ -70,3 +70,19 @@ def test_mean_pooled_embeddings_match_sentence_transformers(minilm, reference, t
     record("MiniLM mean-pooled embedding max abs vs sentence-transformers",
            float(numpy.abs(ours - theirs).max()))
     assert cosine.min() >= 0.99999, f"worst cosine {cosine.min():.7f} (sentence {cosine.argmin()})"
+
+
+def test_the_features_command_writes_what_finetune_task_features_writes(minilm, tmp_path):
+    """`python -m nanobert.features` is the command; `finetune.py --task features` dispatches
+    to it with the same flags: the same files, byte for byte."""
+    from nanobert import features
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a good film\nthe plot is thin, the cast is not\n", encoding="utf-8")
+    argv = ["--input", str(texts), "--pooling", "tokens", "--layers", "-2", "-1"]
+    assert finetune.main(["--task", "features", *argv, "--out", str(tmp_path / "a")]) == 0
+    assert features.main([*argv, "--out", str(tmp_path / "b")]) == 0
+    written = sorted(os.listdir(tmp_path / "a"))
+    assert written == sorted(os.listdir(tmp_path / "b")) == [
+        "embeddings.npy", "features.json", "offsets.npy", "tokens.txt"]
+    for name in written:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -10,6 +10,8 @@ import pytest
 import train
 from nanobert import BertConfig, BertForPreTraining
 from nanobert.formats import safetensors
+from nanobert.model.ops import IGNORE_INDEX
+from nanobert.training.pretraining import masked_input_hits, unigram_baseline
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BROWN = ROOT / "data" / "brown"
@@ -139,7 +141,7 @@ def test_masked_accuracy_is_split_by_what_the_input_held():
     """[MASK] (id 4), a random token, or the original kept: each predicted position counts
     in one kind, by its input; hits are argmax == label. Counts and hits differ per kind so
     that a swap of kinds, or counting unpredicted positions, fails."""
-    ignore = train.IGNORE_INDEX
+    ignore = IGNORE_INDEX
     input_ids = numpy.array([[2, 4, 9, 4, 7, 3],
                              [2, 8, 4, 6, 6, 3]])
     labels = numpy.array([[ignore, 5, 10, 6, 7, ignore],      # mask, random, mask, kept
@@ -149,7 +151,7 @@ def test_masked_accuracy_is_split_by_what_the_input_held():
     guesses = [5, 0, 0, 7, 0, 11, 0]
     logits = numpy.zeros((len(guesses), 16))
     logits[numpy.arange(len(guesses)), guesses] = 1.0
-    hits = train.masked_input_hits({"input_ids": input_ids, "labels": labels}, logits, 4)
+    hits = masked_input_hits({"input_ids": input_ids, "labels": labels}, logits, 4)
     assert hits == {"mask": (2, 3), "random": (0, 1), "kept": (1, 3)}
 
 
@@ -234,8 +236,8 @@ def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
     assert held["step"] == 1500
     first = train_losses(out)[0][1]
     datasets = {p.name.split("-")[0]: PretrainingDataset(p) for p in (out / "data").iterdir()}
-    unigram, _, _ = train.unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000,
-                                           32)
+    unigram, _, _ = unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000,
+                                     32)
     margin = 3 * (0.25 / held["sequences"]) ** 0.5
     print(f"MLM: first logged {first:.3f}, held-out {held['mlm_loss']:.3f}, unigram {unigram:.3f}; "
           f"NSP held-out {held['nsp_accuracy']:.3f} vs majority "

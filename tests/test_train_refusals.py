@@ -14,6 +14,7 @@ import pytest
 import train
 from nanobert import BertForPreTraining
 from nanobert.formats import safetensors
+from nanobert.model.optim import AdamW
 from nanobert.model.pretrained import load_training_checkpoint
 from test_train import BROWN, run, train_losses
 
@@ -27,7 +28,7 @@ def checkpoint_step(out):
 def poison_weights_from_step(monkeypatch, first_bad_step):
     """AdamW.step writes a NaN into POISONED from its `first_bad_step`-th call on: a forced
     divergence (the flags refuse an --lr large enough to diverge for real)."""
-    step = train.AdamW.step
+    step = AdamW.step
     calls = []
 
     def diverging_step(self, grads, lr=None):
@@ -35,7 +36,7 @@ def poison_weights_from_step(monkeypatch, first_bad_step):
         calls.append(1)
         if len(calls) >= first_bad_step:
             self.params[POISONED][0] = numpy.nan
-    monkeypatch.setattr(train.AdamW, "step", diverging_step)
+    monkeypatch.setattr(AdamW, "step", diverging_step)
     return calls
 
 

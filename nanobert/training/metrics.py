@@ -1,0 +1,107 @@
+"""metrics.jsonl (one JSON record a line: appended while training, cut back to the checkpoint
+on resume), the window of steps a log line reports (throughput, MFU) and the loss curve."""
+import json
+
+from nanobert.backend import matmul_precision
+from nanobert.formats.fileio import atomic_open
+from nanobert.model.flops import gpu_peak_tflops
+
+
+def append_metrics(metrics_path, record):
+    """One line of metrics.jsonl."""
+    with open(metrics_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def keep_metrics_until(metrics_path, step):
+    """Rewrite metrics.jsonl with the records up to `step` (those logged after the checkpoint
+    will be logged again). A crash mid-write leaves a torn last line: it is dropped, and said
+    so; a bad line before the last is an error naming the file and the line."""
+    with open(metrics_path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()                               # the newline that ends the last line
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            step_of = record["step"]
+        except (ValueError, TypeError, KeyError) as e:
+            if number < len(lines):
+                raise ValueError(f"{metrics_path}: line {number} is not a metrics record "
+                                 f"({type(e).__name__}: {e})") from None
+            print(f"dropped the torn last line of {metrics_path} (line {number}, {len(line)} "
+                  "bytes): a crash cut its write short")
+            break
+        if step_of <= step:
+            records.append(line.decode("utf-8") + "\n")
+    with atomic_open(metrics_path, "w", encoding="utf-8") as f:
+        f.writelines(records)
+
+
+class Window:
+    """The steps since the last log line: their statistics summed (an array that on the GPU
+    stays on the device until the log line reads it), their model FLOPs and their seconds of
+    training (evaluations and checkpoints between steps are not training speed); `peak`
+    (TFLOP/s, None: unknown) for the MFU, `ranks` for the throughput per rank."""
+
+    def __init__(self, peak=None, ranks=1):
+        self.peak, self.ranks = peak, ranks
+        self.reset()
+
+    def reset(self):
+        """A new window, after a log line."""
+        self.sums, self.flops, self.seconds, self.steps = None, 0, 0.0, 0
+
+    def add(self, sums, seconds, flops=0):
+        self.sums = sums if self.steps == 0 else self.sums + sums
+        self.flops += flops
+        self.seconds += seconds
+        self.steps += 1
+
+    def mfu(self):
+        """Model FLOPs utilisation (None: no peak known)."""
+        return self.flops / self.seconds / (self.peak * 1e12) if self.peak else None
+
+
+def gpu_name():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:
+        return ""
+
+
+def peak_tflops(device, dtype):
+    """The peak of the GPU in use at the precision its matmuls run in (TF32, float16, ...),
+    for MFU; None on the CPU or on an unknown GPU."""
+    if device != "gpu":
+        return None
+    return gpu_peak_tflops(gpu_name(), matmul_precision(dtype, device))
+
+
+def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss")):
+    """The train (and held-out) curves of `keys` from metrics.jsonl, side by side in a PNG."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no loss_curve.png (pip install matplotlib)")
+        return
+    with open(metrics_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    train = [r for r in rows if r["kind"] == "train"]
+    held = [r for r in rows if r["kind"] == "eval"]
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4))
+    for ax, key in zip(axes, keys):
+        logged = [r for r in train if key in r]        # --no-nsp logs no train NSP loss
+        ax.plot([r["step"] for r in logged], [r[key] for r in logged], label="train", lw=1)
+        if held:
+            ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", label="held-out")
+        ax.set_xlabel("step")
+        ax.set_title(key.replace("_", " ").upper().replace("LOSS", "loss"))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    print(f"wrote {png_path}")

@@ -1,0 +1,92 @@
+"""Exact resume: the trainer state a checkpoint holds, the refusal of a flag or a model that
+would not continue the same run (naming both values), and the checkpoint save that refuses
+non-finite weights and turns a full disk into one line."""
+import dataclasses
+import errno
+import os
+
+from nanobert.formats.checkpoint import NonFiniteError, first_non_finite
+from nanobert.model.pretrained import save_training_checkpoint
+from nanobert.formats.fileio import read_json, recover_folder
+
+from .guards import ADVICE
+
+
+def read_trainer_state(checkpoint_dir, keys, writer):
+    """trainer_state.json of a checkpoint, after finishing a save that a crash cut short;
+    FileNotFoundError without one, ValueError naming it if it lacks `keys` or its "args"."""
+    recover_folder(checkpoint_dir)
+    path = os.path.join(checkpoint_dir, "trainer_state.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no resumable checkpoint at {checkpoint_dir} (missing "
+                                "trainer_state.json)")
+    state = read_json(path, "trainer_state.json")
+    missing = [k for k in keys if k not in state]
+    if missing or not isinstance(state["args"], dict):
+        raise ValueError(f"{path}: not a trainer state written by {writer} (missing or bad: "
+                         f"{', '.join(missing) or 'args'})")
+    return state
+
+
+def refuse_changed_flags(args, saved, fixed, paths=(), skip=()):
+    """SystemExit naming the first flag of `fixed` whose value in `args` differs from the
+    checkpoint's `saved` arguments. Not compared: a flag the checkpoint did not record, and
+    those in `skip`; `paths` (lists of files) are compared as absolute paths."""
+    for key in fixed:
+        if key not in saved or key in skip:
+            continue
+        new, old = vars(args)[key], saved[key]
+        if key in paths:
+            new, old = ([os.path.abspath(p) for p in v] for v in (new, old))
+        if new == old:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(new, bool):             # a switch: "--x" against "no --x"
+            new, old = (flag if v else f"no {flag}" for v in (new, old))
+        else:
+            new, old = (" ".join(map(str, v)) if isinstance(v, list) else v for v in (new, old))
+            new = f"{flag} {new}"
+        raise SystemExit(f"error: resuming with {new}, but the checkpoint used {old}; "
+                         "exact continuation needs the same value (or start a new run "
+                         "without --resume)")
+
+
+def refuse_changed_model(wanted, config, flag):
+    """SystemExit if the config the flags describe (`wanted`, from `flag`) is another model
+    than the checkpoint's `config` (the checkpoint's would be used, silently)."""
+    for field in dataclasses.fields(config):     # the model's settings, not config.json's extras
+        k = field.name
+        if k != "extra" and getattr(wanted, k) != getattr(config, k):
+            raise SystemExit(f"error: resuming with {flag} ({k} {getattr(wanted, k)}), but the "
+                             f"checkpoint's model has {k} {getattr(config, k)}")
+
+
+def save_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file, step, write=True):
+    """Swap in a checkpoint of `step` (its trainer `state` already updated), or stop with one
+    line naming the step: weights or Adam moments that are not finite (the previous checkpoint
+    stays: a diverged run never replaces a good one), or a full disk. write=False (ranks
+    other than 0): the check alone."""
+    bad = first_non_finite(model.params)
+    try:
+        if bad is not None:
+            raise NonFiniteError(f"first non-finite weight: {bad}")
+        if write:
+            save_training_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file)
+    except NonFiniteError as e:
+        raise SystemExit(f"error: the training state is not finite after step {step} ({e}); "
+                         f"nothing was saved, {kept_checkpoint(checkpoint_dir)}. "
+                         f"{ADVICE}") from None
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise SystemExit(f"error: step {step} was not saved: {e.strerror or e}; "
+                         f"{kept_checkpoint(checkpoint_dir)}") from None
+
+
+def kept_checkpoint(checkpoint_dir):
+    """What the checkpoint folder holds, for the error that says a save did not happen."""
+    try:
+        step = read_json(os.path.join(checkpoint_dir, "trainer_state.json"))["step"]
+    except (OSError, ValueError, KeyError):
+        return f"and there is no earlier checkpoint in {checkpoint_dir}"
+    return f"{checkpoint_dir} still holds step {step}"

@@ -1,0 +1,129 @@
+"""A run's start and end, shared by the command lines: the device, the ranks and the output
+folder; the optimizer; dropout seeds and the order of the training rows; eval mode around an
+evaluation; the run summary; Ctrl-C; and the one wrapper of every command line's __main__."""
+import contextlib
+import json
+import os
+import signal
+import sys
+
+import numpy
+
+from nanobert.backend import default_rng, resolve_device, reuse_freed_memory, set_tf32
+from nanobert.distributed import end_job, process_group
+from nanobert.formats.fileio import atomic_open, output_folder
+from nanobert.model.flat import flat_buffer
+from nanobert.model.optim import AdamW, LossScaler
+
+
+def setup_device(args):
+    """--device resolved (default $NANOBERT_DEVICE or cpu), TF32 as --no-tf32 says, and
+    freed memory reused (each step's arrays land in already mapped pages)."""
+    reuse_freed_memory()
+    args.device = resolve_device(args.device)
+    set_tf32(not args.no_tf32)
+
+
+def start_ranks(args):
+    """The process group (one process, or the ranks of an MPI job: rank 0 alone prints) and
+    the output folder --out. -> the group."""
+    group = process_group(args.device)
+    if not group.is_main:
+        sys.stdout = open(os.devnull, "w")            # rank 0 alone prints
+    output_folder(args.out)
+    return group
+
+
+def remove_stale(path):
+    """A fresh run's metrics.jsonl starts empty (path None: not rank 0)."""
+    if path and os.path.exists(path):
+        os.remove(path)
+
+
+def broadcast_weights(group, model):
+    """Every rank starts from rank 0's weights."""
+    if group.world_size > 1:
+        group.broadcast_(flat_buffer(model.params))
+
+
+def seed_dropout(model, seed, rank):
+    """One dropout Generator for the run, a stream of its own on each rank."""
+    model.rng = default_rng(model.xp, seed + 1_000_003 * rank)
+
+
+def make_optimizer(args, model, state=None):
+    """AdamW (--optimizer, --lr, --weight-decay) and, for float16, the loss scaler; both
+    loaded from a checkpoint's optimizer state and trainer state when given.
+    -> (optimizer, scaler or None)"""
+    optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
+                      weight_decay=args.weight_decay)
+    scaler = LossScaler(model.xp) if args.dtype == "float16" else None
+    if state is not None:
+        optimizer_state, trainer_state = state
+        optimizer.load_state_dict(optimizer_state)
+        if scaler and "loss_scaler" in trainer_state:
+            scaler.load_state_dict(trainer_state["loss_scaler"])
+    return optimizer, scaler
+
+
+def epoch_order(seed, epoch, size):
+    """The rows of one epoch: a permutation drawn from (seed, epoch) alone, so that any batch
+    can be found again from its position (exact resume, any number of ranks)."""
+    return numpy.random.default_rng([seed, epoch]).permutation(size)
+
+
+def stream_rows(size, batch_size, seed, position):
+    """Rows of the batch at `position` of an endless stream of epochs (a batch may span two)."""
+    epoch, start = divmod(position * batch_size, size)
+    rows = []
+    while len(rows) < batch_size:
+        order = epoch_order(seed, epoch, size)
+        rows.extend(order[start:start + batch_size - len(rows)])
+        epoch, start = epoch + 1, 0
+    return numpy.array(rows)
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Dropout off inside, the model's mode as it was after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def write_summary(path, summary):
+    """The run's summary (eval.json, results.json), swapped in atomically."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1, default=str)
+
+
+class StopFlag:
+    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step."""
+
+    def __init__(self):
+        self.stop = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame):
+        if self.stop:                  # a second Ctrl-C: stop now (the checkpoint swap is atomic)
+            raise KeyboardInterrupt
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step, "
+              "then stopping", flush=True)
+        self.stop = True
+
+
+def run_command(main):
+    """A command line's __main__: bad input (ValueError, FileNotFoundError) and every other
+    OSError (a full disk, a folder that cannot be written) end with one line on stderr and a
+    non-zero exit status, never a traceback; under mpiexec a failing rank ends every rank."""
+    try:
+        code = main()
+    except (ValueError, OSError) as e:
+        code = f"error: {e}"
+    except SystemExit as e:
+        code = e.code
+    end_job(code)

@@ -1,0 +1,374 @@
+"""finetune.py's tasks of the paper, one record each in TASKS: how a task reads its files,
+picks its label set, turns examples into WordPiece features, which head it trains, how its
+dev/test outputs are scored (the official scripts' rules) and written. A new task is a new
+record. Also the data of a run (every split read and featurised) and prediction in batches."""
+import dataclasses
+import functools
+import json
+import os
+from typing import Callable, NamedTuple
+
+import numpy
+
+from nanobert.backend import to_host
+from nanobert.data import datasets, metrics, squad, tasks
+from nanobert.formats.fileio import atomic_open
+from nanobert.model import ops
+from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
+                                  BertForSequenceClassification, BertForTokenClassification)
+
+from .run import eval_mode
+
+SPLITS = ("train", "dev", "test")
+
+
+class Data(NamedTuple):
+    """What load_data read: the splits and what reading them found out."""
+    splits: dict            # "train" / "dev" / "test" -> (examples, Features)
+    label_list: list        # classify / pair / ner: the label set (None for the others)
+    squad_v2: bool          # squad: the training file has unanswerable questions (v2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Everything the command line does differently for one task; a new task is a new record
+    in TASKS. The callables, in the order main calls them:
+
+      read(args, path, split, train_stats)  -> (examples, reader stats); train_stats: the
+                                               training split's (None while reading it)
+      labels(args, train_examples, dataset_labels) -> the label list, or None
+      featurize(args, tokenizer, examples, label_list, split) -> tasks.Features
+      head_options(label_list)              -> keyword arguments of head.from_pretrained
+      evaluate(args, tokenizer, data, examples, features, outputs) -> (scores, predictions)
+      write(folder, split, examples, predictions, data) -> the predictions file's path
+    """
+    head: type                  # the BertFor* class
+    read: Callable
+    labels: Callable
+    featurize: Callable
+    head_options: Callable
+    evaluate: Callable
+    write: Callable
+    metric: str                 # the dev score that picks the best epoch
+    max_seq_length: int = 128
+    text_columns: int = 0       # TSV tasks: texts per example (--text-columns); 0: not TSV
+    dev_targets: bool = True    # dev features carry targets (squad's dev is scored by text)
+
+# ------------------------------------------------------------------ readers, per task
+
+
+def read_texts(args, path, split, train_stats, regression=False):
+    """classify / pair / regress: a GLUE TSV, or one laid out by --text-columns."""
+    labeled = split != "test"
+    if args.glue_task:
+        return tasks.read_glue(path, args.glue_task, require_labels=labeled), {}
+    return tasks.read_tsv(path, tasks.parse_columns(args.text_columns),
+                          tasks.parse_columns(args.label_column)[0], header=args.header,
+                          regression=regression, require_labels=labeled), {}
+
+
+def read_conll(args, path, split, train_stats):
+    examples = tasks.read_conll(path)
+    if split != "test" and examples[0].tags is None:
+        raise SystemExit(f"error: {path} has no tag column (the {split} file needs "
+                         "'word ... tag' lines)")
+    if args.tag_scheme == "bio":
+        for e in examples:
+            e.tags = tasks.iob1_to_bio(e.tags) if e.tags else e.tags
+    return examples, {}
+
+
+def read_squad(args, path, split, train_stats):
+    """Dev and test are read as the version of the training file (unless --squad-version)."""
+    version = None if args.squad_version == "auto" else args.squad_version == "2.0"
+    if split != "train" and args.squad_version == "auto":
+        version = train_stats["version"] == "2.0"
+    return squad.read_squad(path, is_training=split == "train", version_2_with_negative=version)
+
+
+def read_swag(args, path, split, train_stats):
+    return tasks.read_swag(path, require_labels=split != "test"), {}
+
+
+def class_labels(args, examples, dataset_labels):
+    """--labels, else the GLUE task's or the data set's label set, else the training file's."""
+    given = args.labels.split(",") if args.labels else (
+        list(tasks.glue_layout(args.glue_task).labels) if args.glue_task else dataset_labels)
+    return tasks.label_list_from(examples, given)
+
+
+def tag_labels(args, examples, dataset_labels):
+    return tasks.conll_label_list(examples, args.labels.split(",") if args.labels else None)
+
+
+def no_labels(args, examples, dataset_labels):
+    return None
+
+
+def featurize_texts(args, tokenizer, examples, label_list, split, regression=False):
+    return tasks.featurize_texts(tokenizer, examples, args.max_seq_length, label_list,
+                                 regression=regression)
+
+
+def featurize_tokens(args, tokenizer, examples, label_list, split):
+    return tasks.featurize_tokens(tokenizer, examples, args.max_seq_length, label_list)
+
+
+def featurize_squad(args, tokenizer, examples, label_list, split):
+    return squad.featurize_squad(tokenizer, examples, args.max_seq_length, args.doc_stride,
+                                 args.max_query_length, is_training=split == "train")
+
+
+def featurize_choices(args, tokenizer, examples, label_list, split):
+    return tasks.featurize_choices(tokenizer, examples, args.max_seq_length)
+
+
+def id2label(label_list):
+    return {"id2label": dict(enumerate(label_list))}
+
+# --------------------------------------------------------------- evaluation, per task
+
+
+def host_cross_entropy(logits, labels):
+    """ops.cross_entropy_forward on host arrays, in float64 (IGNORE_INDEX labels skipped)."""
+    logits = numpy.asarray(logits, dtype=numpy.float64)
+    return ops.cross_entropy_forward(logits, numpy.asarray(labels))[0]
+
+
+def evaluate_classes(args, tokenizer, data, examples, features, outputs):
+    """classify / pair: accuracy, loss, F1 of label 1 (MRPC, QQP, positive) when there are two
+    labels, Matthews correlation (CoLA); predictions are label names."""
+    logits = numpy.stack(outputs)                           # [N, C]
+    predicted = logits.argmax(-1)
+    names = [data.label_list[i] for i in predicted]
+    gold = features.targets.get("labels")
+    if gold is None:
+        return {}, names
+    scores = {"accuracy": metrics.accuracy(predicted, gold),
+              "loss": host_cross_entropy(logits, gold)}
+    if logits.shape[-1] == 2:
+        scores["precision"], scores["recall"], scores["f1"] = metrics.precision_recall_f1(
+            predicted, gold, 1)
+    scores["matthews"] = metrics.matthews_corrcoef(predicted, gold)
+    return scores, names
+
+
+def evaluate_choices(args, tokenizer, data, examples, features, outputs):
+    """choice: accuracy and loss; predictions are choice numbers."""
+    logits = numpy.stack(outputs)                           # [N, C choices]
+    predicted = logits.argmax(-1)
+    gold = features.targets.get("labels")
+    if gold is None:
+        return {}, predicted.tolist()
+    scores = {"accuracy": metrics.accuracy(predicted, gold),
+              "loss": host_cross_entropy(logits, gold)}
+    return scores, predicted.tolist()
+
+
+def evaluate_regression(args, tokenizer, data, examples, features, outputs):
+    """regress: Pearson, Spearman (STS-B) and the mean squared error."""
+    predicted = numpy.stack(outputs)[:, 0].astype(numpy.float64)
+    gold = features.targets.get("labels")
+    if gold is None:
+        return {}, predicted.tolist()
+    return {"pearson": metrics.pearson(predicted, gold),
+            "spearman": metrics.spearman(predicted, gold),
+            "loss": float(((predicted - gold) ** 2).mean())}, predicted.tolist()
+
+
+def evaluate_tags(args, tokenizer, data, examples, features, outputs):
+    """ner: a tag per word from its first WordPiece ("O" for a word without one), scored
+    with conlleval's rules."""
+    tags = []
+    for logits, first in zip(outputs, features.meta["first_token"]):
+        best = logits.argmax(-1)
+        tags.append([data.label_list[best[t]] if t >= 0 else "O" for t in first])
+    if "labels" not in features.targets:
+        return {}, tags
+    result = metrics.conlleval([e.tags for e in examples], tags)
+    loss = float(numpy.mean([host_cross_entropy(o, labels)
+                             for o, labels in zip(outputs, features.targets["labels"])]))
+    scores = {k: result[k] for k in ("f1", "precision", "recall", "accuracy")}
+    scores.update(loss=loss, per_type={k: round(v["f1"], 2) for k, v in result["per_type"].items()})
+    return scores, tags
+
+
+def evaluate_squad(args, tokenizer, data, examples, features, outputs):
+    """squad: the original post-processing, then the official script's scores (v2.0 with the
+    best null threshold too). predictions: (answers, n-best, null odds)."""
+    predictions, nbest, null_odds = squad.write_predictions(
+        examples, features, [o[0] for o in outputs], [o[1] for o in outputs], args.n_best_size,
+        args.max_answer_length, tokenizer.do_lower_case, data.squad_v2,
+        args.null_score_diff_threshold, tokenizer.strip_accents)
+    answers = squad.gold_answers(examples)
+    scores = {}
+    if any(answers.values()) or data.squad_v2:
+        version = "2.0" if data.squad_v2 else "1.1"
+        scores = metrics.squad_evaluate(answers, predictions, version)
+        if version == "2.0":
+            best = metrics.squad_evaluate(answers, predictions, version,
+                                          no_answer_probabilities=null_odds)
+            scores.update({k: best[k] for k in best if k.startswith("best_")})
+        else:
+            scores["exact"] = scores.pop("exact_match")
+    return scores, (predictions, nbest, null_odds)
+
+# ------------------------------------------------------------ prediction files, per task
+
+
+def write_json(path, content):
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=1, ensure_ascii=False)
+
+
+def write_squad(folder, split, examples, predictions, data):
+    """The official {id: answer} JSON, the n-best lists and (v2.0) the null odds."""
+    answers, nbest, null_odds = predictions
+    path = os.path.join(folder, f"{split}_predictions.json")
+    write_json(path, answers)
+    write_json(os.path.join(folder, f"{split}_nbest_predictions.json"), nbest)
+    if data.squad_v2:
+        write_json(os.path.join(folder, f"{split}_null_odds.json"), null_odds)
+    return path
+
+
+def write_conll(folder, split, examples, predictions, data):
+    """conlleval's input: word gold predicted, a blank line between sentences."""
+    path = os.path.join(folder, f"{split}_predictions.txt")
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for e, tags in zip(examples, predictions):
+            for k, (word, tag) in enumerate(zip(e.words, tags)):
+                f.write(f"{word} {e.tags[k]} {tag}\n" if e.tags else f"{word} {tag}\n")
+            f.write("\n")
+    return path
+
+
+def write_tsv(folder, split, examples, predictions, data):
+    """index, prediction (and label, when every example has one): GLUE's submission format."""
+    path = os.path.join(folder, f"{split}_predictions.tsv")
+    labeled = all(getattr(e, "label", None) is not None for e in examples)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write("index\tprediction" + ("\tlabel" if labeled else "") + "\n")
+        for i, (e, p) in enumerate(zip(examples, predictions)):
+            value = f"{p:.6g}" if isinstance(p, float) else str(p)
+            f.write(f"{i}\t{value}" + (f"\t{e.label}" if labeled else "") + "\n")
+    return path
+
+# ---------------------------------------------------------------------------- the tasks
+
+
+TASKS = {
+    "classify": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
+                     featurize=featurize_texts, head_options=id2label,
+                     evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
+                     text_columns=1),
+    "pair": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
+                 featurize=featurize_texts, head_options=id2label,
+                 evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
+                 text_columns=2),
+    "regress": Task(BertForSequenceClassification,
+                    read=functools.partial(read_texts, regression=True), labels=no_labels,
+                    featurize=functools.partial(featurize_texts, regression=True),
+                    head_options=lambda _: {"num_labels": 1},
+                    evaluate=evaluate_regression, write=write_tsv, metric="spearman",
+                    text_columns=1),
+    "ner": Task(BertForTokenClassification, read=read_conll, labels=tag_labels,
+                featurize=featurize_tokens, head_options=id2label,
+                evaluate=evaluate_tags, write=write_conll, metric="f1"),
+    "squad": Task(BertForQuestionAnswering, read=read_squad, labels=no_labels,
+                  featurize=featurize_squad, head_options=lambda _: {"num_labels": 2},
+                  evaluate=evaluate_squad, write=write_squad, metric="f1",
+                  max_seq_length=384, dev_targets=False),
+    "choice": Task(BertForMultipleChoice, read=read_swag, labels=no_labels,
+                   featurize=featurize_choices, head_options=lambda _: {},
+                   evaluate=evaluate_choices, write=write_tsv, metric="accuracy"),
+}
+
+# ---------------------------------------------------------------------------------- data
+
+
+def load_data(args, tokenizer):
+    """-> Data: each split's examples and Features, the label list, the SQuAD version.
+    Prints what was read and what was cut."""
+    task = TASKS[args.task]
+    raw, dataset_labels = read_splits(args, task)
+    raw = limit_examples(args, raw)
+    train_examples, train_stats = raw["train"]
+    label_list = task.labels(args, train_examples, dataset_labels)
+    splits = {}
+    for split, (examples, read_stats) in raw.items():
+        features = task.featurize(args, tokenizer, examples, label_list, split)
+        features.stats.update(read_stats)
+        if split != "test" and not features.targets and task.dev_targets:
+            raise SystemExit(f"error: the {split} data has no labels")
+        splits[split] = (examples, features)
+        print(f"  {split}: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k} {v}"
+            for k, v in features.stats.items()))
+    return Data(splits, label_list, squad_v2=train_stats.get("version") == "2.0")
+
+
+def read_splits(args, task):
+    """-> ({split: (examples, reader stats)}, the data set's label list or None)."""
+    if args.dataset and args.dataset != "conll2003":
+        examples, dataset_labels, about = datasets.load(args.dataset, args.task)
+        print(f"data: {about}")
+        return {split: (e, {}) for split, e in zip(SPLITS, examples)}, dataset_labels
+    raw = {}
+    for split, path in zip(SPLITS, (args.train, args.dev, args.test)):
+        if path:
+            raw[split] = task.read(args, path, split, raw["train"][1] if raw else None)
+    return raw, None
+
+
+def limit_examples(args, raw):
+    """--max-train-examples (a seeded subset) and --max-eval-examples (the first N)."""
+    examples, stats = raw["train"]
+    if args.max_train_examples and len(examples) > args.max_train_examples:
+        print(f"  training on a seeded subset of {args.max_train_examples:,} of "
+              f"{len(examples):,} examples")
+        raw["train"] = (tasks.subsample(examples, args.max_train_examples, args.seed), stats)
+    if args.max_eval_examples:
+        for split in ("dev", "test"):
+            if split in raw:
+                raw[split] = (raw[split][0][:args.max_eval_examples], raw[split][1])
+    return raw
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def predict(model, features, batch_size):
+    """Logits of every row, in row order (host arrays; token / QA rows cut to their length).
+    Rows are batched by length, so little time goes into padding."""
+    order = sorted(range(len(features)), key=features.length)
+    results = [None] * len(features)
+    with eval_mode(model):
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = features.batch(rows)
+            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            if isinstance(model, BertForQuestionAnswering):
+                starts, ends = to_host(out.start_logits), to_host(out.end_logits)
+                for i, r in enumerate(rows):
+                    n = features.length(r)
+                    results[r] = (starts[i, :n], ends[i, :n])
+            else:
+                logits = to_host(out.logits)
+                for i, r in enumerate(rows):
+                    results[r] = logits[i, :features.length(r)] if logits.ndim == 3 else logits[i]
+    return results
+
+
+def evaluate(args, task, model, tokenizer, data, split):
+    """-> (scores, predictions) of one split; predictions: per example, what the predictions
+    file holds. Unlabeled data gets no scores."""
+    examples, features = data.splits[split]
+    outputs = predict(model, features, args.eval_batch_size)
+    return task.evaluate(args, tokenizer, data, examples, features, outputs)
+
+
+def format_scores(scores):
+    return "  ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in scores.items() if not isinstance(v, dict))
+
+
