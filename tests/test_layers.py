@@ -29,8 +29,8 @@ LAYERS = {
     "training/": {"backend.py", "flags.py", "formats/", "model/", "data/", "distributed.py"},
     "__init__.py": {"backend.py", "formats/", "model/", "data/"},      # the public names
     # a command line kept in the package (python -m nanobert.features): the top, as train.py
-    "features.py": {"backend.py", "flags.py", "formats/", "model/", "data/", "distributed.py",
-                    "training/"},
+    "features.py": {"__init__.py", "backend.py", "flags.py", "formats/", "model/", "data/",
+                    "distributed.py", "training/"},
 }
 # Single names a layer may take from a module of a layer it may not import otherwise.
 ALSO_ALLOWED = {

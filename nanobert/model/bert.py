@@ -290,7 +290,7 @@ class BertPreTrainedModel:
     updates and checkpoints save) and the gradients stay float32, the master weights; the
     forward pass computes with a float16 copy of them (self.weights, refreshed from the
     master buffer at every forward: one cast of one buffer) and float16 activations, with
-    float32 statistics and losses (ops.py). Scale the loss (loss_scale=, optim.LossScaler)
+    float32 statistics and losses (fast.py). Scale the loss (loss_scale=, optim.LossScaler)
     so that float16 gradients neither underflow nor overflow.
     """
     base_prefix = "bert."       # where the encoder's names start in this model's dict

@@ -6,8 +6,8 @@ import errno
 import os
 
 from nanobert.formats.checkpoint import NonFiniteError, first_non_finite
-from nanobert.model.pretrained import save_training_checkpoint
 from nanobert.formats.fileio import read_json, recover_folder
+from nanobert.model.pretrained import save_training_checkpoint
 
 from .guards import ADVICE
 
