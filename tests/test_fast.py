@@ -73,6 +73,18 @@ def test_every_reference_op_has_a_fast_twin_and_trickless_ones_are_the_reference
 # ---------------------------------------------------------------------------------- ops
 
 
+def same_backward(op, names, dout, cache, ref_cache, params, into):
+    """fast.<op>_backward and ops.<op>_backward, each from its own forward's cache, give the
+    same gradients; into: both write the parameter gradients into given buffers (fresh ones
+    shaped like `params`, as the model's flat gradient views are)."""
+    def buffers():
+        return tuple(numpy.empty_like(p) if into else None for p in params)
+    grads = getattr(fast, op + "_backward")(dout, cache, *buffers())
+    refs = getattr(ops, op + "_backward")(dout, ref_cache, *buffers())
+    for name, g, r in zip(names, grads, refs):
+        same(g, r, f"{op} {name}")
+
+
 @SETTINGS
 @given(n=dims, d_in=dims, d_out=dims, dtype=dtypes, into=st.booleans(), seed=seeds)
 def test_linear(n, d_in, d_out, dtype, into, seed):
@@ -82,11 +94,7 @@ def test_linear(n, d_in, d_out, dtype, into, seed):
     out, cache = fast.linear_forward(x, w, b)
     ref_out, ref_cache = ops.linear_forward(x, w, b)
     same(out, ref_out, "linear out")
-    buffers = lambda: (numpy.empty_like(w), numpy.empty_like(b)) if into else (None, None)  # noqa: E731
-    grads = fast.linear_backward(dout, cache, *buffers())
-    for name, g, r in zip(("dx", "dweight", "dbias"), grads,
-                          ops.linear_backward(dout, ref_cache, *buffers())):
-        same(g, r, f"linear {name}")
+    same_backward("linear", ("dx", "dweight", "dbias"), dout, cache, ref_cache, (w, b), into)
 
 
 @SETTINGS
@@ -101,11 +109,8 @@ def test_layernorm(n, h, dtype, scale, into, seed):
     same(out, ref_out, "layernorm out")
     for name, c, r in zip(("xhat", "gamma", "rstd"), cache, ref_cache):
         same(c, r, f"layernorm cache {name}")
-    buffers = lambda: (numpy.empty_like(gamma), numpy.empty_like(beta)) if into else (None, None)  # noqa: E731
-    grads = fast.layernorm_backward(dout, cache, *buffers())
-    for name, g, r in zip(("dx", "dgamma", "dbeta"), grads,
-                          ops.layernorm_backward(dout, ref_cache, *buffers())):
-        same(g, r, f"layernorm {name}")
+    same_backward("layernorm", ("dx", "dgamma", "dbeta"), dout, cache, ref_cache, (gamma, beta),
+                  into)
 
 
 @SETTINGS
