@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -162,13 +163,16 @@ def test_a_missing_package_names_the_command(monkeypatch):
 
 
 def test_brown_stays_the_default_and_the_corpus_sets_data_and_heldout():
+    def path(name, split):
+        return os.path.join(train.DATA, name, f"{split}.txt.gz")
     args = train.parse_args([])
     assert (args.corpus, args.data, args.heldout) == \
-        ("brown", [str(DATA / "brown" / "train.txt.gz")], [str(DATA / "brown" / "heldout.txt.gz")])
+        ("brown", [path("brown", "train")], [path("brown", "heldout")])
+    assert Path(args.data[0]).resolve() == DATA / "brown" / "train.txt.gz"
     args = train.parse_args(["--corpus", "sotu-wiki", "--heldout"])
-    assert (args.data, args.heldout) == ([str(DATA / "sotu-wiki" / "train.txt.gz")], [])
+    assert (args.data, args.heldout) == ([path("sotu-wiki", "train")], [])
     args = train.parse_args(["--corpus", "sotu-wiki", "--data", "mine.txt"])
-    assert (args.data, args.heldout) == (["mine.txt"], [str(DATA / "sotu-wiki" / "heldout.txt.gz")])
+    assert (args.data, args.heldout) == (["mine.txt"], [path("sotu-wiki", "heldout")])
 
 
 def test_an_unknown_corpus_is_one_line(capsys):
