@@ -105,6 +105,7 @@ class BertForPreTrainingOutput:
     prediction_logits: object          # [B, T, V]
     seq_relationship_logits: object    # [B, 2]
     hidden_states: list
+    attentions: tuple = None           # L arrays [B, A, T, T], with output_attentions=True
 
 
 class BertForPreTraining(BertPreTrainedModel):
