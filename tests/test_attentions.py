@@ -4,6 +4,8 @@ and from loss(..., return_outputs=True). Checked three ways: against a softmax r
 from each layer's input and the query/key weights (no torch), on every model class; against
 transformers (attn_implementation="eager") on the real all-MiniLM-L6-v2 (reference)."""
 import math
+import struct
+import sys
 
 import numpy
 import pytest
@@ -11,9 +13,12 @@ import pytest
 from nanobert import (BertConfig, BertForMultipleChoice, BertForPreTraining,
                       BertForQuestionAnswering, BertForSequenceClassification,
                       BertForTokenClassification, BertModel)
+from nanobert import attention
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.hub import resolve_model
+from nanobert.training.run import run_command
 from conftest import installed_or_skip, record
+from test_finetune import make_tiny_bert
 
 CONFIG = dict(vocab_size=50, hidden_size=12, num_hidden_layers=2, num_attention_heads=3,
               intermediate_size=24, max_position_embeddings=20)
@@ -108,6 +113,73 @@ def test_attentions_are_taken_before_attention_dropout():
     for probs in out.attentions:
         numpy.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
     check_attentions(model, out.attentions, out.hidden_states, mask)
+
+# ------------------------------------------------------ the picture: python -m nanobert.attention
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """2 layers x 2 heads, random weights, a vocab of letters and a few words."""
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def png_size(path):
+    """(width, height) in pixels from a PNG's header (signature, then the IHDR chunk)."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", "not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def one_line_error(argv):
+    """What the command line prints when it refuses: the exit message, one line."""
+    with pytest.raises(SystemExit) as stopped:
+        run_command(lambda: attention.main(argv))
+    message = str(stopped.value.code)
+    assert message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+def test_the_picture_is_a_grid_of_heads_by_layers_with_the_wordpieces_on_the_axes(tiny_bert,
+                                                                                   tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "pictures" / "attention.png"
+    assert attention.main(["the film", "a great story", "--model", tiny_bert,
+                           "--out", str(out)]) == 0
+    model = BertModel.from_pretrained(tiny_bert)
+    ids, types = attention.encode(BertTokenizer.from_pretrained(tiny_bert), model.config,
+                                  "the film", "a great story")
+    tokens = BertTokenizer.from_pretrained(tiny_bert).convert_ids_to_tokens(ids[0].tolist())
+    assert tokens == ["[CLS]", "the", "film", "[SEP]", "a", "great", "story", "[SEP]"]
+    maps = attention.attention_maps(model, ids, types)                  # [L, A, T, T]
+    assert maps.shape == (2, 2, 8, 8)
+    fig = attention.attention_figure(maps, tokens)
+    width, height = fig.get_size_inches() * fig.dpi
+    assert png_size(out) == (round(width), round(height)), "the PNG is that figure"
+    panels = [ax for ax in fig.axes if ax.images and ax.get_subplotspec() is not None
+              and ax.get_label() != "<colorbar>"]
+    assert len(panels) == 2 * 2, "heads x layers maps"
+    for ax in panels:
+        spec = ax.get_subplotspec()
+        head, layer = spec.rowspan.start, spec.colspan.start
+        numpy.testing.assert_array_equal(ax.images[0].get_array(), maps[layer, head])
+        xlabels = [t.get_text() for t in ax.get_xticklabels()]
+        ylabels = [t.get_text() for t in ax.get_yticklabels()]
+        assert xlabels == (tokens if head == 1 else [""] * 8), "keys along the bottom row"
+        assert ylabels == (tokens if layer == 0 else [""] * 8), "queries down the left column"
+
+
+def test_a_sentence_longer_than_the_models_positions_is_one_line(tiny_bert, tmp_path):
+    message = one_line_error(["the " * 200, "--model", tiny_bert,
+                              "--out", str(tmp_path / "a.png")])
+    assert "202 WordPieces" in message and "at most 128" in message, message
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_without_matplotlib_one_line_names_the_plot_extra(tiny_bert, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)            # import matplotlib fails
+    message = one_line_error(["the film", "--model", tiny_bert, "--out", str(tmp_path / "a.png")])
+    assert 'pip install -e ".[plot]"' in message, message
 
 # ------------------------------------------------- against transformers on the real MiniLM
 
