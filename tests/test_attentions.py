@@ -131,10 +131,10 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
-def one_line_error(argv):
-    """What the command line prints when it refuses: the exit message, one line."""
+def one_line_error(argv, main=attention.main):
+    """What a command line (its main) prints when it refuses: the exit message, one line."""
     with pytest.raises(SystemExit) as stopped:
-        run_command(lambda: attention.main(argv))
+        run_command(lambda: main(argv))
     message = str(stopped.value.code)
     assert message.startswith("error: ") and "\n" not in message, message
     return message

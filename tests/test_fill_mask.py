@@ -12,7 +12,7 @@ from nanobert import fill_mask as fm
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.checkpoint import write_checkpoint
 from nanobert.model.pretrained import saved_form
-from nanobert.training.run import run_command
+import test_attentions
 from conftest import record
 from test_finetune import make_tiny_bert
 
@@ -50,12 +50,7 @@ def guesses(folder, text, top_k=5, dtype=numpy.float32):
 
 
 def one_line_error(argv):
-    """What the command line prints when it refuses: the exit message, one line."""
-    with pytest.raises(SystemExit) as stopped:
-        run_command(lambda: fm.main(argv))
-    message = str(stopped.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
+    return test_attentions.one_line_error(argv, fm.main)
 
 
 def test_each_mask_gets_the_top_k_of_the_softmax_over_the_vocab_at_its_position(masked_lm):
