@@ -5,9 +5,10 @@ the top-k WordPieces with their probabilities, as transformers' pipeline("fill-m
     python -m nanobert.fill_mask "he [MASK] the [MASK] ." "she was [MASK] ." --top-k 3
 
 Each [MASK] gets its own list: the softmax over the whole vocabulary at its position (the
-other masks stay masked). Per guess: its probability (score), its id (token), the WordPiece
+other masks stay masked). Per guess the table shows its probability (score), the WordPiece
 (token_str, "##" and all) and the text with the guess in place (sequence; with several
-masks it keeps [CLS], [SEP] and the other [MASK]s, as the pipeline's does). Needs a
+masks it keeps [CLS], [SEP] and the other [MASK]s, as the pipeline's does); fill_mask()
+gives the pipeline's dicts, the id (token) too. Needs a
 checkpoint with its masked-LM head (cls.predictions.*): runs/pretrain/checkpoint after
 `python train.py`, or any BertForPreTraining / BertForMaskedLM folder.
 """
