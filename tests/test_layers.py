@@ -31,6 +31,10 @@ LAYERS = {
     # a command line kept in the package (python -m nanobert.features): the top, as train.py
     "features.py": {"__init__.py", "backend.py", "flags.py", "formats/", "model/", "data/",
                     "distributed.py", "training/"},
+    "attention.py": {"__init__.py", "backend.py", "flags.py", "formats/", "model/", "data/",
+                     "training/"},                    # python -m nanobert.attention
+    "fill_mask.py": {"__init__.py", "backend.py", "flags.py", "formats/", "model/", "data/",
+                     "training/"},                    # python -m nanobert.fill_mask
 }
 # Single names a layer may take from a module of a layer it may not import otherwise.
 ALSO_ALLOWED = {

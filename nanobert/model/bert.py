@@ -237,6 +237,13 @@ def bert_backward(dsequence, dpooled, cache, grads):
         dx = encoder_layer_backward(dx, layer, grads)
     embeddings_backward(dx, cache.embeddings, grads)
 
+
+def attention_probabilities(cache):
+    """A BertCache -> each layer's attention probabilities (the softmax, before attention
+    dropout): a tuple of L arrays [B, A, T, T], transformers' `output_attentions` layout.
+    Row t of head a is where position t looks; padded keys get 0."""
+    return tuple(layer.attention.probs for layer in cache.layers)
+
 # ---------------------------------------------------------------------------- the models
 
 
@@ -257,6 +264,7 @@ class BertModelOutput:
     last_hidden_state: object   # [B, T, H]
     pooler_output: object       # [B, H]
     hidden_states: list         # L+1 arrays [B, T, H]
+    attentions: tuple = None    # L arrays [B, A, T, T], with output_attentions=True
 
 
 class Forward(NamedTuple):
@@ -387,15 +395,22 @@ class BertPreTrainedModel:
         logits, head = self._head_forward(sequence, pooled, host)
         return Forward(logits, hidden_states, pooled, (encoder, head))
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
-        """Inference: the head's output object (logits and hidden_states)."""
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+                 output_attentions=False):
+        """Inference: the head's output object (logits and hidden_states; with
+        output_attentions also attentions, L arrays [B, A, T, T])."""
         forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask))
-        return self._output(forward.logits, forward.hidden_states)
+        output = self._output(forward.logits, forward.hidden_states)
+        if output_attentions:
+            output.attentions = attention_probabilities(forward.cache[0])
+        return output
 
-    def loss(self, batch, return_outputs=False, denominators=None, on_device=False):
+    def loss(self, batch, return_outputs=False, denominators=None, on_device=False,
+             output_attentions=False):
         """Forward only (evaluation, prediction): the loss of one batch, as a float; with
         return_outputs also the outputs dict of loss_and_grads (logits, hidden_states, loss
-        details), at half the cost: no backward. on_device: as in loss_and_grads."""
+        details), at half the cost: no backward. on_device: as in loss_and_grads.
+        output_attentions: the outputs dict gets "attentions" too (L arrays [B, A, T, T])."""
         host = self.check_batch(batch)
         self._check_denominators(denominators)
         forward = self._forward(host)
@@ -404,6 +419,8 @@ class BertPreTrainedModel:
             loss, outputs = host_scalar(loss), host_scalars(outputs)
         if not return_outputs:
             return loss
+        if output_attentions:
+            outputs["attentions"] = attention_probabilities(forward.cache[0])
         return loss, self._with_hidden_states(outputs, forward)
 
     def loss_and_grads(self, batch, return_outputs=False, denominators=None, on_device=False,
@@ -537,7 +554,9 @@ class BertModel(BertPreTrainedModel):
                 f"(BertForSequenceClassification, BertForTokenClassification, "
                 f"BertForQuestionAnswering, BertForMultipleChoice) for loss and loss_and_grads")
 
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None):
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+                 output_attentions=False):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
-        sequence, pooled, hidden_states, _ = self._encode(host)
-        return BertModelOutput(sequence, pooled, hidden_states)
+        sequence, pooled, hidden_states, cache = self._encode(host)
+        attentions = attention_probabilities(cache) if output_attentions else None
+        return BertModelOutput(sequence, pooled, hidden_states, attentions)

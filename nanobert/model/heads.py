@@ -45,12 +45,14 @@ from .inputs import (as_int_array, as_real_array, check_inputs, check_per_exampl
 class SequenceClassifierOutput:
     logits: object              # [B, num_labels]
     hidden_states: list         # L+1 arrays [B, T, H]
+    attentions: tuple = None    # L arrays [B, A, T, T], with output_attentions=True
 
 
 @dataclasses.dataclass
 class TokenClassifierOutput:
     logits: object              # [B, T, num_labels]
     hidden_states: list
+    attentions: tuple = None
 
 
 @dataclasses.dataclass
@@ -58,12 +60,14 @@ class QuestionAnsweringModelOutput:
     start_logits: object        # [B, T]
     end_logits: object          # [B, T]
     hidden_states: list
+    attentions: tuple = None
 
 
 @dataclasses.dataclass
 class MultipleChoiceModelOutput:
     logits: object              # [B, C]
     hidden_states: list         # L+1 arrays [B*C, T, H]
+    attentions: tuple = None    # L arrays [B*C, A, T, T]
 
 # ------------------------------------------------------------------------- the heads
 

@@ -97,6 +97,25 @@ def nsp_head_backward(dlogits, cache, grads):
     """dlogits [B, 2] -> dpooled_output [B, H]."""
     return linear_backward_into(dlogits, cache, grads, "cls.seq_relationship")
 
+# ------------------------------------------------------------------------ fill-mask
+
+
+def top_k_at_masks(prediction_logits, input_ids, mask_token_id, top_k=5):
+    """The masked LM's guesses for one sequence, as transformers' fill-mask pipeline makes
+    them: the softmax over the whole vocabulary at each [MASK] position, its top_k entries.
+
+    prediction_logits [T, V] (host), input_ids [T] -> one (position, ids [k], probabilities
+    [k]) per [MASK], left to right, each most likely first."""
+    input_ids = numpy.asarray(input_ids)
+    guesses = []
+    for position in numpy.flatnonzero(input_ids == mask_token_id):
+        logits = numpy.asarray(prediction_logits[position], dtype=numpy.float64)   # [V]
+        probs = numpy.exp(logits - logits.max())
+        probs /= probs.sum()
+        ids = numpy.argsort(-probs, kind="stable")[:top_k]
+        guesses.append((int(position), ids, probs[ids]))
+    return guesses
+
 # ---------------------------------------------------------------------------- the model
 
 
@@ -105,6 +124,7 @@ class BertForPreTrainingOutput:
     prediction_logits: object          # [B, T, V]
     seq_relationship_logits: object    # [B, 2]
     hidden_states: list
+    attentions: tuple = None           # L arrays [B, A, T, T], with output_attentions=True
 
 
 class BertForPreTraining(BertPreTrainedModel):

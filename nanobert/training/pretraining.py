@@ -18,7 +18,8 @@ from nanobert.data.pretraining_data import PretrainingDataset, create_pretrainin
 from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import load_vocab, save_vocab, train_wordpiece_vocab
 from nanobert.formats.fileio import recover_folders_in
-from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward, softmax_forward
+from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward
+from nanobert.model.pretraining import top_k_at_masks
 
 from .run import eval_mode
 
@@ -259,11 +260,9 @@ def fill_mask_example(model, tokenizer, heldout_paths, errors="strict"):
                 masked = tokens[:target] + ["[MASK]"] + tokens[target + 1:]
                 ids = tokenizer.convert_tokens_to_ids(["[CLS]"] + masked + ["[SEP]"])
                 model.eval()
-                # [1, T, V] -> the [MASK] position's logits, [V] (+1: [CLS] comes first)
-                logits = to_host(model(numpy.array([ids])).prediction_logits[0, target + 1])
-                top = numpy.argsort(-logits)[:5]
-                probs, _ = softmax_forward(logits)
+                logits = to_host(model(numpy.array([ids])).prediction_logits[0])   # [T, V]
+                [(_, top, probs)] = top_k_at_masks(logits, ids, tokenizer.mask_token_id, 5)
                 guesses = ", ".join(f"{tok} ({p:.2f})" for tok, p in zip(
-                    tokenizer.convert_ids_to_tokens(top.tolist()), probs[top]))
+                    tokenizer.convert_ids_to_tokens(top.tolist()), probs))
                 return {"sentence": " ".join(masked), "answer": tokens[target], "top5": guesses}
     return None
