@@ -105,7 +105,8 @@ def layernorm_forward(x, gamma, beta, eps):
     else:
         xhat, squares = kernels.fused(xp, kernels.center_square)(x, mean)
         var = squares.mean(axis=-1, keepdims=True)
-        rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, eps)
+        # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
+        rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
         out, xhat = kernels.fused(xp, kernels.layernorm_apply)(xhat, rstd, gamma, beta)
     return out.astype(dtype, copy=False), (xhat, gamma, rstd)
 
