@@ -471,8 +471,11 @@ class Matmul:
         for kernel in _matmul_launches(x, y, o):
             counts.launch(kernel)
         with numpy.errstate(all="ignore"):
-            r = numpy.matmul(x, y, out=o)
-        return out if out is not None else ndarray(r)
+            r = numpy.matmul(x, y)
+        if out is None:
+            return ndarray(r)
+        o[...] = r                                    # out may be an operand: written last
+        return out
 
 
 matmul = Matmul()
