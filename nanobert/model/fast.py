@@ -42,7 +42,9 @@ def matmul(a, b, out=None):
     """a @ b (into out if given). float16 gives a float16 product, also when `out` is a
     float32 weight gradient (cuBLAS writes its inputs' dtype; the gradient is then cast
     into the float32 buffer, as apex's O2 does): on NumPy, a float32 BLAS call rounded to
-    float16, the same numbers."""
+    float16, the same numbers. On CuPy, operands and out= cost a copy kernel each unless
+    laid out for cuBLAS: 2-D ones C- or F-contiguous, batched ones (and any out=)
+    C-contiguous (CuPy's _core.matmul; counted by tests/cupy_standin.py)."""
     if a.dtype != HALF:
         return a @ b if out is None else array_module(a).matmul(a, b, out=out)
     xp = array_module(a)

@@ -5,11 +5,15 @@ Each function here is the arithmetic of a few lines of an op in ops.py (the refe
 math it restates; NumPy gains nothing from fusion, fast.py works in place there instead),
 written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
 kernel. Only ufuncs and operators appear inside, no reductions, no indexing: reductions
-(row means, sums) stay separate CuPy calls in fast.py. On NumPy nothing here is used.
+(row means, sums) stay separate CuPy calls in fast.py, but for one sum written as a
+ReductionKernel (softmax_row_sum). Kernels that must write into strided views (attention's
+head layouts) or branch per element (AdamW) are ElementwiseKernels with CUDA C bodies. On
+NumPy nothing here is used.
 
-Proven on the CPU only (tests/test_cupy_standin.py): the stand-in runs these functions with
-NumPy and checks that they use nothing but elementwise ops and give the NumPy path's
-numbers; that cupy.fuse compiles them on a GPU is not verified until one is lent.
+Proven on the CPU only (tests/test_cupy_standin.py): the stand-in runs these functions and
+the CUDA C bodies with NumPy and checks that they use nothing but elementwise ops and give
+the NumPy path's numbers; that CuPy compiles them on a GPU, and CUDA's own rounding (fma
+contraction), are not verified until one is lent.
 """
 import math
 
