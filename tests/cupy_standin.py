@@ -12,16 +12,19 @@ nothing about CUDA numerics, compilation of the kernels, or speed.
         ...                                   # nanobert on device="gpu"
         cupy.counts.launches, cupy.counts.syncs
 
-Counting rules (CuPy's own behaviour): every ufunc, reduction, copy, fill, matmul, random
-draw, fancy index and scatter is one launch; views (reshape, transpose, basic slicing,
-astype to the same dtype without copy) and empty allocations are none; a cupy.fuse'd
-function or an ElementwiseKernel is one launch. A sync is any read of device data by the
+Counting rules (CuPy's own behaviour): every ufunc, reduction, copy, fill, random draw,
+fancy index and scatter is one launch; views (reshape, transpose, basic slicing, astype to
+the same dtype without copy) and empty allocations are none; a cupy.fuse'd function, an
+ElementwiseKernel or a ReductionKernel is one launch. A matmul is one GEMM plus the copies
+CuPy 14 makes around it (Matmul: operands cuBLAS cannot read as they lie, an out= it cannot
+write straight into); ufunc outputs are C-contiguous, as CuPy allocates them. A sync is any
+read of device data by the
 host: float(), int(), bool(), item(), tolist(), get(), asnumpy(), repr(), boolean-mask
 indexing (CuPy must learn the count), Device.synchronize().
 
 ElementwiseKernel bodies are CUDA C; the stand-in runs straight-line bodies (declarations,
 assignments, arithmetic, sqrt, a top-level ternary) as NumPy, so the kernel's arithmetic is
-checked here, its compilation is not.
+checked here, its compilation is not (nor CUDA's own rounding: fma contraction, for one).
 """
 import collections
 import contextlib
@@ -298,15 +301,15 @@ def _operator(ufunc_name, reflected=False, inplace=False):
 for _name, _ufunc_name in (("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
                            ("truediv", "true_divide"), ("floordiv", "floor_divide"),
                            ("pow", "power"), ("mod", "remainder"), ("and", "bitwise_and"),
-                           ("or", "bitwise_or"), ("xor", "bitwise_xor"),
-                           ("matmul", "matmul")):
+                           ("or", "bitwise_or"), ("xor", "bitwise_xor")):
     setattr(ndarray, f"__{_name}__", _operator(_ufunc_name))
     setattr(ndarray, f"__r{_name}__", _operator(_ufunc_name, reflected=True))
-    if _name != "matmul":
-        setattr(ndarray, f"__i{_name}__", _operator(_ufunc_name, inplace=True))
+    setattr(ndarray, f"__i{_name}__", _operator(_ufunc_name, inplace=True))
 for _name, _ufunc_name in (("lt", "less"), ("le", "less_equal"), ("gt", "greater"),
                            ("ge", "greater_equal"), ("eq", "equal"), ("ne", "not_equal")):
     setattr(ndarray, f"__{_name}__", _operator(_ufunc_name))
+ndarray.__matmul__ = lambda self, other: matmul(self, other)
+ndarray.__rmatmul__ = lambda self, other: matmul(other, self)
 ndarray.__neg__ = lambda self: _ufunc("negative")(self)
 ndarray.__abs__ = lambda self: _ufunc("absolute")(self)
 ndarray.__invert__ = lambda self: _ufunc("invert")(self)
@@ -341,7 +344,7 @@ class Ufunc:
         with numpy.errstate(all="ignore"):          # the GPU never warns
             r = self._np(*inputs, **kwargs)
         counts.launch(self.name)
-        return out if out is not None else _wrap(r)
+        return out if out is not None else _wrap(_c_order(r))
 
     def _loop_output(self, inputs):
         """The output dtype of the real ufunc's first loop that takes the input (cupyx's erf
@@ -367,6 +370,14 @@ class Ufunc:
         return call
 
 
+def _c_order(r):
+    """CuPy allocates a ufunc's output C-contiguous (NumPy keeps its inputs' memory order:
+    `q * s` of a transposed view is transposed too); what matmul's copy rules see."""
+    if isinstance(r, tuple):
+        return tuple(_c_order(v) for v in r)
+    return numpy.ascontiguousarray(r) if isinstance(r, numpy.ndarray) else r
+
+
 _UFUNCS = {}
 
 
@@ -390,6 +401,84 @@ class _ErfUfunc:
             return r
         out[...] = r
         return out
+
+
+# ---------------------------------------------------------------------------- matmul
+
+def _matmul_launches(a, b, out):
+    """The kernels CuPy 14's _core.matmul launches for these NumPy-held operands -> names
+    (cupy/_core/_routines_linalg.pyx: matmul, and dot -> tensordot_core for ndim <= 2)."""
+    ndim = max(a.ndim, b.ndim)
+    result = numpy.promote_types(a.dtype, b.dtype)
+    dtype = result
+    if ndim > 2 and result == numpy.float16 and min(a.ndim, b.ndim) < 2:
+        dtype = numpy.dtype(numpy.float32)          # float16 GEMMs need 2-D operands
+    a = a.reshape(1, -1) if a.ndim == 1 else a
+    b = b.reshape(-1, 1) if b.ndim == 1 else b
+    launches, operands = [], []
+    for x in (a, b):
+        if x.dtype != dtype:                          # astype / ascontiguousarray(x, dtype)
+            launches.append("matmul: operand cast")
+            x = numpy.ascontiguousarray(x, dtype)
+        elif ndim <= 2 and not (x.flags.c_contiguous or x.flags.f_contiguous):
+            launches.append("matmul: operand copy")   # _mat_to_cublas_contiguous: a.copy()
+            x = numpy.ascontiguousarray(x)
+        elif ndim > 2 and not x.flags.c_contiguous:
+            launches.append("matmul: operand copy")   # ascontiguousarray (no trans flags)
+            x = numpy.ascontiguousarray(x)
+        operands.append(x)
+    if ndim > 2:
+        a_batch = (1,) * (ndim - a.ndim) + a.shape[:-2]
+        b_batch = (1,) * (ndim - b.ndim) + b.shape[:-2]
+        if a_batch != b_batch:                        # broadcast: gemmBatched's pointer arrays
+            launches += ["matmul: _mat_ptrs"] * (3 * (ndim - 2))
+    launches.append("matmul")
+    direct = out is not None and out.dtype == dtype and out.flags.c_contiguous and not any(
+        numpy.may_share_memory(out, x) for x in operands)   # bounds, as may_share_bounds
+    if (out is not None and not direct) or (out is None and dtype != result):
+        launches.append("matmul: copy into out")      # a temporary, then elementwise_copy
+    return launches
+
+
+class Matmul:
+    """cupy.matmul and the @ operator, launches counted as CuPy 14 launches them:
+    - out= is written straight into only when it is C-contiguous, of the result dtype and
+      overlaps neither operand; otherwise the product goes to a temporary and a copy
+      kernel moves it into out.
+    - 2-D products (through cupy.dot) take a C- or F-contiguous operand as it is (a
+      transposed matrix is a cuBLAS trans flag); any other is copied first.
+    - batched products (ndim > 2) call cuBLAS without trans flags: every operand that is
+      not C-contiguous (a transposed view included) is copied first, and broadcast batch
+      dims add three pointer-array kernels (_mat_ptrs, ndim - 2 launches each).
+    An out= whose dtype differs from an operand's leaves CuPy's fast path for the gufunc
+    machinery, which the stand-in does not model: refused. Assumes a GPU of compute
+    capability >= 7.0 (float16 GEMMs stay float16); says nothing about cuBLAS numerics
+    (NumPy computes)."""
+    __name__ = name = "matmul"
+
+    def __call__(self, a, b, out=None, **kwargs):
+        _no_fusing("cupy.matmul")
+        if kwargs:
+            raise StandinError(f"cupy.matmul{tuple(kwargs)}: the stand-in models only out=")
+        x, y = _unwrap(a, "cupy.matmul"), _unwrap(b, "cupy.matmul")
+        o = None if out is None else _unwrap(out, "cupy.matmul out=")
+        if not isinstance(x, numpy.ndarray) or not isinstance(y, numpy.ndarray) \
+                or x.ndim == 0 or y.ndim == 0:
+            raise StandinError("cupy.matmul: operands must be device arrays of 1 or more dims")
+        if o is not None and not o.dtype == x.dtype == y.dtype:
+            raise StandinError(f"cupy.matmul(out=): out {o.dtype} with operands {x.dtype}, "
+                               f"{y.dtype} goes through the gufunc machinery (not modelled)")
+        for kernel in _matmul_launches(x, y, o):
+            counts.launch(kernel)
+        with numpy.errstate(all="ignore"):
+            r = numpy.matmul(x, y)
+        if out is None:
+            return ndarray(r)
+        o[...] = r                                    # out may be an operand: written last
+        return out
+
+
+matmul = Matmul()
 
 
 # ------------------------------------------------------------------------- functions
@@ -474,19 +563,45 @@ random.Generator = Generator
 # -------------------------------------------------------------------------- fuse
 
 
+def _run_fused(fn, fargs):
+    _state.fusing = True
+    try:
+        return fn(*fargs)
+    finally:
+        _state.fusing = False
+
+
+def _dtypes(r):
+    return tuple(v.dtype for v in (r if isinstance(r, tuple) else (r,)) if hasattr(v, "dtype"))
+
+
+def _check_python_floats(name, fn, fargs, result):
+    """CuPy 13 turns a Python float argument of a fused function into a float64 scalar
+    (_python_scalar_to_numpy_scalar), which under NumPy 2's promotion rules makes float32
+    or float16 arithmetic float64; CuPy 14 keeps the array's dtype (as NumPy 2 does with a
+    Python float, what the stand-in computes with). Refused where the two would differ."""
+    strong = tuple(numpy.float64(a) if type(a) is float else a for a in fargs)
+    if all(s is a for s, a in zip(strong, fargs)):
+        return
+    cupy13 = _dtypes(_run_fused(fn, strong))
+    if cupy13 != _dtypes(result):
+        raise StandinError(f"cupy.fuse {name}: a Python float argument makes CuPy 13 compute "
+                           f"in {cupy13} where CuPy 14 gives {_dtypes(result)}: pass a scalar "
+                           f"of the array's dtype")
+
+
 def fuse(*args, **kwargs):
     """cupy.fuse: the function runs with NumPy, only elementwise ufuncs and operators
-    allowed inside, and counts one launch."""
+    allowed inside, and counts one launch. A Python float argument that CuPy 13 would
+    promote to float64 is refused (_check_python_floats)."""
     def decorate(fn):
         def fused(*fargs):
             if any(isinstance(a, numpy.ndarray) for a in fargs):
                 raise StandinError(f"cupy.fuse {fn.__name__}: a NumPy argument")
-            _state.fusing = True
-            try:
-                r = fn(*fargs)
-            finally:
-                _state.fusing = False
-            counts.launch(f"fuse:{kwargs.get('kernel_name', fn.__name__)}")
+            name = kwargs.get("kernel_name", fn.__name__)
+            r = _run_fused(fn, fargs)
+            _check_python_floats(name, fn, fargs, r)
+            counts.launch(f"fuse:{name}")
             return r
         fused.__name__ = fn.__name__
         return fused
@@ -524,6 +639,33 @@ def _python_expression(expr):
     return expr
 
 
+KERNEL_FUNCTIONS = {"_where": numpy.where, "sqrt": numpy.sqrt, "sqrtf": numpy.sqrt,
+                    "exp": numpy.exp, "isfinite": numpy.isfinite, "fabs": numpy.abs}
+
+
+def _bind(kernel, params, args):
+    """Kernel arguments -> (type name -> dtype, parameter name -> NumPy value): arrays
+    fix their parameter's type (one dtype per type name), scalars are cast to it."""
+    bound, namespace = {}, {}
+    for (ctype, pname), value in zip(params, args):
+        if isinstance(value, numpy.ndarray):
+            raise StandinError(f"{kernel}: NumPy array for {pname}")
+        if isinstance(value, ndarray):
+            if ctype in TYPE_NAMES and value.dtype != TYPE_NAMES[ctype]:
+                raise StandinError(f"{kernel}: {pname} is {value.dtype}, declared {ctype}")
+            if ctype not in TYPE_NAMES and bound.setdefault(ctype, value.dtype) != value.dtype:
+                raise StandinError(f"{kernel}: type {ctype} bound to {bound[ctype]}, "
+                                   f"{pname} is {value.dtype}")
+            namespace[pname] = value._a
+    for (ctype, pname), value in zip(params, args):
+        if not isinstance(value, ndarray):
+            dtype = TYPE_NAMES.get(ctype) or bound.get(ctype)
+            if dtype is None:
+                raise StandinError(f"{kernel}: scalar {pname} of unbound type {ctype}")
+            namespace[pname] = numpy.dtype(dtype).type(value)
+    return bound, namespace
+
+
 class ElementwiseKernel:
     """Its CUDA C body run as NumPy statement by statement (straight-line code only)."""
 
@@ -546,26 +688,9 @@ class ElementwiseKernel:
         if len(args) not in (len(self.in_params), len(params)):
             raise StandinError(f"ElementwiseKernel {self.name}: {len(args)} arguments for "
                                f"{len(params)} parameters")
-        bound, namespace = {}, {}
-        for (ctype, pname), value in zip(params, args):
-            if isinstance(value, numpy.ndarray):
-                raise StandinError(f"ElementwiseKernel {self.name}: NumPy array for {pname}")
-            if isinstance(value, ndarray):
-                if ctype in TYPE_NAMES and value.dtype != TYPE_NAMES[ctype]:
-                    raise StandinError(f"{self.name}: {pname} is {value.dtype}, declared {ctype}")
-                if ctype not in TYPE_NAMES and bound.setdefault(ctype, value.dtype) != value.dtype:
-                    raise StandinError(f"{self.name}: type {ctype} bound to {bound[ctype]}, "
-                                       f"{pname} is {value.dtype}")
-                namespace[pname] = value._a
-        for (ctype, pname), value in zip(params, args):
-            if not isinstance(value, ndarray):
-                dtype = TYPE_NAMES.get(ctype) or bound.get(ctype)
-                if dtype is None:
-                    raise StandinError(f"{self.name}: scalar {pname} of unbound type {ctype}")
-                namespace[pname] = numpy.dtype(dtype).type(value)
+        bound, namespace = _bind(self.name, params, args)
         outs = [value for (_, pname), value in zip(self.out_params, args[len(self.in_params):])]
-        env = {"_where": numpy.where, "sqrt": numpy.sqrt, "sqrtf": numpy.sqrt,
-               "exp": numpy.exp, "isfinite": numpy.isfinite, "fabs": numpy.abs}
+        env = KERNEL_FUNCTIONS
         with numpy.errstate(all="ignore"):
             for ctype, target, op, expr in self.statements:
                 value = eval(expr, env, namespace)
@@ -579,6 +704,39 @@ class ElementwiseKernel:
                 out._a[...] = namespace[pname]
         counts.launch(f"ElementwiseKernel:{self.name}")
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class ReductionKernel:
+    """A sum: map_expr (a straight-line expression) run as NumPy over the broadcast
+    inputs, summed over `axis` in the output's type; reduce_expr must be 'a + b', identity
+    '0' and post_map_expr 'out = a' (what the stand-in can run). One launch."""
+
+    def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
+                 name="reduce_kernel", reduce_type=None, reduce_dims=True, preamble="",
+                 options=()):
+        self.in_params, self.out_params = _parse_params(in_params), _parse_params(out_params)
+        self.name = name
+        out_name = self.out_params[0][1]
+        if len(self.out_params) != 1 or reduce_expr.replace(" ", "") != "a+b" \
+                or identity.strip() != "0" or not re.fullmatch(
+                    rf"\s*{out_name}\s*=\s*a\s*;?\s*", post_map_expr) or reduce_type:
+            raise StandinError(f"ReductionKernel {name}: the stand-in runs plain sums only")
+        self.map_expr = _python_expression(map_expr)
+
+    def __call__(self, *args, axis=None, keepdims=False, out=None, stream=None):
+        _no_fusing(f"ReductionKernel {self.name}")
+        if len(args) != len(self.in_params) or out is not None:
+            raise StandinError(f"ReductionKernel {self.name}: pass the {len(self.in_params)} "
+                               f"inputs only")
+        bound, namespace = _bind(self.name, self.in_params, args)
+        ctype = self.out_params[0][0]
+        dtype = TYPE_NAMES.get(ctype) or bound[ctype]
+        shape = numpy.broadcast_shapes(*(a.shape for a in args if isinstance(a, ndarray)))
+        with numpy.errstate(all="ignore"):
+            mapped = numpy.broadcast_to(eval(self.map_expr, KERNEL_FUNCTIONS, namespace), shape)
+            r = mapped.sum(axis=axis, keepdims=keepdims, dtype=dtype)
+        counts.launch(f"ReductionKernel:{self.name}")
+        return ndarray(numpy.ascontiguousarray(r))
 
 # ---------------------------------------------------------------------------- cuda
 
@@ -609,8 +767,9 @@ class _MemoryPool:
         return 0
 
 
-OWN = {"ndarray": ndarray, "random": random, "cuda": cuda, "fuse": fuse,
-       "ElementwiseKernel": ElementwiseKernel, "get_default_memory_pool": _MemoryPool}
+OWN = {"ndarray": ndarray, "random": random, "cuda": cuda, "fuse": fuse, "matmul": matmul,
+       "ElementwiseKernel": ElementwiseKernel, "ReductionKernel": ReductionKernel,
+       "get_default_memory_pool": _MemoryPool}
 
 
 class _CupyModule(types.ModuleType):
@@ -626,8 +785,6 @@ class _CupyModule(types.ModuleType):
         real = getattr(real_cupy, name)
         if isinstance(real, real_cupy.ufunc):
             return _ufunc(name)
-        if type(real).__name__ == "_GUFunc":          # matmul
-            return Ufunc(name, getattr(numpy, name), real)
         if callable(real) and not isinstance(real, type):
             return _function(name)
         if isinstance(real, (type, numpy.dtype, float, int, type(None))):

@@ -13,6 +13,7 @@ pytest.importorskip("cupy")   # the stand-in is built from the real package's na
 import cupy_standin  # noqa: E402
 from conftest import assert_close  # noqa: E402
 from nanobert import backend  # noqa: E402
+from nanobert.model import fast  # noqa: E402
 from nanobert.model.config import BertConfig, with_labels  # noqa: E402
 from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice  # noqa: E402
 from nanobert.model.optim import AdamW, LossScaler, clip_by_global_norm  # noqa: E402
@@ -83,6 +84,65 @@ def test_standin_counts_launches_and_syncs(cupy):
         cupy.fuse(lambda x: x.sum())(c)
 
 
+def launches_of(cupy, fn):
+    cupy.counts.reset()
+    result = fn()
+    return cupy.counts.launches, result
+
+
+def test_standin_matmul_copies_what_cupy_copies(cupy):
+    """CuPy 14's matmul (cupy/_core/_routines_linalg.pyx): 2-D operands that are C- or
+    F-contiguous go to cuBLAS as they are (a transpose is a trans flag), batched operands
+    must be C-contiguous, out= must be C-contiguous; anything else costs a copy kernel."""
+    host = numpy.random.default_rng(0).standard_normal((4, 6, 6)).astype(numpy.float32)
+    a, b = cupy.asarray(host[0]), cupy.asarray(host[1])           # [6, 6] each
+    batch, other = cupy.asarray(host[:2]), cupy.asarray(host[2:])  # [2, 6, 6] each
+    out = cupy.empty((6, 6), dtype=numpy.float32)
+    cases = {
+        "2-D": (lambda: a @ b, 1, host[0] @ host[1]),
+        "2-D transposed operands": (lambda: cupy.matmul(b.T, a.T), 1, host[1].T @ host[0].T),
+        "2-D strided operands": (lambda: a[:, ::2] @ b[::2], 3, host[0][:, ::2] @ host[1][::2]),
+        "2-D into C out": (lambda: cupy.matmul(a, b, out=out), 1, host[0] @ host[1]),
+        "2-D into transposed out": (lambda: cupy.matmul(a, b, out=out.T), 2,
+                                    host[0] @ host[1]),
+        "batched": (lambda: batch @ other, 1, host[:2] @ host[2:]),
+        "batched transposed operand": (lambda: batch @ other.transpose(0, 2, 1), 2,
+                                       host[:2] @ host[2:].transpose(0, 2, 1)),
+        "batched broadcast": (lambda: batch @ a, 1 + 3, host[:2] @ host[0]),
+        "batched into its own operand": (lambda: cupy.matmul(batch, other, out=batch), 2,
+                                         host[:2] @ host[2:]),
+    }
+    for what, (fn, expected, value) in cases.items():
+        count, result = launches_of(cupy, fn)
+        assert count == expected, f"{what}: {count} launches, CuPy launches {expected}"
+        assert_close(result.get(), value, 1e-6, "stand-in matmul")
+    with pytest.raises(TypeError, match="gufunc machinery"):
+        cupy.matmul(a, b, out=cupy.empty((6, 6), dtype=numpy.float64))
+
+
+def test_standin_refuses_a_python_float_that_cupy13_promotes(cupy):
+    """A Python float argument of a fused kernel is float64 to CuPy 13 (float32 arithmetic
+    becomes float64; CuPy 14 keeps float32): refused unless the result dtypes agree."""
+    x = cupy.ones(4, dtype=numpy.float32)
+    shift = cupy.fuse(lambda x, e: x + e)
+    with pytest.raises(TypeError, match="CuPy 13 compute in"):
+        shift(x, 1e-5)
+    assert shift(x, numpy.float32(1e-5)).dtype == numpy.float32
+    assert cupy.fuse(lambda x, p: x >= p)(x, 0.5).dtype == numpy.bool_    # bool either way
+    gamma, beta = cupy.ones(4, dtype=numpy.float32), cupy.zeros(4, dtype=numpy.float32)
+    out, (_, _, rstd) = fast.layernorm_forward(x.reshape(2, 2), gamma[:2], beta[:2], 1e-12)
+    assert rstd.dtype == numpy.float32
+
+
+def test_standin_reduction_kernel_is_one_launch_of_a_sum(cupy):
+    dot = cupy.ReductionKernel("T x, T y", "T total", "x * y", "a + b", "total = a", "0", "dot")
+    x = cupy.arange(6, dtype=numpy.float64).reshape(2, 3)
+    count, total = launches_of(cupy, lambda: dot(x, x.T.T, axis=1, keepdims=True))
+    assert count == 1 and total.shape == (2, 1) and total.get().ravel().tolist() == [5.0, 50.0]
+    with pytest.raises(TypeError, match="plain sums only"):
+        cupy.ReductionKernel("T x", "T m", "x", "max(a, b)", "m = a", "0", "largest")
+
+
 def test_get_xp_gpu_without_a_driver_is_a_clear_runtime_error():
     if backend.gpu_available():
         pytest.skip("a GPU is present")
@@ -106,13 +166,17 @@ def test_tf32_on_by_default_and_a_flag_turns_it_off(cupy, monkeypatch):
 # ------------------------------------------------------------------------------ budgets
 
 
-def test_bert_base_step_launch_and_sync_budgets(cupy):
-    """BERT-base, float32, a training step that does not log: 0 device-to-host syncs,
-    forward + backward <= 1,100 launches, clipping + AdamW <= 20. (Counts depend on the
-    layer count, not on B, T or H: a small batch keeps the CPU time down.)"""
+@pytest.mark.parametrize("dtype, budget", [(numpy.float32, 1000), (numpy.float16, 1330)])
+def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
+    """BERT-base, a training step that does not log: 0 device-to-host syncs, forward +
+    backward within its launch budget (float32 990, float16 1,328 when written; float16
+    adds the casts to and from float32 around LayerNorm, softmax, GELU and the losses),
+    clipping + AdamW <= 20. Counts on the stand-in, whose matmuls copy what CuPy 14's
+    copy; they depend on the layer count, not on B, T or H: a small batch keeps the CPU
+    time down. Nothing here measures GPU time."""
     config = BertConfig(**BERT_BASE)
     batch = pretraining_batch(config, 2, 16)
-    model = BertForPreTraining(config, device="gpu").train()
+    model = BertForPreTraining(config, dtype=dtype, device="gpu").train()
     optimizer = AdamW(model.params, mode="bert")
     counts = cupy.counts
     counts.reset()
@@ -122,14 +186,59 @@ def test_bert_base_step_launch_and_sync_budgets(cupy):
     clip_by_global_norm(grads, 1.0)
     optimizer.step(grads, lr=1e-4)
     update = (counts.launches, counts.syncs)
-    print(f"BERT-base step on the stand-in: forward+backward {forward_backward[0]} launches, "
+    print(f"BERT-base {numpy.dtype(dtype).name} step on the stand-in: forward+backward "
+          f"{forward_backward[0]} launches, "
           f"{forward_backward[1]} syncs; clipping + AdamW {update[0]} launches, {update[1]} "
           f"syncs; host-to-device copies {counts.host_to_device}")
     assert forward_backward[1] == 0, f"syncs in forward+backward: {forward_backward[2]}"
-    assert forward_backward[0] <= 1100, forward_backward
+    assert forward_backward[0] <= budget, forward_backward
     assert update == (update[0], 0) and update[0] <= 20, update
     assert isinstance(loss, cupy.ndarray) and loss.ndim == 0
     assert numpy.isfinite(float(loss))                           # read once, when logging
+
+
+def attention_on(xp, dtype, dropout, seed=5, B=2, T=5, A=2, D=3):
+    """fast.self_attention_forward + _backward on namespace xp, padding in the second row
+    -> (context, cache, (dx, dw, db)) on the host."""
+    rng = numpy.random.default_rng(seed)
+    H = A * D
+    x, dcontext = (rng.standard_normal((B, T, H)).astype(dtype) for _ in range(2))
+    w = (rng.standard_normal((3 * H, H)) * 0.5).astype(dtype)
+    b = rng.standard_normal(3 * H).astype(dtype)
+    mask = numpy.ones((B, T), dtype=numpy.int64)
+    mask[1, 3:] = 0
+    put = (lambda a: a) if xp is numpy else xp.asarray
+    bias = fast.attention_mask_bias(put(mask), dtype)
+    context, cache = fast.self_attention_forward(put(x), put(w), put(b), bias, A, dropout,
+                                                 backend.default_rng(xp, seed), True)
+    grads = fast.self_attention_backward(put(dcontext), cache)
+    return backend.to_host(context), cache._replace(qkv=None), [backend.to_host(g)
+                                                                for g in grads]
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+@pytest.mark.parametrize("dtype, tol", [(numpy.float64, 1e-12), (numpy.float32, 1e-5),
+                                        (numpy.float16, 1e-2)])
+def test_device_attention_gives_the_numpy_numbers_without_a_copy(dtype, tol, dropout):
+    """The CuPy path of self-attention (heads laid out for the batched matmuls, transposed
+    products in the backward) against the NumPy path: same context, cache and gradients,
+    and its 9 matmuls cost no copy kernel on the stand-in (which copies what CuPy 14
+    copies). float16: the stand-in's matmuls are NumPy's float16 loop, the NumPy path's a
+    float32 BLAS call rounded, hence the looser bound."""
+    expected = attention_on(numpy, dtype, dropout)
+    with cupy_standin.installed() as cupy:
+        cupy.counts.reset()
+        actual = attention_on(cupy, dtype, dropout)
+        kernels = dict(cupy.counts.kernels)
+    name = f"stand-in vs NumPy attention {numpy.dtype(dtype).name}"
+    assert_close(actual[0], expected[0], tol, name + " context")
+    for field in ("q", "k", "v", "probs", "probs_dropped"):
+        assert_close(backend.to_host(getattr(actual[1], field)), getattr(expected[1], field),
+                     tol, name + " cache")
+    for a, e in zip(actual[2], expected[2]):
+        assert_close(a, e, tol, name + " gradients")
+    assert kernels.get("matmul") == 9, kernels
+    assert not [k for k in kernels if k.startswith("matmul: ")], kernels
 
 
 def float16_steps(device, steps=3):

@@ -24,7 +24,7 @@ from nanobert.model.config import num_labels, with_labels
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
 from nanobert.testing import bert_cases, check_model_gradients, make_batch, tiny_bert_config
-from conftest import assert_close, record, record_errors, reference_fixture
+from conftest import assert_close, record, record_errors, reference_fixture, vanishes
 
 # ------------------------------------------------------------- 1. central differences
 
@@ -153,17 +153,6 @@ def load_model(r, task, dtype):
 
 def logit_keys(task):
     return ("start_logits", "end_logits") if task == "qa" else ("logits",)
-
-
-def vanishes(task, name, config):
-    """Gradients that are exactly 0 in exact arithmetic, so both sides hold rounding noise:
-    every key bias (q.b_k shifts all of a row's attention scores equally, and softmax ignores
-    that); in QA, qa_outputs.bias and the last layer's LayerNorm bias (each shifts all T start
-    or end logits equally); in multiple choice, classifier.bias (shifts every choice's score)."""
-    last = f"bert.encoder.layer.{config.num_hidden_layers - 1}.output.LayerNorm.bias"
-    return (name.endswith("attention.self.key.bias")
-            or (task == "qa" and name in ("qa_outputs.bias", last))
-            or (task == "choice" and name == "classifier.bias"))
 
 
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32])

@@ -42,7 +42,9 @@ def matmul(a, b, out=None):
     """a @ b (into out if given). float16 gives a float16 product, also when `out` is a
     float32 weight gradient (cuBLAS writes its inputs' dtype; the gradient is then cast
     into the float32 buffer, as apex's O2 does): on NumPy, a float32 BLAS call rounded to
-    float16, the same numbers."""
+    float16, the same numbers. On CuPy, operands and out= cost a copy kernel each unless
+    laid out for cuBLAS: 2-D ones C- or F-contiguous, batched ones (and any out=)
+    C-contiguous (CuPy's _core.matmul; counted by tests/cupy_standin.py)."""
     if a.dtype != HALF:
         return a @ b if out is None else array_module(a).matmul(a, b, out=out)
     xp = array_module(a)
@@ -105,7 +107,8 @@ def layernorm_forward(x, gamma, beta, eps):
     else:
         xhat, squares = kernels.fused(xp, kernels.center_square)(x, mean)
         var = squares.mean(axis=-1, keepdims=True)
-        rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, eps)
+        # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
+        rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
         out, xhat = kernels.fused(xp, kernels.layernorm_apply)(xhat, rstd, gamma, beta)
     return out.astype(dtype, copy=False), (xhat, gamma, rstd)
 
@@ -281,9 +284,14 @@ def _keep_mask(shape, p, rng, uniform_dtype):
 
 def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
     """ops.self_attention_forward: the scores become the probabilities in their own memory
-    (softmax overwrite_x), and the context matmul writes each head straight into its
-    columns of [B, T, H] (no transposing copy on NumPy)."""
+    (softmax overwrite_x). On NumPy the heads are views of the projection and the context
+    matmul writes each head straight into its columns of [B, T, H]: NumPy's matmul reads
+    and writes such strided matrices without a copy. CuPy copies them (a kernel each), so
+    there _self_attention_forward_device lays the heads out for its matmuls instead."""
     xp = array_module(x)
+    if xp is not numpy:
+        return _self_attention_forward_device(x, w_qkv, b_qkv, mask_bias, num_heads,
+                                              dropout_p, rng, training)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
     qkv, qkv_cache = linear_forward(x, w_qkv, b_qkv)       # [B, T, 3H]
@@ -302,8 +310,12 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
     """ops.self_attention_backward: dq, dk, dv written by their matmuls straight into their
-    places in [B, T, 3H], the stacked projection's layout: no stack, no transposing copy."""
+    places in [B, T, 3H], the stacked projection's layout: no stack, and on NumPy no
+    transposing copy (its matmul writes strided matrices). CuPy would copy each strided
+    operand and output: _self_attention_backward_device instead."""
     xp = array_module(dcontext)
+    if xp is not numpy:
+        return _self_attention_backward_device(dcontext, cache, dw_qkv, db_qkv)
     B, T, H = dcontext.shape
     A = cache.num_heads
     D = H // A
@@ -318,6 +330,82 @@ def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
     dq *= 1.0 / math.sqrt(D)
     matmul(dscores.transpose(0, 1, 3, 2), cache.q, out=dk)
     return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
+
+
+def _self_attention_forward_device(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng,
+                                   training):
+    """self_attention_forward on CuPy, whose batched matmuls copy any operand or out= that
+    is not C-contiguous: one kernel (kernels.attention_heads) adds the projection's bias,
+    scales q and writes q, k^T and v as contiguous heads, so that no matmul copies; the
+    context leaves [B, A, T, D] through one transposing copy. Same math as the NumPy path
+    in the same order; cache.k is a [B, A, T, D] view of the contiguous k^T."""
+    xp = array_module(x)
+    B, T, H = x.shape
+    A, D = num_heads, H // num_heads
+    x2 = x.reshape(-1, H)                                  # [N, H]
+    qkv = matmul(x2, w_qkv.T)                              # [N, 3H], no bias yet
+    projected = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
+    bias = b_qkv.reshape(3, A, 1, D)
+    q, v = xp.empty((B, A, T, D), dtype=x.dtype), xp.empty((B, A, T, D), dtype=x.dtype)
+    k_t = xp.empty((B, A, D, T), dtype=x.dtype)
+    k = k_t.transpose(0, 1, 3, 2)                          # [B, A, T, D], a view
+    kernels.attention_heads(xp)(*projected, *bias, 1.0 / math.sqrt(D), q, k, v)
+    scores = matmul(q, k_t)                                # [B, A, T, T]
+    scores += mask_bias
+    probs, softmax_cache = softmax_forward(scores, overwrite_x=True)
+    probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
+    context = matmul(probs_dropped, v)                     # [B, A, T, D]
+    context = xp.ascontiguousarray(context.transpose(0, 2, 1, 3)).reshape(B, T, H)
+    cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, softmax_cache, probs_dropped,
+                           dropout_cache, A)
+    return context, cache
+
+
+def _self_attention_backward_device(dcontext, cache, dw_qkv=None, db_qkv=None):
+    """self_attention_backward on CuPy with contiguous matmul operands only: each product
+    that would need a transposed operand is computed transposed instead (dv^T, dprobs^T,
+    dq^T), dscores comes out of its kernel keys-first, and one kernel
+    (kernels.attention_grads) scales dq and writes dq, dk, dv into [B, T, 3H]. One copy:
+    dcontext^T per head."""
+    xp = array_module(dcontext)
+    B, T, H = dcontext.shape
+    A = cache.num_heads
+    D = H // A
+    dcontext_t = xp.ascontiguousarray(dcontext.reshape(B, T, A, D).transpose(0, 2, 3, 1))
+    dv_t = matmul(dcontext_t, cache.probs_dropped)         # [B, A, D, T] = dv^T
+    dprobs_t = matmul(cache.v, dcontext_t)                 # [B, A, T, T] = dprobs^T
+    dscores_t = _dropout_softmax_backward_t(dprobs_t, cache)   # [B, A, T, T] = dscores^T
+    dk = matmul(dscores_t, cache.q)                        # [B, A, T, D]
+    dq_t = matmul(cache.k.transpose(0, 1, 3, 2), dscores_t)    # [B, A, D, T] = dq^T / scale
+    dqkv = xp.empty((B, T, 3 * H), dtype=dcontext.dtype)
+    places = dqkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
+    kernels.attention_grads(xp)(dq_t.transpose(0, 1, 3, 2), dk, dv_t.transpose(0, 1, 3, 2),
+                                1.0 / math.sqrt(D), *places)
+    return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
+
+
+def _dropout_softmax_backward_t(dprobs_t, cache):
+    """dropout_backward then softmax_backward of the attention probabilities, given and
+    returning them transposed (keys first, [B, A, Tk, Tq]) for the matmuls that follow:
+    two kernels, the row sum and the elementwise rest. float16: dropout in float16,
+    softmax in float32, as the reference."""
+    xp = array_module(dprobs_t)
+    dtype = dprobs_t.dtype
+    y, mask = cache.probs, cache.dropout_mask              # [B, A, Tq, Tk]
+    if dtype == HALF:
+        if mask is not None:
+            dprobs_t = dprobs_t * mask.transpose(0, 1, 3, 2)
+        dprobs_t, y, mask = dprobs_t.astype(numpy.float32), y.astype(numpy.float32), None
+    keys_first = (0, 1, 3, 2)
+    if mask is None:
+        mask = mask_t = y.dtype.type(1)
+    else:
+        mask_t = mask.transpose(keys_first)
+    row_sum = kernels.softmax_row_sum(xp)(dprobs_t.transpose(keys_first), mask, y, axis=3,
+                                          keepdims=True)  # [B, A, Tq, 1]
+    dscores_t = kernels.fused(xp, kernels.dropout_softmax_dx)(
+        dprobs_t, mask_t, y.transpose(keys_first), row_sum.transpose(keys_first))
+    return dscores_t.astype(dtype, copy=False)
 
 # ------------------------------------------------------------------------- cross-entropy
 

@@ -5,11 +5,15 @@ Each function here is the arithmetic of a few lines of an op in ops.py (the refe
 math it restates; NumPy gains nothing from fusion, fast.py works in place there instead),
 written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
 kernel. Only ufuncs and operators appear inside, no reductions, no indexing: reductions
-(row means, sums) stay separate CuPy calls in fast.py. On NumPy nothing here is used.
+(row means, sums) stay separate CuPy calls in fast.py, but for one sum written as a
+ReductionKernel (softmax_row_sum). Kernels that must write into strided views (attention's
+head layouts) or branch per element (AdamW) are ElementwiseKernels with CUDA C bodies. On
+NumPy nothing here is used.
 
-Proven on the CPU only (tests/test_cupy_standin.py): the stand-in runs these functions with
-NumPy and checks that they use nothing but elementwise ops and give the NumPy path's
-numbers; that cupy.fuse compiles them on a GPU is not verified until one is lent.
+Proven on the CPU only (tests/test_cupy_standin.py): the stand-in runs these functions and
+the CUDA C bodies with NumPy and checks that they use nothing but elementwise ops and give
+the NumPy path's numbers; that CuPy compiles them on a GPU, and CUDA's own rounding (fma
+contraction), are not verified until one is lent.
 """
 import math
 
@@ -97,6 +101,64 @@ def softmax_dx(dout, y, row_sum):
     """ops.softmax_backward: dout * y - y * sum(dout * y)."""
     return dout * y - y * row_sum
 
+# ------------------------------------------------------------------------ self-attention
+# CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
+# (a head view of the [B, T, 3, A, D] projection, a transposed k) costs a copy kernel, and
+# so does an out= that is not C-contiguous. fast.py's device attention therefore keeps its
+# heads in contiguous buffers laid out for the matmuls (q [B, A, T, D], k^T [B, A, D, T],
+# v [B, A, T, D]) and moves data between them and the projection's layout in the kernels
+# below, which do the elementwise work due at that point anyway.
+
+ATTENTION_HEADS_IN = "T q_in, T k_in, T v_in, T q_bias, T k_bias, T v_bias, T scale"
+ATTENTION_HEADS_OUT = "T q, T k, T v"
+# ops.linear_forward's `+ bias` and the 1/sqrt(D) of q, in the reference's order
+ATTENTION_HEADS_BODY = """
+q = (q_in + q_bias) * scale;
+k = k_in + k_bias;
+v = v_in + v_bias;
+"""
+
+ATTENTION_GRADS_IN = "T dq_in, T dk_in, T dv_in, T scale"
+ATTENTION_GRADS_OUT = "T dq, T dk, T dv"
+# dq through q's scaling, all three written into their places in [B, T, 3H]
+ATTENTION_GRADS_BODY = """
+dq = dq_in * scale;
+dk = dk_in;
+dv = dv_in;
+"""
+
+
+def attention_heads(xp):
+    """(q, k, v views of the projection [B, A, T, D], their biases [A, 1, D], 1/sqrt(D),
+    q, k, v outputs) -> one kernel; the outputs may be views (k: of a contiguous k^T)."""
+    return _kernel(xp, "nanobert_attention_heads", ATTENTION_HEADS_IN, ATTENTION_HEADS_OUT,
+                   ATTENTION_HEADS_BODY)
+
+
+def attention_grads(xp):
+    """(dq, dk, dv as [B, A, T, D] views, 1/sqrt(D), their places in [B, T, 3H]) -> one
+    kernel."""
+    return _kernel(xp, "nanobert_attention_grads", ATTENTION_GRADS_IN, ATTENTION_GRADS_OUT,
+                   ATTENTION_GRADS_BODY)
+
+
+def dropout_softmax_dx(dout, mask, y, row_sum):
+    """ops.dropout_backward then ops.softmax_backward: g = dout * mask, g * y - y * row_sum
+    (row_sum = sum(g * y), from softmax_row_sum)."""
+    g = dout * mask
+    return g * y - y * row_sum
+
+
+def softmax_row_sum(xp):
+    """(dout, mask, y) -> sum(dout * mask * y) over the given axis: softmax_backward's
+    row sum after dropout's mask, one kernel instead of a product and a sum."""
+    key = (xp, "nanobert_softmax_row_sum")
+    if key not in _KERNELS:
+        _KERNELS[key] = xp.ReductionKernel("T dout, T mask, T y", "T row_sum",
+                                           "dout * mask * y", "a + b", "row_sum = a", "0",
+                                           "nanobert_softmax_row_sum")
+    return _KERNELS[key]
+
 # --------------------------------------------------------------------------------- AdamW
 
 # One kernel for a whole AdamW step over the flat buffers, both modes, with the weight-decay
@@ -123,7 +185,13 @@ param = skip ? param : p_new;
 _KERNELS = {}
 
 
+def _kernel(xp, name, in_params, out_params, body):
+    """xp.ElementwiseKernel, built once per namespace (the stand-in of the tests is another)."""
+    key = (xp, name)
+    if key not in _KERNELS:
+        _KERNELS[key] = xp.ElementwiseKernel(in_params, out_params, body, name)
+    return _KERNELS[key]
+
+
 def adamw_kernel(xp):
-    if xp not in _KERNELS:
-        _KERNELS[xp] = xp.ElementwiseKernel(ADAMW_IN, ADAMW_OUT, ADAMW_BODY, "nanobert_adamw")
-    return _KERNELS[xp]
+    return _kernel(xp, "nanobert_adamw", ADAMW_IN, ADAMW_OUT, ADAMW_BODY)
