@@ -55,7 +55,7 @@ from nanobert.data import datasets, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
 from nanobert.features import add_features_arguments, extract_features
-from nanobert.formats.fileio import atomic_folder, output_folder
+from nanobert.formats.fileio import atomic_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
@@ -68,7 +68,8 @@ from nanobert.training.run import (StopFlag, broadcast_weights, dropout_state, e
                                    make_optimizer, remove_stale, restore_dropout, run_command,
                                    seed_dropout, setup_device, start_ranks, write_summary)
 from nanobert.training.step import update
-from nanobert.training.tasks import (DO_SPLITS, TASKS, evaluate, fine_tuned_task, format_scores,
+from nanobert.training.tasks import (DO_SPLITS, TASKS, check_length, evaluate,
+                                     evaluate_fine_tuned, fine_tuned_task, format_scores,
                                      load_data)
 
 # The no-argument demo, sized to a few minutes on 2 CPU cores: all-MiniLM-L6-v2 in float32
@@ -199,12 +200,6 @@ def add_run_arguments(g):
                         "continue with --resume)")
 
 
-def schedule(args, data):
-    """The run's optimizer steps: --max-steps, else --epochs passes over the training rows."""
-    steps_per_epoch = math.ceil(len(data.splits["train"][1]) / args.batch_size)
-    return args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
-
-
 def resolve_task(args):
     """Fill the defaults that depend on each other (task, columns, lengths, the demo)."""
     layout = tasks.glue_layout(args.glue_task) if args.glue_task else None
@@ -254,6 +249,8 @@ def resolve_task(args):
 
 def check_no_training(args):
     """--do eval / predict: data to score or label, and no flag that only training reads."""
+    if args.task == "features":
+        raise SystemExit(f"error: --task features takes no --do {args.do} (it writes features)")
     training = ("train", "epochs", "max_steps", "resume", "stop_at_step", "from_scratch",
                 "reinit_head", "max_train_examples", "labels") + (("dev",) if args.do == "predict"
                                                                    else ())
@@ -314,12 +311,6 @@ def model_with_head(args, task, folder, label_list, rank=0):
     return model
 
 
-def check_length(args, model):
-    if args.max_seq_length > model.config.max_position_embeddings:
-        raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {model.config.max_position_embeddings}")
-
-
 def resumed_model(args, group, task, checkpoint_dir, metrics_path):
     """The model, optimizer and trainer state of <out>/checkpoint, the dropout stream where it
     stopped, and metrics.jsonl cut back to its step. -> (model, optimizer, scaler, state)"""
@@ -355,6 +346,12 @@ def save_best(model, tokenizer, folder, info):
         write_summary(os.path.join(building, "best.json"), info)
 
 # ------------------------------------------------------------------------------ training
+
+
+def schedule(args, data):
+    """The run's optimizer steps: --max-steps, else --epochs passes over the training rows."""
+    steps_per_epoch = math.ceil(len(data.splits["train"][1]) / args.batch_size)
+    return args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
 
 
 def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, save):
@@ -474,34 +471,6 @@ def evaluate_test(args, task, tokenizer, data, best):
     return scores
 
 
-def evaluate_only(args):
-    """--do eval / predict: the fine-tuned --model on the dev / test data, no training; each
-    split's predictions file written and its scores printed (eval: labels required) and, for
-    eval, saved in eval_results.json."""
-    folder, task = resolve_model(args.model), TASKS[args.task]
-    output_folder(args.out)
-    tokenizer = BertTokenizer.from_pretrained(folder)
-    print(f"task {args.task}: {args.do} with {args.model} ({folder})")
-    data = load_data(args, tokenizer, label_list=args.model_labels)
-    model = task.head.from_pretrained(folder, dtype=numpy.dtype(args.dtype), device=args.device)
-    check_length(args, model)
-    results = {}
-    for split, (examples, _) in data.splits.items():
-        scores, predictions = evaluate(args, task, model, tokenizer, data, split)
-        if args.do == "eval" and not scores:
-            raise SystemExit(f"error: the {split} data has no labels to score "
-                             "(--do predict writes its predictions)")
-        path = task.write(args.out, split, examples, predictions, data)
-        if scores:
-            print(f"{split}: {format_scores(scores)}")
-        print(f"wrote {path}")
-        results[split] = scores
-    if args.do == "eval":
-        write_summary(os.path.join(args.out, "eval_results.json"), {
-            "task": args.task, "model": args.model, **results,
-            "data": {split: f.stats for split, (_, f) in data.splits.items()}, "args": vars(args)})
-    return 0
-
 # ---------------------------------------------------------------------------------- main
 
 
@@ -511,7 +480,7 @@ def main(argv=None):
     if args.task == "features":
         return extract_features(args)
     if args.do != "train":
-        return evaluate_only(args)
+        return evaluate_fine_tuned(args)
     group = start_ranks(args)
     task = TASKS[args.task]
     checkpoint_dir = os.path.join(args.out, "checkpoint")

@@ -10,7 +10,7 @@ import pytest
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, flags
 from nanobert.distributed import SingleProcess
 from nanobert.model.optim import LossScaler
-from nanobert.training.metrics import Window
+from nanobert.training.metrics import Window, time_left
 from nanobert.training.resume import refuse_changed_flags, refuse_changed_model
 from nanobert.training.run import epoch_order, eval_mode, run_command, stream_rows
 from nanobert.training.step import update
@@ -137,3 +137,9 @@ def test_shared_flags_keep_one_definition():
     assert p.parse_args([]).warmup == 0.1 and p.parse_args([]).grad_accum == 1
     with pytest.raises(SystemExit):
         p.parse_args(["--grad-accum", "0"])
+
+
+def test_time_left_is_the_rest_at_the_mean_pace():
+    """The progress lines of train.py and finetune.py: 10 steps in 2 minutes, 30 to go."""
+    assert time_left(120.0, 10, 40) == "elapsed 2.0 min  left ~6.0 min"
+    assert time_left(30.0, 5, 5) == "elapsed 0.5 min  left ~0.0 min"

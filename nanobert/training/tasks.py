@@ -1,7 +1,8 @@
 """finetune.py's tasks of the paper, one record each in TASKS: how a task reads its files,
 picks its label set, turns examples into WordPiece features, which head it trains, how its
 dev/test outputs are scored (the official scripts' rules) and written. A new task is a new
-record. Also the data of a run (every split read and featurised) and prediction in batches."""
+record. Also the data of a run (every split read and featurised), prediction in batches, and
+finetune.py --do eval / predict: a fine-tuned folder's task and labels, scored or applied."""
 import dataclasses
 import functools
 import json
@@ -13,13 +14,15 @@ import numpy
 from nanobert.backend import to_host
 from nanobert.data import datasets, metrics, squad, tasks
 from nanobert.formats import checkpoint, safetensors
-from nanobert.formats.fileio import atomic_open, read_json
+from nanobert.data.tokenizer import BertTokenizer
+from nanobert.formats.fileio import atomic_open, output_folder, read_json
+from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
 from nanobert.model.config import BertConfig, num_labels
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
 
-from .run import eval_mode
+from .run import eval_mode, write_summary
 
 SPLITS = ("train", "dev", "test")
 DO_SPLITS = {"train": SPLITS, "eval": ("dev", "test"), "predict": ("test",)}   # finetune --do
@@ -389,6 +392,42 @@ def format_scores(scores):
 
 
 # ------------------------------------------------------------- a fine-tuned model folder
+
+
+def check_length(args, model):
+    """--max-seq-length fits the model's position table, or one line saying it does not."""
+    if args.max_seq_length > model.config.max_position_embeddings:
+        raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings {model.config.max_position_embeddings}")
+
+
+def evaluate_fine_tuned(args):
+    """--do eval / predict: the fine-tuned --model on the dev / test data, no training; each
+    split's predictions file written and its scores printed (eval: labels required) and, for
+    eval, saved in eval_results.json."""
+    folder, task = resolve_model(args.model), TASKS[args.task]
+    output_folder(args.out)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    print(f"task {args.task}: {args.do} with {args.model} ({folder})")
+    data = load_data(args, tokenizer, label_list=args.model_labels)
+    model = task.head.from_pretrained(folder, dtype=numpy.dtype(args.dtype), device=args.device)
+    check_length(args, model)
+    results = {}
+    for split, (examples, _) in data.splits.items():
+        scores, predictions = evaluate(args, task, model, tokenizer, data, split)
+        if args.do == "eval" and not scores:
+            raise SystemExit(f"error: the {split} data has no labels to score "
+                             "(--do predict writes its predictions)")
+        path = task.write(args.out, split, examples, predictions, data)
+        if scores:
+            print(f"{split}: {format_scores(scores)}")
+        print(f"wrote {path}")
+        results[split] = scores
+    if args.do == "eval":
+        write_summary(os.path.join(args.out, "eval_results.json"), {
+            "task": args.task, "model": args.model, **results,
+            "data": {split: f.stats for split, (_, f) in data.splits.items()}, "args": vars(args)})
+    return 0
 
 
 def fine_tuned_task(folder, wanted=None):
