@@ -279,17 +279,19 @@ def check_dataset(args):
 
 def resolve_columns(args, count):
     """--text-columns / --label-column / --header of a TSV without a GLUE layout: checked,
-    and their defaults filled in (text column 0, or 0,1 for pair; the label after them)."""
+    and their defaults filled in (text column 0, or 0,1 for pair; the label after them, but
+    for --do predict, which reads the texts alone)."""
     args.text_columns = args.text_columns or ",".join(str(i) for i in range(count))
     columns = tasks.parse_columns(args.text_columns)
     if len(columns) != count:
         raise SystemExit(f"error: --task {args.task} takes {count} text column(s), "
                          f"got {args.text_columns!r}")
-    if not args.label_column and not isinstance(columns[-1], int):
-        raise SystemExit("error: give --label-column when the text columns are named")
-    args.label_column = args.label_column or str(columns[-1] + 1)
-    label = tasks.parse_columns(args.label_column)[0]
-    args.header = args.header or any(isinstance(c, str) for c in (*columns, label))
+    if not args.label_column and args.do != "predict":  # predict: texts alone, unless given
+        if not isinstance(columns[-1], int):
+            raise SystemExit("error: give --label-column when the text columns are named")
+        args.label_column = str(columns[-1] + 1)
+    labels = tasks.parse_columns(args.label_column) if args.label_column else []
+    args.header = args.header or any(isinstance(c, str) for c in (*columns, *labels))
 
 # ---------------------------------------------------------------------- model and checkpoint
 

@@ -62,6 +62,16 @@ def test_predict_writes_the_test_predictions_of_training(classifier, tmp_path):
     assert read(out / "test_predictions.tsv") == read(classifier / "test_predictions.tsv")
 
 
+def test_predict_reads_a_plain_text_file(classifier, tmp_path):
+    """One text a line, no header, no label column, no --glue-task: the predictions of the
+    same sentences as the training run's test file gives."""
+    texts = [line.split("\t")[1] for line in read(data("sst2_test.tsv")).splitlines()[1:]]
+    plain = tmp_path / "texts.txt"
+    plain.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    run("--do", "predict", "--model", classifier / "best", "--test", plain, "--out", tmp_path)
+    assert read(tmp_path / "test_predictions.tsv") == read(classifier / "test_predictions.tsv")
+
+
 def test_the_task_comes_from_the_head_without_best_json(tiny_bert, tmp_path):
     """A ner folder evaluated with no --task: best.json names the task; without best.json
     (a folder from elsewhere) the head class in config.json does."""
@@ -91,7 +101,7 @@ def test_the_task_comes_from_the_head_without_best_json(tiny_bert, tmp_path):
      SystemExit, r"is a BertModel without classifier\.weight; --task classify needs a "
                  r"BertForSequenceClassification: give a folder that finetune.py fine-tuned"),
     (("--do", "eval", "--model", "{bare}", "--dev", "sst2_dev.tsv"),
-     SystemExit, r"is a BertModel without a task head; it needs a task head"),
+     SystemExit, r"is a BertModel without a task head: give a folder that finetune.py"),
     (("--do", "eval", "--model", "{best}", "--task", "ner", "--dev", "conll_dev.txt"),
      SystemExit, r"is a BertForSequenceClassification; --task ner needs a "
                  r"BertForTokenClassification"),

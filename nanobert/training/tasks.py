@@ -69,8 +69,8 @@ def read_texts(args, path, split, train_stats, regression=False):
     labeled = split != "test"
     if args.glue_task:
         return tasks.read_glue(path, args.glue_task, require_labels=labeled), {}
-    return tasks.read_tsv(path, tasks.parse_columns(args.text_columns),
-                          tasks.parse_columns(args.label_column)[0], header=args.header,
+    label = tasks.parse_columns(args.label_column)[0] if args.label_column else None
+    return tasks.read_tsv(path, tasks.parse_columns(args.text_columns), label, header=args.header,
                           regression=regression, require_labels=labeled), {}
 
 
@@ -448,16 +448,15 @@ def fine_tuned_task(folder, wanted=None):
     missing = [k for k in task.head.head_shapes(BertConfig.from_dict(config))
                if k not in tensors] if task else ["a task head"]
     found = f"a {architecture}" + (f" without {missing[0]}" if missing else "")
+    needs = None
     if task is None or missing or architecture != task.head.__name__:
-        needs = f"--task {name} needs a {task.head.__name__}" if task else "it needs a task head"
+        needs = f"; --task {name} needs a {task.head.__name__}" if task else ""
     elif task.head is BertForSequenceClassification and (name == "regress") != (labels == 1):
         found += f" with {labels} output(s)"
-        needs = f"--task {name} needs " + ("one output" if name == "regress" else "2 or more")
-    else:
-        needs = None
-    if needs:
-        raise SystemExit(f"error: {folder} is {found}; {needs}: give a folder that "
-                         "finetune.py fine-tuned (its best/)")
+        needs = f"; --task {name} needs " + ("one output" if name == "regress" else "2 or more")
+    if needs is not None:
+        raise SystemExit(f"error: {folder} is {found}{needs}: give a folder that finetune.py "
+                         "fine-tuned (its best/)")
     id2label = config.get("id2label") or {}
     return name, [id2label[str(i)] for i in range(labels)] if task.named_labels else None
 
