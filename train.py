@@ -38,7 +38,7 @@ from nanobert.model.pretrained import load_training_checkpoint
 from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
 from nanobert.training.guards import check_loss
 from nanobert.training.metrics import (Window, append_metrics, keep_metrics_until, peak_tflops,
-                                       plot)
+                                       plot, time_left)
 from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, corpus_files, evaluate,
                                            fill_mask_example, host_sums, means, prepare_corpus,
                                            prepare_datasets, prepare_vocab, step_sums,
@@ -337,7 +337,7 @@ def log_train(args, model, metrics_path, window, step, lr, elapsed):
         record["mfu"] = window.mfu()
         line += f"  MFU {100 * record['mfu']:.1f}%"
     if metrics_path:
-        print(line, flush=True)
+        print(f"{line}  {time_left(elapsed, step, args.steps)}", flush=True)
         append_metrics(metrics_path, record)
 
 

@@ -52,6 +52,13 @@ def test_resume_continues_exactly(tmp_path):
                      "trainer_state.json", "vocab.txt"]
 
 
+def test_the_progress_line_shows_the_time_left(tmp_path, capsys):
+    run(tmp_path, tmp_path / "run", "--steps", "2")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and all(re.search(r"tok/s  elapsed \d+\.\d min  left ~\d+\.\d min$",
+                                             line) for line in lines), lines
+
+
 def test_time_budget_stops_early_and_resume_finishes(tmp_path, capsys):
     """--steps without --minutes has no time budget (a schedule of 10,000 steps once stopped
     silently at the default ten minutes); --minutes with --steps stops at the budget, says

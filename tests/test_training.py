@@ -2,6 +2,7 @@
 end to end in test_train*.py, test_finetune.py, test_cli_refusals.py and test_data_parallel.py."""
 import argparse
 import errno
+import json
 import math
 
 import numpy
@@ -10,9 +11,10 @@ import pytest
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, flags
 from nanobert.distributed import SingleProcess
 from nanobert.model.optim import LossScaler
-from nanobert.training.metrics import Window
+from nanobert.training.metrics import Window, time_left
 from nanobert.training.resume import refuse_changed_flags, refuse_changed_model
-from nanobert.training.run import epoch_order, eval_mode, run_command, stream_rows
+from nanobert.training.run import (dropout_state, epoch_order, eval_mode, restore_dropout,
+                                   run_command, stream_rows)
 from nanobert.training.step import update
 from test_checkpoint import CONFIG, tiny_batch
 
@@ -137,3 +139,31 @@ def test_shared_flags_keep_one_definition():
     assert p.parse_args([]).warmup == 0.1 and p.parse_args([]).grad_accum == 1
     with pytest.raises(SystemExit):
         p.parse_args(["--grad-accum", "0"])
+
+
+def test_time_left_is_the_rest_at_the_mean_pace():
+    """The progress lines of train.py and finetune.py: 10 steps in 2 minutes, 30 to go."""
+    assert time_left(120.0, 10, 40) == "elapsed 2.0 min  left ~6.0 min"
+    assert time_left(30.0, 5, 5) == "elapsed 0.5 min  left ~0.0 min"
+
+
+def test_dropout_state_continues_the_stream_or_says_it_cannot(capsys):
+    """One CPU process: the saved state gives the masks an uninterrupted run draws next.
+    Several ranks: nothing saved, and a resume draws from a new (seed, step, rank) stream and
+    says so."""
+    model, _ = model_and_grads()
+    model.rng.random(5)                                # a run that drew some masks
+    saved = json.loads(json.dumps(dropout_state(model, SingleProcess())))  # trainer_state.json
+    expected = model.rng.random(8)
+    restore_dropout(model, saved, seed=0, step=3, rank=0)
+    numpy.testing.assert_array_equal(model.rng.random(8), expected)
+    assert capsys.readouterr().out == ""
+
+    class TwoRanks(SingleProcess):
+        world_size = 2
+    assert dropout_state(model, TwoRanks()) is None
+    restore_dropout(model, None, seed=0, step=3, rank=1)
+    first = model.rng.random(4)
+    restore_dropout(model, None, seed=0, step=3, rank=1)
+    numpy.testing.assert_array_equal(model.rng.random(4), first)
+    assert "masks after the resume come from a new stream" in capsys.readouterr().out

@@ -1,15 +1,16 @@
 """The training harness that train.py and finetune.py share: plain functions and two small
 classes, no callbacks. Each recipe keeps its own loop and calls these.
 
-    run.py      start-up for one or many ranks, the optimizer, dropout seeds, batch order,
+    run.py      start-up for one or many ranks, the optimizer, dropout seeds and state, batch order,
                 eval mode, the run summary, the stop flag, and the one __main__ wrapper
     step.py     the update on the flat buffers: allreduce -> unscale -> clip -> guard -> AdamW
     guards.py   non-finite loss, gradients and weights: one wording, 1-based steps
     metrics.py  metrics.jsonl (appending, cutting back on resume), the throughput window, MFU,
-                the loss-curve plot
+                the time left, the loss-curve plot
     resume.py   the trainer state, refusing a changed flag or model, saving a checkpoint
     budget.py   the time budget: steps that fit, re-planned from the measured speed
     pretraining.py  train.py's data (vocab, cached instances) and measures (MLM / NSP sums,
                 held-out evaluation, unigram baseline, fill-mask example)
-    tasks.py    finetune.py's tasks: readers, featurisers, heads, scores, prediction files
+    tasks.py    finetune.py's tasks: readers, featurisers, heads, scores, prediction files,
+                and --do eval / predict on a fine-tuned folder
 """

@@ -39,6 +39,13 @@ def keep_metrics_until(metrics_path, step):
         f.writelines(records)
 
 
+def time_left(elapsed, done, total):
+    """"elapsed 1.2 min  left ~3.4 min": the seconds so far, and the steps still to do at the
+    mean pace of the `done` steps they took."""
+    left = elapsed / done * (total - done) if done else float("nan")
+    return f"elapsed {elapsed / 60:.1f} min  left ~{left / 60:.1f} min"
+
+
 class Window:
     """The steps since the last log line: their statistics summed (an array that on the GPU
     stays on the device until the log line reads it), their model FLOPs and their seconds of

@@ -31,13 +31,13 @@ def read_trainer_state(checkpoint_dir, keys, writer):
 def refuse_changed_flags(args, saved, fixed, paths=(), skip=()):
     """SystemExit naming the first flag of `fixed` whose value in `args` differs from the
     checkpoint's `saved` arguments. Not compared: a flag the checkpoint did not record, and
-    those in `skip`; `paths` (lists of files) are compared as absolute paths."""
+    those in `skip`; `paths` (a file or a list of files) are compared as absolute paths."""
     for key in fixed:
         if key not in saved or key in skip:
             continue
         new, old = vars(args)[key], saved[key]
         if key in paths:
-            new, old = ([os.path.abspath(p) for p in v] for v in (new, old))
+            new, old = (absolute(v) for v in (new, old))
         if new == old:
             continue
         flag = "--" + key.replace("_", "-")
@@ -49,6 +49,13 @@ def refuse_changed_flags(args, saved, fixed, paths=(), skip=()):
         raise SystemExit(f"error: resuming with {new}, but the checkpoint used {old}; "
                          "exact continuation needs the same value (or start a new run "
                          "without --resume)")
+
+
+def absolute(paths):
+    """A path or a list of paths as absolute paths (None stays None)."""
+    if isinstance(paths, str):
+        return os.path.abspath(paths)
+    return paths if paths is None else [os.path.abspath(p) for p in paths]
 
 
 def refuse_changed_model(wanted, config, flag):

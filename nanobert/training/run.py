@@ -51,6 +51,29 @@ def seed_dropout(model, seed, rank):
     model.rng = default_rng(model.xp, seed + 1_000_003 * rank)
 
 
+def dropout_state(model, group):
+    """The dropout Generator's state (a JSON-able dict) for a checkpoint, so that a resumed
+    run draws the masks an uninterrupted one would: one process on the CPU. None where it is
+    not saved: a GPU generator (cuRAND's state is not readable) or several ranks (rank 0
+    alone writes the checkpoint)."""
+    if model.xp is numpy and group.world_size == 1:
+        return model.rng.bit_generator.state
+    return None
+
+
+def restore_dropout(model, saved, seed, step, rank):
+    """The dropout stream where the checkpoint left it (`saved`: dropout_state's), else a new
+    stream from (seed, step, rank), said so: the run then goes on closely, not bit for bit."""
+    if saved is not None and model.xp is numpy:
+        model.rng.bit_generator.state = saved
+        return
+    model.rng = default_rng(model.xp, int(numpy.random.SeedSequence([seed, step, rank])
+                                          .generate_state(1)[0]))
+    print("note: the checkpoint holds no dropout state for this device / number of ranks; "
+          "the masks after the resume come from a new stream (close to, not bit-equal with, "
+          "an uninterrupted run)")
+
+
 def make_optimizer(args, model, state=None):
     """AdamW (--optimizer, --lr, --weight-decay) and, for float16, the loss scaler; both
     loaded from a checkpoint's optimizer state and trainer state when given.

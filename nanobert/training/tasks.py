@@ -1,7 +1,8 @@
 """finetune.py's tasks of the paper, one record each in TASKS: how a task reads its files,
 picks its label set, turns examples into WordPiece features, which head it trains, how its
 dev/test outputs are scored (the official scripts' rules) and written. A new task is a new
-record. Also the data of a run (every split read and featurised) and prediction in batches."""
+record. Also the data of a run (every split read and featurised), prediction in batches, and
+finetune.py --do eval / predict: a fine-tuned folder's task and labels, scored or applied."""
 import dataclasses
 import functools
 import json
@@ -12,14 +13,19 @@ import numpy
 
 from nanobert.backend import to_host
 from nanobert.data import datasets, metrics, squad, tasks
-from nanobert.formats.fileio import atomic_open
+from nanobert.formats import checkpoint, safetensors
+from nanobert.data.tokenizer import BertTokenizer
+from nanobert.formats.fileio import atomic_open, output_folder, read_json
+from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
+from nanobert.model.config import BertConfig, num_labels
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
 
-from .run import eval_mode
+from .run import eval_mode, write_summary
 
 SPLITS = ("train", "dev", "test")
+DO_SPLITS = {"train": SPLITS, "eval": ("dev", "test"), "predict": ("test",)}   # finetune --do
 
 
 class Data(NamedTuple):
@@ -53,6 +59,7 @@ class Task:
     max_seq_length: int = 128
     text_columns: int = 0       # TSV tasks: texts per example (--text-columns); 0: not TSV
     dev_targets: bool = True    # dev features carry targets (squad's dev is scored by text)
+    named_labels: bool = False  # predicts one of a label set, saved as the head's id2label
 
 # ------------------------------------------------------------------ readers, per task
 
@@ -62,8 +69,8 @@ def read_texts(args, path, split, train_stats, regression=False):
     labeled = split != "test"
     if args.glue_task:
         return tasks.read_glue(path, args.glue_task, require_labels=labeled), {}
-    return tasks.read_tsv(path, tasks.parse_columns(args.text_columns),
-                          tasks.parse_columns(args.label_column)[0], header=args.header,
+    label = tasks.parse_columns(args.label_column)[0] if args.label_column else None
+    return tasks.read_tsv(path, tasks.parse_columns(args.text_columns), label, header=args.header,
                           regression=regression, require_labels=labeled), {}
 
 
@@ -79,9 +86,10 @@ def read_conll(args, path, split, train_stats):
 
 
 def read_squad(args, path, split, train_stats):
-    """Dev and test are read as the version of the training file (unless --squad-version)."""
+    """Dev and test are read as the version of the training file (unless --squad-version;
+    without a training file, each file's own)."""
     version = None if args.squad_version == "auto" else args.squad_version == "2.0"
-    if split != "train" and args.squad_version == "auto":
+    if split != "train" and args.squad_version == "auto" and train_stats:
         version = train_stats["version"] == "2.0"
     return squad.read_squad(path, is_training=split == "train", version_2_with_negative=version)
 
@@ -261,11 +269,11 @@ TASKS = {
     "classify": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
                      featurize=featurize_texts, head_options=id2label,
                      evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
-                     text_columns=1),
+                     text_columns=1, named_labels=True),
     "pair": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
                  featurize=featurize_texts, head_options=id2label,
                  evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
-                 text_columns=2),
+                 text_columns=2, named_labels=True),
     "regress": Task(BertForSequenceClassification,
                     read=functools.partial(read_texts, regression=True), labels=no_labels,
                     featurize=functools.partial(featurize_texts, regression=True),
@@ -274,7 +282,7 @@ TASKS = {
                     text_columns=1),
     "ner": Task(BertForTokenClassification, read=read_conll, labels=tag_labels,
                 featurize=featurize_tokens, head_options=id2label,
-                evaluate=evaluate_tags, write=write_conll, metric="f1"),
+                evaluate=evaluate_tags, write=write_conll, metric="f1", named_labels=True),
     "squad": Task(BertForQuestionAnswering, read=read_squad, labels=no_labels,
                   featurize=featurize_squad, head_options=lambda _: {"num_labels": 2},
                   evaluate=evaluate_squad, write=write_squad, metric="f1",
@@ -284,17 +292,25 @@ TASKS = {
                    evaluate=evaluate_choices, write=write_tsv, metric="accuracy"),
 }
 
+# what a fine-tuned folder's head class (config.json's architectures) was trained for
+HEAD_TASKS = {"BertForSequenceClassification": "classify", "BertForTokenClassification": "ner",
+              "BertForQuestionAnswering": "squad", "BertForMultipleChoice": "choice"}
+
 # ---------------------------------------------------------------------------------- data
 
 
-def load_data(args, tokenizer):
+def load_data(args, tokenizer, label_list=None):
     """-> Data: each split's examples and Features, the label list, the SQuAD version.
-    Prints what was read and what was cut."""
+    Prints what was read and what was cut. label_list: a fine-tuned model's (--do eval /
+    predict: no training split); None: from the flags or the training data."""
     task = TASKS[args.task]
     raw, dataset_labels = read_splits(args, task)
     raw = limit_examples(args, raw)
-    train_examples, train_stats = raw["train"]
-    label_list = task.labels(args, train_examples, dataset_labels)
+    if "train" in raw:
+        label_list = task.labels(args, raw["train"][0], dataset_labels)
+    elif label_list:
+        for examples, _ in raw.values():
+            refuse_unknown_labels(examples, label_list, args.model)
     splits = {}
     for split, (examples, read_stats) in raw.items():
         features = task.featurize(args, tokenizer, examples, label_list, split)
@@ -305,7 +321,8 @@ def load_data(args, tokenizer):
         print(f"  {split}: " + ", ".join(
             f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k} {v}"
             for k, v in features.stats.items()))
-    return Data(splits, label_list, squad_v2=train_stats.get("version") == "2.0")
+    first_stats = next(iter(raw.values()))[1]        # the training file's, when there is one
+    return Data(splits, label_list, squad_v2=first_stats.get("version") == "2.0")
 
 
 def read_splits(args, task):
@@ -313,17 +330,18 @@ def read_splits(args, task):
     if args.dataset and args.dataset != "conll2003":
         examples, dataset_labels, about = datasets.load(args.dataset, args.task)
         print(f"data: {about}")
-        return {split: (e, {}) for split, e in zip(SPLITS, examples)}, dataset_labels
+        return {split: (e, {}) for split, e in zip(SPLITS, examples)
+                if split in DO_SPLITS[args.do]}, dataset_labels
     raw = {}
     for split, path in zip(SPLITS, (args.train, args.dev, args.test)):
         if path:
-            raw[split] = task.read(args, path, split, raw["train"][1] if raw else None)
+            raw[split] = task.read(args, path, split, raw["train"][1] if "train" in raw else None)
     return raw, None
 
 
 def limit_examples(args, raw):
     """--max-train-examples (a seeded subset) and --max-eval-examples (the first N)."""
-    examples, stats = raw["train"]
+    examples, stats = raw.get("train", ((), None))
     if args.max_train_examples and len(examples) > args.max_train_examples:
         print(f"  training on a seeded subset of {args.max_train_examples:,} of "
               f"{len(examples):,} examples")
@@ -372,3 +390,85 @@ def format_scores(scores):
                      for k, v in scores.items() if not isinstance(v, dict))
 
 
+
+# ------------------------------------------------------------- a fine-tuned model folder
+
+
+def check_length(args, model):
+    """--max-seq-length fits the model's position table, or one line saying it does not."""
+    if args.max_seq_length > model.config.max_position_embeddings:
+        raise SystemExit(f"error: --max-seq-length {args.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings {model.config.max_position_embeddings}")
+
+
+def evaluate_fine_tuned(args):
+    """--do eval / predict: the fine-tuned --model on the dev / test data, no training; each
+    split's predictions file written and its scores printed (eval: labels required) and, for
+    eval, saved in eval_results.json."""
+    folder, task = resolve_model(args.model), TASKS[args.task]
+    output_folder(args.out)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    print(f"task {args.task}: {args.do} with {args.model} ({folder})")
+    data = load_data(args, tokenizer, label_list=args.model_labels)
+    model = task.head.from_pretrained(folder, dtype=numpy.dtype(args.dtype), device=args.device)
+    check_length(args, model)
+    results = {}
+    for split, (examples, _) in data.splits.items():
+        scores, predictions = evaluate(args, task, model, tokenizer, data, split)
+        if args.do == "eval" and not scores:
+            raise SystemExit(f"error: the {split} data has no labels to score "
+                             "(--do predict writes its predictions)")
+        path = task.write(args.out, split, examples, predictions, data)
+        if scores:
+            print(f"{split}: {format_scores(scores)}")
+        print(f"wrote {path}")
+        results[split] = scores
+    if args.do == "eval":
+        write_summary(os.path.join(args.out, "eval_results.json"), {
+            "task": args.task, "model": args.model, **results,
+            "data": {split: f.stats for split, (_, f) in data.splits.items()}, "args": vars(args)})
+    return 0
+
+
+def fine_tuned_task(folder, wanted=None):
+    """The task a fine-tuned folder (finetune.py's best/) predicts, and its label names:
+    `wanted` (--task), else what best.json says, else its head class (config.json's
+    architectures). SystemExit, one line, if the folder lacks the head the task needs.
+    -> (task name, label list or None)"""
+    config = checkpoint.read_config(folder)
+    architecture = (config.get("architectures") or ["no architectures"])[0]
+    best = os.path.join(folder, "best.json")
+    saved = read_json(best, "best.json").get("task") if os.path.isfile(best) else None
+    name = wanted or saved or HEAD_TASKS.get(architecture)
+    labels = num_labels(BertConfig.from_dict(config))
+    if name == "classify" and labels == 1 and not wanted:
+        name = "regress"                                   # one output: a regression head
+    task = TASKS.get(name)
+    tensors = safetensors.read_header(os.path.join(folder, "model.safetensors"))
+    missing = [k for k in task.head.head_shapes(BertConfig.from_dict(config))
+               if k not in tensors] if task else ["a task head"]
+    found = f"a {architecture}" + (f" without {missing[0]}" if missing else "")
+    needs = None
+    if task is None or missing or architecture != task.head.__name__:
+        needs = f"; --task {name} needs a {task.head.__name__}" if task else ""
+    elif task.head is BertForSequenceClassification and (name == "regress") != (labels == 1):
+        found += f" with {labels} output(s)"
+        needs = f"; --task {name} needs " + ("one output" if name == "regress" else "2 or more")
+    if needs is not None:
+        raise SystemExit(f"error: {folder} is {found}{needs}: give a folder that finetune.py "
+                         "fine-tuned (its best/)")
+    id2label = config.get("id2label") or {}
+    return name, [id2label[str(i)] for i in range(labels)] if task.named_labels else None
+
+
+def refuse_unknown_labels(examples, label_list, model):
+    """Every label (ner: tag) of the examples is one the model predicts, or one line naming
+    the first that is not, where it is, and the model's labels."""
+    known = set(label_list)
+    for e in examples:
+        tags = e.tags if hasattr(e, "tags") else [getattr(e, "label", None)]
+        for k, label in enumerate(tags or ()):
+            if label is not None and label not in known:
+                where = f"{e.path}:{e.lines[k]}" if hasattr(e, "lines") else e.where
+                raise ValueError(f"{where}: label {label!r} is not one of the model's labels "
+                                 f"(id2label of {model}: {label_list})")
