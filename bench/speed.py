@@ -17,8 +17,8 @@ Each framework runs in its own subprocess (its own thread pool, its own peak RSS
 take their steps in alternation (A B, then B A, ...), so drift in the machine's speed hits
 both. Training runs with dropout on in both, as each library trains. The % of matmul column
 is nanobert's matmul FLOPs per second (nanobert.model.flops, the padded work: both frameworks
-compute the padding) over NumPy's own 2048^3 float32 matmul rate, measured in nanobert's
-process right before its steps: forward+backward for the training workloads, the forward for
+compute the padding) over NumPy's own 2048^3 float32 matmul rate, measured (same threads)
+right before the workload: forward+backward for the training workloads, the forward for
 inference. Without torch/transformers nanobert is timed alone; without the MiniLM package
 the two MiniLM workloads are skipped.
 """
@@ -39,10 +39,12 @@ import numpy
 
 from bench.train_step import (make_batch, make_config, nanobert_phases, numpy_matmul_gflops,
                               torch_config, torch_phases)
+import nanobert
 from nanobert import backend
 from nanobert.formats import hub, safetensors
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX
+from nanobert.model.pretrained import saved_form
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINILM = "all-MiniLM-L6-v2"
@@ -126,7 +128,6 @@ def nanobert_workload(workload, batch_size, weights_out):
     """-> (config, batch, forward_backward, update or None); writes the model's weights to
     `weights_out` (safetensors) for the torch worker. Inference: forward_backward is the
     forward and update is None."""
-    import nanobert
     workload = dataclasses.replace(workload, batch_size=batch_size)
     if workload.kind == "pretrain":
         config = make_config(workload.config)[0]
@@ -142,13 +143,8 @@ def nanobert_workload(workload, batch_size, weights_out):
     if workload.kind == "inference":
         inputs = [batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
         return config, batch, lambda: model(*inputs), None
-    safetensors.save_file(saved_tensors(model), weights_out)
-    return (config, batch, *nanobert_phases(model, batch, lr=1e-4))
-
-
-def saved_tensors(model):
-    from nanobert.model.pretrained import saved_form
-    return saved_form(model)[1]
+    safetensors.save_file(saved_form(model)[1], weights_out)
+    return (config, batch, *nanobert_phases(model, batch))
 
 
 def torch_workload(workload, batch_size, weights_in):
@@ -177,7 +173,7 @@ def torch_workload(workload, batch_size, weights_in):
                 model(**tensors)
         return attention, forward, None
     copy_weights(model, weights_in)
-    return (attention, *torch_phases(model.train(), tensors, lr=1e-4))
+    return (attention, *torch_phases(model.train(), tensors))
 
 
 def copy_weights(model, path):
@@ -208,8 +204,12 @@ def timed_step(forward_backward, update):
 
 def worker(framework, name, batch_size, threads, weights_path):
     """One framework's process: build the workload and say ready (nanobert: with the FLOPs
-    of the measured part and NumPy's matmul rate, taken here with the same threads), then
-    take a step per "step" line on stdin until "exit" (-> peak RSS in MiB)."""
+    of the measured part), then take a step per "step" line on stdin until "exit" (-> peak
+    RSS in MiB). Framework "numpy" says NumPy's matmul rate with these threads and ends: in
+    a process of its own, so that its arrays count in no framework's peak memory."""
+    if framework == "numpy":
+        reply(numpy_matmul_gflops())
+        return
     backend.reuse_freed_memory()   # as train.py does; for torch too, so the ratio is fair
     workload = WORKLOADS[name]
     if framework == "torch":
@@ -220,7 +220,7 @@ def worker(framework, name, batch_size, threads, weights_path):
     else:
         config, batch, forward_backward, update = nanobert_workload(workload, batch_size,
                                                                     weights_path)
-        reply("ready", workload_flops(workload, config, batch), numpy_matmul_gflops())
+        reply("ready", workload_flops(workload, config, batch))
     for line in sys.stdin:
         if line.strip() == "step":
             reply(*timed_step(forward_backward, update))
@@ -294,16 +294,26 @@ def alternate(workers, steps, warmup):
     return times
 
 
+def matmul_rate(workload, threads):
+    """NumPy's 2048^3 float32 matmul GFLOP/s now, with `threads`, in a process of its own."""
+    rate = Worker("numpy", workload, 1, threads, "")
+    try:
+        return float(rate.receive()[0])
+    finally:
+        rate.kill()
+
+
 def measure(workload, args, with_torch):
-    """One workload: nanobert's worker, then torch's (which copies nanobert's weights),
-    alternating steps -> the result dict of the JSON."""
+    """One workload: NumPy's matmul rate, then nanobert's worker, then torch's (which copies
+    nanobert's weights), alternating steps -> the result dict of the JSON."""
     B = args.batch or workload.batch_size
+    gflops = matmul_rate(workload, args.threads)
     workers = []
     with tempfile.TemporaryDirectory() as folder:
         weights = os.path.join(folder, "model.safetensors")
         try:
             workers.append(Worker("nanobert", workload, B, args.threads, weights))
-            flops, gflops = map(float, workers[0].receive()[1:])
+            flops = float(workers[0].receive()[1])
             attention = None
             if with_torch:
                 workers.append(Worker("torch", workload, B, args.threads, weights))
@@ -389,7 +399,7 @@ def run(args):
     print("median (min-max) over the steps; ratio = nanobert / torch step (below 1: nanobert is")
     print("faster); training: forward + backward + clip 1.0 + AdamW, dropout on in both;")
     print("% matmul: nanobert's matmul FLOP/s (forward+backward; inference: forward) over")
-    print("NumPy's 2048^3 float32 matmul rate measured in nanobert's process before its steps")
+    print("NumPy's 2048^3 float32 matmul rate, measured with the same threads before each workload")
     return {"threads": args.threads, "steps": args.steps, "warmup": args.warmup,
             "dtype": "float32", "numpy": numpy.__version__,
             "torch": version("torch") if with_torch else None,
