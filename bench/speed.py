@@ -335,7 +335,7 @@ def spread(result):
     return f"{result['median_s']:.3f} ({result['min_s']:.3f}-{result['max_s']:.3f})"
 
 
-HEADER = (f"{'workload':<17}{'B x T':>9}  {'nanobert s (min-max)':<22}{'torch s (min-max)':<22}"
+HEADER = (f"{'workload':<17}{'B x T':>9}  {'nanobert s (min-max)':<25}{'torch s (min-max)':<25}"
           f"{'ratio':>6}  {'fwd+bwd s nb / torch':>21}{'% matmul':>10}  "
           f"{'peak RSS MiB nb / torch':>23}")
 
@@ -348,8 +348,8 @@ def row(r):
         f"{theirs['forward_backward_median_s']:.3f}" if theirs else "-")
     rss = f"{ours['peak_rss_mib']:.0f} / " + (f"{theirs['peak_rss_mib']:.0f}" if theirs else "-")
     ratio = f"{r['ratio']:.2f}" if theirs else "-"
-    return (f"{r['workload']:<17}{size:>9}  {spread(ours):<22}"
-            f"{spread(theirs) if theirs else '-':<22}{ratio:>6}  {fb:>21}"
+    return (f"{r['workload']:<17}{size:>9}  {spread(ours) + ' ':<25}"
+            f"{(spread(theirs) if theirs else '-') + ' ':<25}{ratio:>6}  {fb:>21}"
             f"{100 * r['matmul_share']:>9.0f}%  {rss:>23}")
 
 
@@ -417,10 +417,13 @@ def workload_list(text):
     return ",".join(names)
 
 
-def positive(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return int(text)
+def at_least(minimum):
+    """An argparse type: a whole number >= minimum."""
+    def whole(text):
+        if not text.isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {minimum}")
+        return int(text)
+    return whole
 
 
 def parse_args(argv=None):
@@ -429,14 +432,14 @@ def parse_args(argv=None):
     parser.add_argument("--workloads", type=workload_list, default=DEFAULT_WORKLOADS,
                         help=f"comma-separated, of: {', '.join(WORKLOADS)} "
                              f"(default {DEFAULT_WORKLOADS})")
-    parser.add_argument("--steps", type=positive, default=5,
+    parser.add_argument("--steps", type=at_least(1), default=5,
                         help="timed steps per framework and workload (default 5)")
-    parser.add_argument("--warmup", type=int, default=1, choices=range(0, 100), metavar="N",
+    parser.add_argument("--warmup", type=at_least(0), default=1,
                         help="untimed steps first, per framework and workload (default 1)")
-    parser.add_argument("--threads", type=positive, default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--threads", type=at_least(1), default=len(os.sched_getaffinity(0)),
                         help="threads of both frameworks (default: all cores, here "
                              f"{len(os.sched_getaffinity(0))})")
-    parser.add_argument("--batch", type=positive,
+    parser.add_argument("--batch", type=at_least(1),
                         help="batch size of every workload instead of its own")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--no-torch", action="store_true", help="time nanobert alone")

@@ -12,6 +12,9 @@ torch and transformers are needed for the comparison (pip install -e ".[referenc
 without them only nanobert is timed. On the GPU torch runs on CUDA when it has CUDA (same
 TF32 setting), else nanobert is timed alone; MFU is against the dense peak of the
 precision the matmuls use (nanobert.model.flops.GPU_PEAK_TFLOPS).
+
+`python -m bench.speed` runs the four CPU workloads a user runs (pretraining, MiniLM
+fine-tuning and inference) with the step functions defined here.
 """
 import argparse
 import importlib.util
