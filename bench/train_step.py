@@ -12,6 +12,9 @@ torch and transformers are needed for the comparison (pip install -e ".[referenc
 without them only nanobert is timed. On the GPU torch runs on CUDA when it has CUDA (same
 TF32 setting), else nanobert is timed alone; MFU is against the dense peak of the
 precision the matmuls use (nanobert.model.flops.GPU_PEAK_TFLOPS).
+
+`python -m bench.speed` runs the four CPU workloads a user runs (pretraining, MiniLM
+fine-tuning and inference) with the step functions defined here.
 """
 import argparse
 import importlib.util
@@ -33,6 +36,7 @@ from nanobert.model.ops import IGNORE_INDEX
 CONFIGS = {   # name: (layers, hidden, heads, seq_len, batch)
     "mini": (4, 256, 4, 128, 32),
     "base": (12, 768, 12, 128, 8),
+    "tiny": (2, 64, 2, 32, 4),      # for smoke tests of the benchmark commands
 }
 MAX_PREDICTIONS = 20
 
@@ -60,9 +64,9 @@ def make_batch(config, B, T, seed=0):
             "labels": labels, "next_sentence_label": rng.integers(0, 2, size=B)}
 
 
-def time_steps(step, steps, warmup=1, synchronize=lambda: None):
-    """Median wall time of `step`; synchronize() waits for the GPU before each clock read
-    (the steps themselves never wait)."""
+def step_times(step, steps, warmup=1, synchronize=lambda: None):
+    """Wall time of each of `steps` calls of `step` after `warmup` untimed ones; synchronize()
+    waits for the GPU before each clock read (the steps themselves never wait)."""
     for _ in range(warmup):
         step()
     synchronize()
@@ -72,52 +76,76 @@ def time_steps(step, steps, warmup=1, synchronize=lambda: None):
         step()
         synchronize()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
-def nanobert_step_fn(config, batch, seed=0, device="cpu", dtype="float32"):
-    """-> (full step, forward + backward only). On the GPU the loss stays on the device and
-    float16 runs with the loss scaler, as a training loop would."""
-    model = BertForPreTraining(config, seed=seed, dtype=numpy.dtype(dtype), device=device).train()
-    optimizer = AdamW(model.params, lr=1e-4, mode="torch")
-    scaler = LossScaler(model.xp) if dtype == "float16" else None
-    on_device = device == "gpu"
+def time_steps(step, steps, warmup=1, synchronize=lambda: None):
+    """Median wall time of `step` (see step_times)."""
+    return statistics.median(step_times(step, steps, warmup, synchronize))
 
-    def step():
+
+def nanobert_phases(model, batch, on_device=False, scaler=None, lr=1e-4):
+    """A nanobert training step in its two halves: -> (forward_backward() -> grads,
+    update(grads): unscale, clip to norm 1.0, AdamW). float16 runs with the loss scaler
+    `scaler`, as a training loop would; on_device keeps the loss on the GPU."""
+    optimizer = AdamW(model.params, lr=lr, mode="torch")
+
+    def forward_backward():
         scale = None if scaler is None else scaler.scale
-        _, grads = model.loss_and_grads(batch, on_device=on_device, loss_scale=scale)
+        return model.loss_and_grads(batch, on_device=on_device, loss_scale=scale)[1]
+
+    def update(grads):
         if scaler is not None:
             scaler.unscale(grads)
         norm = clip_by_global_norm(grads, 1.0, mode="torch")
         optimizer.step(grads, skip=None if scaler is None else scaler.update(norm))
-
-    def forward_backward():
-        model.loss_and_grads(batch, on_device=on_device)
-    return step, forward_backward
+    return forward_backward, update
 
 
-def torch_step_fn(config, batch, device="cpu", dtype="float32"):
+def nanobert_step_fn(config, batch, seed=0, device="cpu", dtype="float32"):
+    """-> (full step, forward + backward only) of a fresh BertForPreTraining."""
+    model = BertForPreTraining(config, seed=seed, dtype=numpy.dtype(dtype), device=device).train()
+    scaler = LossScaler(model.xp) if dtype == "float16" else None
+    forward_backward, update = nanobert_phases(model, batch, device == "gpu", scaler)
+    return lambda: update(forward_backward()), forward_backward
+
+
+def torch_phases(model, tensors, autocast=None, lr=1e-4):
+    """The same two halves for a transformers model in train mode: -> (forward_backward(),
+    update(_): clip to norm 1.0, AdamW). `tensors` holds the inputs and the labels."""
+    import contextlib
     import torch
-    import transformers
-    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()
-                                           if k != "extra"})
-    target = "cuda" if device == "gpu" else "cpu"
-    model = transformers.BertForPreTraining(hf_config).train().to(target)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    tensors = {k: torch.from_numpy(v).to(target) for k, v in batch.items()}
-    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=dtype == "float16")
-
-    def step():
-        forward_backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    autocast = autocast or contextlib.nullcontext()
 
     def forward_backward():
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = model(**tensors).loss
         loss.backward()
-    return step, forward_backward
+
+    def update(_):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return forward_backward, update
+
+
+def torch_config(config):
+    """transformers' BertConfig with the fields of nanobert's."""
+    import transformers
+    return transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "extra"})
+
+
+def torch_step_fn(config, batch, device="cpu", dtype="float32"):
+    """-> (full step, forward + backward only) of a fresh transformers BertForPreTraining."""
+    import torch
+    import transformers
+    target = "cuda" if device == "gpu" else "cpu"
+    model = transformers.BertForPreTraining(torch_config(config)).train().to(target)
+    tensors = {k: torch.from_numpy(v).to(target) for k, v in batch.items()}
+    autocast = torch.autocast("cuda", dtype=torch.float16, enabled=dtype == "float16")
+    forward_backward, update = torch_phases(model, tensors, autocast)
+    return lambda: update(forward_backward()), forward_backward
 
 
 def numpy_matmul_gflops(n=2048, repeats=5):
