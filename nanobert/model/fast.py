@@ -546,6 +546,16 @@ def gelu_inference(x, kind="gelu"):
     return x
 
 
+def scaled_heads(x, w_qkv, b_qkv, num_heads):
+    """x [B, T, H] -> q / sqrt(D), k, v [B, A, T, D] (k and v views of the stacked
+    projection's output), as self_attention_forward makes them."""
+    B, T, H = x.shape
+    D = H // num_heads
+    qkv = linear_forward(x, w_qkv, b_qkv)[0].reshape(B, T, 3, num_heads, D)
+    q, k, v = qkv.transpose(2, 0, 3, 1, 4)                 # [B, A, T, D] views
+    return q * (1.0 / math.sqrt(D)), k, v
+
+
 def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
     """self_attention_forward in eval mode without its cache -> (context [B, T, H], the
     attention probabilities [B, A, T, T] if output_attentions else None). On NumPy the mask
@@ -557,10 +567,7 @@ def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_atten
         return context, cache.probs if output_attentions else None
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
-    qkv, _ = linear_forward(x, w_qkv, b_qkv)               # [B, T, 3H]
-    qkv = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D], a view
-    q, k, v = qkv[0], qkv[1], qkv[2]
-    q = q * (1.0 / math.sqrt(D))
+    q, k, v = scaled_heads(x, w_qkv, b_qkv, A)
     scores = matmul(q, k.transpose(0, 1, 3, 2))            # [B, A, T, T]
     bias = numpy.broadcast_to(mask_bias, (B, A, 1, T)).reshape(B * A, 1, T)
     heads = scores.reshape(B * A, T, T)
