@@ -201,7 +201,9 @@ def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
         ln, ln_cache = fast.layernorm_forward(x, gamma, beta, 1e-12)
         g, g_cache = fast.gelu_forward(x)
         y, y_cache = fast.softmax_forward(scores.copy(), overwrite_x=True)
-        return {"layernorm": ln, "layernorm xhat": ln_cache[0], "layernorm rstd": ln_cache[2],
+        dropped, mask = fast.dropout_forward(x, 0.1, numpy.random.default_rng(3), True)
+        return {"dropout": dropped, "dropout mask": mask,
+                "layernorm": ln, "layernorm xhat": ln_cache[0], "layernorm rstd": ln_cache[2],
                 "layernorm dx": fast.layernorm_backward(x, ln_cache)[0],
                 "gelu": g, "gelu Phi": g_cache[1], "gelu dx": fast.gelu_backward(x, g_cache),
                 "softmax": y, "softmax dx": fast.softmax_backward(scores, y_cache),
@@ -217,7 +219,9 @@ def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
     ln, ln_cache = ops.layernorm_forward(x, gamma, beta, 1e-12)
     g, g_cache = ops.gelu_forward(x)
     y, y_cache = ops.softmax_forward(scores)
-    reference = {"layernorm": ln, "layernorm xhat": ln_cache[0], "layernorm rstd": ln_cache[2],
+    dropped, mask = ops.dropout_forward(x, 0.1, numpy.random.default_rng(3), True)
+    reference = {"dropout": dropped, "dropout mask": mask,
+                 "layernorm": ln, "layernorm xhat": ln_cache[0], "layernorm rstd": ln_cache[2],
                  "layernorm dx": ops.layernorm_backward(x, ln_cache)[0], "softmax": y,
                  "softmax dx": ops.softmax_backward(scores, y_cache),
                  "stacked matmul": q @ k.transpose(0, 1, 3, 2)}

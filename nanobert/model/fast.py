@@ -353,8 +353,17 @@ def dropout_forward(x, p, rng, training):
     scale = x.dtype.type(1.0 / (1.0 - p))
     if xp is not numpy:
         return kernels.fused(xp, kernels.dropout)(x, _uniform(x, rng), p, scale)
-    mask = _keep_mask(x.shape, p, rng, _uniform_dtype(x)) * scale
-    return x * mask, mask
+    keep = _keep_mask(x.shape, p, rng, _uniform_dtype(x))
+    mask, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
+    in_row_blocks(_dropout_block, (x.reshape(-1), keep.reshape(-1), mask.reshape(-1),
+                                   out.reshape(-1)), scale)
+    return out, mask
+
+
+def _dropout_block(x, keep, mask, out, scale):
+    """dropout_forward on a block of elements: the scaled mask, and x times it."""
+    numpy.multiply(keep, scale, out=mask)
+    numpy.multiply(x, mask, out=out)
 
 
 def dropout_add_forward(x, residual, p, rng, training):
