@@ -1,9 +1,10 @@
 """The inference path (bert.bert_inference, the fast layer's *_inference ops), which the
 models' __call__ and loss() run in eval mode, against the forward the backward uses
-(bert_forward, caches kept) in eval mode: bitwise equal outputs for the bare encoder and
-every head, float32 and float64, padded rows of mixed lengths, with arrays large enough to
-be split over the thread pool; the attention probabilities it returns on request; and the
-memory it saves (tracemalloc peaks, recorded).
+(bert_forward, caches kept) in eval mode, for the bare encoder and every head, float32 and
+float64, with arrays large enough to be split over the thread pool: bitwise equal outputs
+without trailing padding, within a rounding bound with rows of mixed lengths (the
+attention skips each row's padded keys); the attention probabilities it returns on
+request; and the memory it saves (tracemalloc peaks, recorded).
 """
 import tracemalloc
 
@@ -56,27 +57,47 @@ def training_path_call(model, args):
     return model._output(forward.logits, forward.hidden_states)
 
 
+# The inference path's attention stops at each row's last attended key: the padded keys'
+# probabilities are exactly 0 either way, so only the order of the roundings differs
+# (softmax sum, context dot products). Relative to the largest value of each output;
+# measured over these tests: float32 3.0e-7, float64 4.6e-16 (attentions 5.6e-9, 6.9e-18).
+PADDED_BOUND = {numpy.float32: 1e-5, numpy.float64: 1e-13}
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 @pytest.mark.parametrize("cls", MODELS, ids=lambda c: c.__name__)
-def test_inference_equals_the_training_forward_in_eval_mode(cls, dtype):
+def test_inference_equals_the_training_forward_in_eval_mode(cls, dtype, padded):
+    """Bitwise without trailing padding; with it, within PADDED_BOUND."""
     model = cls(BertConfig(**CONFIG), seed=1, dtype=dtype).eval()
-    args = inputs(choices=2 if cls is BertForMultipleChoice else None)
-    fast, slow = outputs_of(model(*args)), outputs_of(training_path_call(model, args))
+    ids, types, mask = inputs(choices=2 if cls is BertForMultipleChoice else None)
+    if not padded:
+        mask = numpy.ones_like(mask)
+    fast = outputs_of(model(ids, types, mask))
+    slow = outputs_of(training_path_call(model, (ids, types, mask)))
     assert fast.keys() == slow.keys()
     for name, value in slow.items():
         assert fast[name].dtype == value.dtype, name
-        assert numpy.array_equal(fast[name], value), (
-            f"{cls.__name__} {numpy.dtype(dtype)} {name}: max difference "
-            f"{numpy.abs(fast[name].astype(float) - value).max():.3e}")
+        error = numpy.abs(fast[name].astype(float) - value).max() / numpy.abs(value).max()
+        where = f"{cls.__name__} {numpy.dtype(dtype)} {name}"
+        if not padded:
+            assert error == 0, f"{where}: not bitwise equal, relative error {error:.3e}"
+            continue
+        record(f"inference vs training forward, padded, {numpy.dtype(dtype)} (relative)", error)
+        assert error <= PADDED_BOUND[dtype], f"{where}: relative error {error:.3e}"
 
 
-def test_loss_in_eval_mode_runs_the_inference_path_and_equals_loss_and_grads():
+def test_loss_in_eval_mode_runs_the_inference_path_and_equals_loss_and_grads(monkeypatch):
     model = BertForSequenceClassification(BertConfig(**CONFIG), seed=2).eval()
     ids, types, mask = inputs()
-    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": numpy.ones_like(mask),
              "labels": numpy.array([0, 1, 1, 0])}
-    loss, outputs = model.loss(batch, return_outputs=True)
     ref_loss, _, ref_outputs = model.loss_and_grads(batch, return_outputs=True)
+
+    def no_training_forward(*args):
+        raise AssertionError("loss() in eval mode ran bert_forward")
+    monkeypatch.setattr(bert, "bert_forward", no_training_forward)
+    loss, outputs = model.loss(batch, return_outputs=True)
     assert loss == ref_loss
     assert numpy.array_equal(outputs["logits"], ref_outputs["logits"])
 
@@ -99,7 +120,9 @@ def test_attention_probabilities_are_each_layers_masked_softmax(dtype):
     assert len(attentions) == CONFIG["num_hidden_layers"]
     for probs, layer in zip(attentions, cache.layers):
         assert probs.shape == (B, CONFIG["num_attention_heads"], T, T)
-        assert numpy.array_equal(probs, layer.attention.probs)
+        error = record(f"inference attentions vs training forward's {numpy.dtype(dtype)}",
+                       numpy.abs(probs - layer.attention.probs).max())
+        assert error <= PADDED_BOUND[dtype]
         assert not probs[numpy.broadcast_to(mask[:, None, None, :] == 0, probs.shape)].any()
     assert bert.bert_inference(model.params, "", ids, types, mask, model.config)[3] is None
 

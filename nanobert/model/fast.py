@@ -567,9 +567,14 @@ def scaled_heads(x, w_qkv, b_qkv, num_heads):
 
 def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
     """self_attention_forward in eval mode without its cache -> (context [B, T, H], the
-    attention probabilities [B, A, T, T] if output_attentions else None). On NumPy the mask
-    is added and the softmax taken in the scores' memory, in one threaded pass per block
-    of heads (the mask bias [B, 1, 1, T] repeated per head: [B*A, 1, T], a small copy)."""
+    attention probabilities [B, A, T, T] if output_attentions else None).
+
+    On NumPy, one batch row at a time from scores to context (_attention_rows: its scores
+    [A, T, T] stay in cache), rows spread over the threads; and only over the keys up to
+    the row's last attended one (key_lengths): a padded key's probability is exactly 0
+    (exp(-10000) underflows), so dropping it changes only the order of the softmax's sum
+    and the context's dot products: a few ulp (tests/test_inference.py), bitwise the same
+    on rows without trailing padding."""
     if not _in_place_ok(x):
         context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0,
                                                 None, False)
@@ -577,10 +582,29 @@ def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_atten
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
     q, k, v = scaled_heads(x, w_qkv, b_qkv, A)
-    scores = matmul(q, k.transpose(0, 1, 3, 2))            # [B, A, T, T]
-    bias = numpy.broadcast_to(mask_bias, (B, A, 1, T)).reshape(B * A, 1, T)
-    heads = scores.reshape(B * A, T, T)
-    in_row_blocks(_softmax_block, (heads, heads, bias))    # probabilities, in place
     context = numpy.empty((B, T, H), dtype=x.dtype)
-    matmul(scores, v, out=context.reshape(B, T, A, D).transpose(0, 2, 1, 3))
-    return context, scores if output_attentions else None
+    probs = numpy.zeros((B, A, T, T), dtype=x.dtype) if output_attentions else None
+    in_row_blocks(_attention_rows, (q, k, v, mask_bias, key_lengths(mask_bias),
+                                    context.reshape(B, T, A, D).transpose(0, 2, 1, 3), probs))
+    return context, probs
+
+
+def key_lengths(mask_bias):
+    """mask_bias [B, 1, 1, T] -> [B]: 1 + the last attended key (bias 0) of each row; T for
+    a row with none (its softmax is uniform over every key, as in the reference)."""
+    attended = mask_bias[:, 0, 0, :] == 0                  # [B, T]
+    T = attended.shape[1]
+    last = T - numpy.argmax(attended[:, ::-1], axis=1)     # 1 + the last True
+    return numpy.where(attended.any(axis=1), last, T)
+
+
+def _attention_rows(q, k, v, mask_bias, lengths, context, probs):
+    """Attention for a block of batch rows, each over its first lengths[i] keys:
+    q, k, v and context [n, A, T, D] (context a view of [n, T, H]), probs [n, A, T, T]
+    (zeros) or None."""
+    for i, L in enumerate(lengths):
+        scores = numpy.matmul(q[i], k[i, :, :L].transpose(0, 2, 1))   # [A, T, L]
+        _softmax_block(scores, scores, mask_bias[i, :, :, :L])
+        numpy.matmul(scores, v[i, :, :L], out=context[i])
+        if probs is not None:
+            probs[i, :, :, :L] = scores
