@@ -75,7 +75,7 @@ def stacked_matmul(a, b, out=None):
     BLAS call that BLAS runs on one core; the same calls, so the same bits."""
     if out is None:
         out = numpy.empty(a.shape[:-1] + b.shape[-1:], numpy.result_type(a, b))
-    in_row_blocks(_matmul_block, (a, b, out))
+    in_row_blocks(_matmul_block, (a, b, out), uses_blas=True)
     return out
 
 
@@ -585,7 +585,8 @@ def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_atten
     context = numpy.empty((B, T, H), dtype=x.dtype)
     probs = numpy.zeros((B, A, T, T), dtype=x.dtype) if output_attentions else None
     in_row_blocks(_attention_rows, (q, k, v, mask_bias, key_lengths(mask_bias),
-                                    context.reshape(B, T, A, D).transpose(0, 2, 1, 3), probs))
+                                    context.reshape(B, T, A, D).transpose(0, 2, 1, 3), probs),
+                  uses_blas=True)
     return context, probs
 
 
