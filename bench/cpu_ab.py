@@ -67,14 +67,17 @@ def main():
         return
     names = [args.only] if args.only else list(work)
     times = {n: [] for n in names}
+    cpu = {n: [] for n in names}
     for n in names:
         work[n]()                                   # warm-up
     for _ in range(args.repeat):
         for n in names:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             work[n]()
             times[n].append(time.perf_counter() - start)
-    print(json.dumps({n: round(statistics.median(t), 4) for n, t in times.items()}))
+            cpu[n].append(time.process_time() - start_cpu)
+    print(json.dumps({**{n: round(statistics.median(t), 4) for n, t in times.items()},
+                      **{n + " cpu": round(statistics.median(t), 4) for n, t in cpu.items()}}))
 
 
 if __name__ == "__main__":
