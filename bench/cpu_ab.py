@@ -58,7 +58,7 @@ def main():
     work = {"forward": forward, "step": step}
     if args.profile:
         work[args.profile]()
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.process_time)
         profile.enable()
         for _ in range(args.repeat):
             work[args.profile]()

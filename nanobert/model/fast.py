@@ -18,7 +18,7 @@ a stated rounding bound. Only what buys speed or memory lives here:
 - NumPy: large elementwise and row-wise passes, and the small batched matmuls of attention,
   split into blocks of rows over a few threads (threads.py): NumPy releases the GIL, so they
   use every core, with bitwise the same results.
-- NumPy float32: GELU's erf as one rational function (erf_float32), ~7 ulp, instead of the
+- NumPy float32: GELU's erf as one rational function (erf_float32), 7.7 ulp, instead of the
   reference's two-branch erf (special.py, ~1 ulp), which partitions every array.
 - An inference path (the *_inference functions at the end): no caches, no dropout draws,
   results written into their inputs; the models' __call__ runs it.
@@ -200,7 +200,7 @@ ERF32_P = (1.1283791065216064, 0.1935323029756546, 0.053099751472473145,      # 
            0.003882711287587881, 0.0002845380222424865, 1.9867059108946705e-06)
 ERF32_Q = (1.0, 0.5048460960388184, 0.11534444987773895, 0.015205996111035347,
            0.0011853920295834541, 3.74179107893724e-05)
-ERF32_ULP = 8.0
+ERF32_ULP = 8.0           # bench/erf_ulp.py, every float32 in [0, 4]: 7.66 at most, 0.66 mean
 
 
 def erf_float32(x, out=None):
