@@ -440,3 +440,15 @@ def test_bert_for_pretraining_on_the_reference_equals_the_fast_run(monkeypatch):
             assert err <= 1e-12, f"{name}: {err:.3e}"
             continue
         close(fast_grads[name], g, 1e-12, "whole model gradients")
+
+
+def test_a_forked_child_runs_threaded_passes_on_a_pool_of_its_own(monkeypatch):
+    """A fork copies the pool object but not its threads: the child must make its own
+    instead of queueing work that nothing runs (it would hang)."""
+    import multiprocessing
+    monkeypatch.setenv("NANOBERT_THREADS", "2")
+    x = numpy.random.default_rng(4).standard_normal((64, 2048)).astype(numpy.float32)
+    expected = fast.gelu_forward(x)[0]                 # makes the parent's pool
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        result = pool.apply_async(fast.gelu_forward, (x,)).get(timeout=60)[0]
+    same(result, expected, "gelu in a forked child")

@@ -35,6 +35,7 @@ MIN_PARALLEL = 1 << 16      # fewer elements than this: inline, no handoff
 
 _pool = None                # ThreadPoolExecutor, made on first use
 _pool_size = 0
+_pool_pid = None            # the process that made it: a forked child makes its own
 
 
 def thread_count():
@@ -49,11 +50,14 @@ def thread_count():
 
 def _workers(n):
     """The persistent pool, with at least n - 1 workers (the caller is the n-th)."""
-    global _pool, _pool_size
+    global _pool, _pool_size, _pool_pid
+    if _pool_pid != os.getpid():                # a fork's child has the pool but no threads
+        _pool, _pool_size = None, 0
     if _pool_size < n - 1:
         if _pool is not None:
             _pool.shutdown(wait=False)
         _pool, _pool_size = ThreadPoolExecutor(n - 1, thread_name_prefix="nanobert"), n - 1
+        _pool_pid = os.getpid()
     return _pool
 
 
@@ -85,7 +89,8 @@ def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_bla
     leading axis of every NumPy array in `arrays` (all of the same leading length; None
     entries are passed as None), on the thread pool: blocks are taken in turn by the caller
     and the pool's workers, so a slow core takes fewer. NumPy's error state (errstate)
-    applies in the workers too. uses_blas: the kernel calls BLAS (see the top)."""
+    applies in the workers too. uses_blas: the kernel calls BLAS (see the top). A kernel
+    must not call in_row_blocks itself: the workers would wait on their own pool."""
     first = next(a for a in arrays if a is not None)
     rows = first.shape[0]
     blocks = row_blocks(rows, first.size // max(rows, 1), block_elements)
