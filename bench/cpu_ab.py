@@ -4,8 +4,10 @@ forward) and a fine-tuning step (sequence classification: loss_and_grads, clip, 
 
     python -m bench.cpu_ab --repeat 5 [--profile forward|step]
 
-Prints one JSON line of medians (seconds); bench/cpu_ab_compare.sh-style callers alternate
-two checkouts. Noisy on a shared machine: compare medians of alternating runs.
+Prints one JSON line of medians in seconds: wall time, and CPU time of the process (all its
+threads). To compare two checkouts, run it from each in turn, alternating, and compare the
+medians; on a shared machine the numbers are noisy (say so). --profile prints cProfile's
+top functions (wall time) instead.
 """
 import argparse
 import cProfile
@@ -58,7 +60,7 @@ def main():
     work = {"forward": forward, "step": step}
     if args.profile:
         work[args.profile]()
-        profile = cProfile.Profile(time.process_time)
+        profile = cProfile.Profile()
         profile.enable()
         for _ in range(args.repeat):
             work[args.profile]()
