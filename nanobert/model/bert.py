@@ -78,18 +78,25 @@ class EmbeddingsCache(NamedTuple):
 
 def embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng, training):
     """input_ids, token_type_ids [B, T] -> LayerNorm(word + position + segment) [B, T, H]."""
-    T = input_ids.shape[1]
     e = prefix + "embeddings."
+    x, words, segments = embedding_sum(params, e, input_ids, token_type_ids)
+    x, layernorm = ops.layernorm_forward(x, params[e + "LayerNorm.weight"],
+                                         params[e + "LayerNorm.bias"], config.layer_norm_eps)
+    x, dropout = ops.dropout_forward(x, config.hidden_dropout_prob, rng, training)
+    return x, EmbeddingsCache(prefix, words, segments, layernorm, dropout, config.pad_token_id)
+
+
+def embedding_sum(params, e, input_ids, token_type_ids):
+    """word + segment + position vectors [B, T, H] (e: the "...embeddings." prefix), and the
+    caches of the two lookups."""
+    T = input_ids.shape[1]
     x, words = ops.embedding_forward(input_ids, params[e + "word_embeddings.weight"])
     segment_vectors, segments = ops.embedding_forward(
         token_type_ids, params[e + "token_type_embeddings.weight"])
     x += segment_vectors
     positions = params[e + "position_embeddings.weight"]
     x += positions[:T]                                             # positions 0..T-1
-    x, layernorm = ops.layernorm_forward(x, params[e + "LayerNorm.weight"],
-                                         params[e + "LayerNorm.bias"], config.layer_norm_eps)
-    x, dropout = ops.dropout_forward(x, config.hidden_dropout_prob, rng, training)
-    return x, EmbeddingsCache(prefix, words, segments, layernorm, dropout, config.pad_token_id)
+    return x, words, segments
 
 
 def embeddings_backward(dx, cache, grads):
@@ -244,6 +251,61 @@ def attention_probabilities(cache):
     Row t of head a is where position t looks; padded keys get 0."""
     return tuple(layer.attention.probs for layer in cache.layers)
 
+# ---------------------------------------------------------------------------- inference
+# The same forward for inference only: no caches (each layer's temporaries are freed as the
+# next layer starts), no dropout, and the fast layer's *_inference ops, which write their
+# results into the temporaries they are given. The forward of eval mode, bitwise, except a
+# few ulp where a row ends in padding: the attention skips its padded keys, whose
+# probabilities are exactly 0 (tests/test_inference.py states the bounds).
+
+
+def encoder_layer_inference(params, prefix, x, mask_bias, config, output_attentions=False):
+    """encoder_layer_forward in eval mode -> (out [B, T, H], attention probabilities
+    [B, A, T, T] or None). x is not modified (it is hidden_states[i])."""
+    def P(name):
+        return params[prefix + name]
+
+    w_qkv, b_qkv = stacked_qkv(params, prefix, "weight"), stacked_qkv(params, prefix, "bias")
+    context, probs = ops.self_attention_inference(x, w_qkv, b_qkv, mask_bias,
+                                                  config.num_attention_heads, output_attentions)
+    y, _ = ops.linear_forward(context, P("attention.output.dense.weight"),
+                              P("attention.output.dense.bias"))
+    y += x                                                         # the residual
+    h = ops.layernorm_inference(y, P("attention.output.LayerNorm.weight"),
+                                P("attention.output.LayerNorm.bias"), config.layer_norm_eps)
+    inter, _ = ops.linear_forward(h, P("intermediate.dense.weight"), P("intermediate.dense.bias"))
+    inter = ops.gelu_inference(inter, config.hidden_act)            # [B, T, I]
+    y, _ = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
+    y += h                                                         # the residual
+    out = ops.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
+                                  config.layer_norm_eps)
+    return out, probs
+
+
+def bert_inference(params, prefix, input_ids, token_type_ids, attention_mask, config,
+                   output_attentions=False):
+    """bert_forward in eval mode, keeping nothing for a backward -> sequence_output [B, T, H],
+    pooled_output [B, H] (None without a pooler), hidden_states (L+1 arrays [B, T, H]),
+    attentions: with output_attentions a tuple of L arrays [B, A, T, T] (transformers'
+    layout: each layer's softmax of the masked scores), else None."""
+    e = prefix + "embeddings."
+    x, _, _ = embedding_sum(params, e, input_ids, token_type_ids)
+    x = ops.layernorm_inference(x, params[e + "LayerNorm.weight"], params[e + "LayerNorm.bias"],
+                                config.layer_norm_eps)
+    mask_bias = ops.attention_mask_bias(attention_mask, x.dtype)  # [B, 1, 1, T]
+    hidden_states, attentions = [x], []
+    for i in range(config.num_hidden_layers):
+        x, probs = encoder_layer_inference(params, f"{prefix}encoder.layer.{i}.", x, mask_bias,
+                                           config, output_attentions)
+        hidden_states.append(x)
+        attentions.append(probs)
+    pooled = None
+    if prefix + "pooler.dense.weight" in params:
+        pooled, _ = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
+                                       params[prefix + "pooler.dense.bias"])
+        pooled, _ = ops.tanh_forward(pooled)
+    return x, pooled, hidden_states, tuple(attentions) if output_attentions else None
+
 # ---------------------------------------------------------------------------- the models
 
 
@@ -273,6 +335,7 @@ class Forward(NamedTuple):
     hidden_states: list         # L+1 arrays [B, T, H]
     pooled: object              # [B, H], None without a pooler
     cache: tuple                # (BertCache, the head's cache)
+    attentions: tuple = None    # L arrays [B, A, T, T] when asked for
 
 
 def missing_hook(model, hook):
@@ -390,19 +453,39 @@ class BertPreTrainedModel:
         return bert_forward(self.weights, self.base_prefix, ids, types, mask, self.config,
                             self.rng, self.training)
 
-    def _forward(self, host):
-        sequence, pooled, hidden_states, encoder = self._encode(host)
+    def _infer(self, host, output_attentions=False):
+        """The encoder at inference (bert_inference: no caches, no dropout) on checked inputs
+        -> sequence_output, pooled_output, hidden_states, attentions (None unless asked)."""
+        self._refresh_weights()
+        ids, types, mask = (to_device(host[k], self.xp) for k in INPUT_KEYS)
+        return bert_inference(self.weights, self.base_prefix, ids, types, mask, self.config,
+                              output_attentions)
+
+    def _forward(self, host, for_backward=True, output_attentions=False):
+        """Encoder + head -> Forward. for_backward=False (inference, evaluation) in eval mode
+        runs the inference path and keeps no encoder cache (Forward.cache[0] is None); in
+        training mode the forward with dropout runs either way. output_attentions: Forward
+        carries each layer's attention probabilities."""
+        attentions = None
+        if for_backward or self.training:
+            sequence, pooled, hidden_states, encoder = self._encode(host)
+            if output_attentions:
+                attentions = attention_probabilities(encoder)
+        else:
+            sequence, pooled, hidden_states, attentions = self._infer(host, output_attentions)
+            encoder = None
         logits, head = self._head_forward(sequence, pooled, host)
-        return Forward(logits, hidden_states, pooled, (encoder, head))
+        return Forward(logits, hidden_states, pooled, (encoder, head), attentions)
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                  output_attentions=False):
         """Inference: the head's output object (logits and hidden_states; with
-        output_attentions also attentions, L arrays [B, A, T, T])."""
-        forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask))
+        output_attentions also attentions, L arrays [B, A, T, T]); in eval mode by the
+        inference path (bert_inference), in training mode with dropout."""
+        forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask),
+                                for_backward=False, output_attentions=output_attentions)
         output = self._output(forward.logits, forward.hidden_states)
-        if output_attentions:
-            output.attentions = attention_probabilities(forward.cache[0])
+        output.attentions = forward.attentions
         return output
 
     def loss(self, batch, return_outputs=False, denominators=None, on_device=False,
@@ -413,14 +496,14 @@ class BertPreTrainedModel:
         output_attentions: the outputs dict gets "attentions" too (L arrays [B, A, T, T])."""
         host = self.check_batch(batch)
         self._check_denominators(denominators)
-        forward = self._forward(host)
+        forward = self._forward(host, for_backward=False, output_attentions=output_attentions)
         loss, _, outputs = self._loss_forward(forward.logits, host, denominators)
         if not on_device:
             loss, outputs = host_scalar(loss), host_scalars(outputs)
         if not return_outputs:
             return loss
         if output_attentions:
-            outputs["attentions"] = attention_probabilities(forward.cache[0])
+            outputs["attentions"] = forward.attentions
         return loss, self._with_hidden_states(outputs, forward)
 
     def loss_and_grads(self, batch, return_outputs=False, denominators=None, on_device=False,
@@ -557,6 +640,9 @@ class BertModel(BertPreTrainedModel):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                  output_attentions=False):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
-        sequence, pooled, hidden_states, cache = self._encode(host)
-        attentions = attention_probabilities(cache) if output_attentions else None
+        if self.training:
+            sequence, pooled, hidden_states, cache = self._encode(host)
+            attentions = attention_probabilities(cache) if output_attentions else None
+        else:
+            sequence, pooled, hidden_states, attentions = self._infer(host, output_attentions)
         return BertModelOutput(sequence, pooled, hidden_states, attentions)

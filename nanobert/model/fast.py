@@ -15,6 +15,13 @@ a stated rounding bound. Only what buys speed or memory lives here:
   rounded to float16: what tensor cores do (float16 inputs, float32 accumulation, a
   float16 result), and ~100x faster than NumPy's own float16 loop.
 - Dropout masks from the bit generator's raw words, without making floats of them.
+- NumPy: large elementwise and row-wise passes, and the small batched matmuls of attention,
+  split into blocks of rows over a few threads (threads.py): NumPy releases the GIL, so they
+  use every core, with bitwise the same results.
+- NumPy float32: GELU's erf as one rational function (erf_float32), 7.7 ulp, instead of the
+  reference's two-branch erf (special.py, ~1 ulp), which partitions every array.
+- An inference path (the *_inference functions at the end): no caches, no dropout draws,
+  results written into their inputs; the models' __call__ runs it.
 
 Ops with no trick to add are the reference itself, imported below.
 """
@@ -29,6 +36,7 @@ from .ops import (GELU_KINDS, IGNORE_INDEX, AttentionCache, attention_mask_bias,
                   bce_with_logits_backward, dropout_backward, embedding_backward,
                   embedding_forward, mse_backward, tanh_backward, tanh_forward)
 from .special import erf
+from .threads import in_row_blocks
 
 HALF = numpy.dtype(numpy.float16)
 
@@ -46,6 +54,8 @@ def matmul(a, b, out=None):
     laid out for cuBLAS: 2-D ones C- or F-contiguous, batched ones (and any out=)
     C-contiguous (CuPy's _core.matmul; counted by tests/cupy_standin.py)."""
     if a.dtype != HALF:
+        if array_module(a) is numpy and a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
+            return stacked_matmul(a, b, out)
         return a @ b if out is None else array_module(a).matmul(a, b, out=out)
     xp = array_module(a)
     if xp is numpy:
@@ -59,6 +69,20 @@ def matmul(a, b, out=None):
         return xp.matmul(a, b, out=out)
     out[...] = xp.matmul(a, b)
     return out
+
+
+def stacked_matmul(a, b, out=None):
+    """NumPy a @ b for stacks of matrices [S..., m, k] @ [S..., k, n] (attention's per-head
+    products): the stack split across threads by its first axis. Each small product is one
+    BLAS call that BLAS runs on one core; the same calls, so the same bits."""
+    if out is None:
+        out = numpy.empty(a.shape[:-1] + b.shape[-1:], numpy.result_type(a, b))
+    in_row_blocks(_matmul_block, (a, b, out), uses_blas=True)
+    return out
+
+
+def _matmul_block(a, b, out):
+    numpy.matmul(a, b, out=out)
 
 # -------------------------------------------------------------------------------- linear
 
@@ -98,12 +122,12 @@ def layernorm_forward(x, gamma, beta, eps):
     x, gamma, beta = float32_if_half(x), float32_if_half(gamma), float32_if_half(beta)
     mean = x.mean(axis=-1, keepdims=True)
     if xp is numpy:
-        xhat = x - mean
-        var = xp.mean(xhat * xhat, axis=-1, keepdims=True)
-        rstd = 1.0 / xp.sqrt(var + eps)                     # [..., 1]
-        xhat *= rstd
-        out = xhat * gamma
-        out += beta
+        H = x.shape[-1]
+        xhat, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
+        rstd = numpy.empty(mean.shape, x.dtype)
+        in_row_blocks(_layernorm_block, (x.reshape(-1, H), mean.reshape(-1, 1),
+                                         xhat.reshape(-1, H), rstd.reshape(-1, 1),
+                                         out.reshape(-1, H)), gamma, beta, eps)
     else:
         xhat, squares = kernels.fused(xp, kernels.center_square)(x, mean)
         var = squares.mean(axis=-1, keepdims=True)
@@ -111,6 +135,21 @@ def layernorm_forward(x, gamma, beta, eps):
         rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
         out, xhat = kernels.fused(xp, kernels.layernorm_apply)(xhat, rstd, gamma, beta)
     return out.astype(dtype, copy=False), (xhat, gamma, rstd)
+
+
+def _layernorm_block(x, mean, xhat, rstd, out, gamma, beta, eps):
+    """layernorm_forward on a block of rows [n, H], the reference's arithmetic: into xhat
+    [n, H], rstd [n, 1] and out [n, H] (out is scratch for the squares first); at inference
+    mean is None (computed here), xhat and out are None (the result goes into x) and rstd
+    is None (not kept)."""
+    if mean is None:
+        mean = x.mean(axis=-1, keepdims=True)
+    xhat = numpy.subtract(x, mean, out=x if xhat is None else xhat)
+    var = numpy.multiply(xhat, xhat, out=out).mean(axis=-1, keepdims=True)
+    rstd = numpy.divide(1.0, numpy.sqrt(var + eps), out=rstd)
+    xhat *= rstd
+    out = numpy.multiply(xhat, gamma, out=xhat if out is None else out)
+    out += beta
 
 
 def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
@@ -130,15 +169,65 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
             dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
             (dxhat * xhat).mean(axis=-1, keepdims=True), rstd)
         return dx.astype(dtype, copy=False), dgamma, dbeta
-    product = dout * xhat                                  # one scratch buffer, reused
-    dgamma = xp.sum(product.reshape(-1, H), axis=0, out=dgamma)
-    dbeta = xp.sum(dout.reshape(-1, H), axis=0, out=dbeta)
-    dx = dout * gamma                                      # dxhat, made dx in place
-    projection = xp.multiply(dx, xhat, out=product).mean(axis=-1, keepdims=True)
+    N = xhat.size // H
+    dout2, xhat2 = dout.reshape(N, H), xhat.reshape(N, H)
+    product = numpy.empty((N, H), dout.dtype)               # one scratch buffer, reused
+    in_row_blocks(_multiply_block, (dout2, xhat2, product))
+    dgamma = xp.sum(product, axis=0, out=dgamma)
+    dbeta = xp.sum(dout2, axis=0, out=dbeta)
+    dx = numpy.empty((N, H), dout.dtype)
+    in_row_blocks(_layernorm_dx_block, (dout2, xhat2, rstd.reshape(N, 1), product, dx), gamma)
+    return dx.reshape(xhat.shape).astype(dtype, copy=False), dgamma, dbeta
+
+
+def _multiply_block(a, b, out):
+    numpy.multiply(a, b, out=out)
+
+
+def _layernorm_dx_block(dout, xhat, rstd, scratch, dx, gamma):
+    """layernorm_backward's dx on a block of rows [n, H]: dxhat made dx in place."""
+    numpy.multiply(dout, gamma, out=dx)                    # dxhat
+    projection = numpy.multiply(dx, xhat, out=scratch).mean(axis=-1, keepdims=True)
     dx -= dx.mean(axis=-1, keepdims=True)
-    dx -= xp.multiply(xhat, projection, out=product)
+    dx -= numpy.multiply(xhat, projection, out=scratch)
     dx *= rstd
-    return dx.astype(dtype, copy=False), dgamma, dbeta
+
+# ------------------------------------------------------------------------- float32 erf
+
+# erf(x) ~ x P(x^2) / Q(x^2) on |x| <= ERF32_CLAMP, a (5, 5) rational in t = x^2 fitted by
+# bench/erf_ulp.py (Lawson-weighted least squares to a minimax relative error of 2.5e-8 in
+# float64); past 4, erfc(x) < 1.6e-8 and erf rounds to +-1 in float32, which the clamp gives.
+# Over every float32 below 4 (bench/erf_ulp.py) the float32 evaluation is within ERF32_ULP.
+ERF32_CLAMP = 4.0
+ERF32_P = (1.1283791065216064, 0.1935323029756546, 0.053099751472473145,      # t^0 first
+           0.003882711287587881, 0.0002845380222424865, 1.9867059108946705e-06)
+ERF32_Q = (1.0, 0.5048460960388184, 0.11534444987773895, 0.015205996111035347,
+           0.0011853920295834541, 3.74179107893724e-05)
+ERF32_ULP = 8.0           # bench/erf_ulp.py, every float32 in [0, 4]: 7.66 at most, 0.66 mean
+
+
+def erf_float32(x, out=None):
+    """erf of a float32 NumPy array in 25 passes and no partition (special.erf partitions
+    each block into |x| < 1 and the rest, ~3x the time): clamp, then one rational function.
+    x P(t) / Q(t) is odd to the bit; nan stays nan, +-inf gives +-1."""
+    f32 = numpy.float32
+    out = numpy.clip(x, f32(-ERF32_CLAMP), f32(ERF32_CLAMP), out=out)
+    t = numpy.multiply(out, out)
+    p = _polynomial(ERF32_P, t)
+    q = _polynomial(ERF32_Q, t)
+    out *= p
+    out /= q
+    return numpy.clip(out, f32(-1.0), f32(1.0), out=out)   # rounding can reach 1 + 2 ulp
+
+
+def _polynomial(coefficients, t):
+    """sum c_k t^k (coefficients t^0 first) by Horner's rule in float32: 2 passes a degree."""
+    y = numpy.multiply(t, numpy.float32(coefficients[-1]))
+    y += numpy.float32(coefficients[-2])
+    for c in reversed(coefficients[:-2]):
+        y *= t
+        y += numpy.float32(c)
+    return y
 
 # ---------------------------------------------------------------------------------- gelu
 
@@ -155,11 +244,23 @@ def gelu_forward(x, kind="gelu"):
     if xp is not numpy:
         out, cdf = kernels.fused(xp, kernels.gelu)(x)
         return out.astype(dtype, copy=False), (x, cdf, kind)
-    cdf = x * (1.0 / math.sqrt(2.0))
-    erf(cdf, xp, out=cdf)
+    cdf, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
+    in_row_blocks(_gelu_block, (x.reshape(-1), cdf.reshape(-1), out.reshape(-1)))
+    return out.astype(dtype, copy=False), (x, cdf, kind)
+
+
+def _gelu_block(x, cdf, out):
+    """gelu_forward ("gelu") on a block of elements: Phi(x) into cdf, x Phi(x) into out; at
+    inference cdf is None (a scratch block) and out is None (the result goes into x).
+    float32 takes erf_float32, float64 the reference's erf."""
+    cdf = numpy.multiply(x, 1.0 / math.sqrt(2.0), out=cdf)
+    if cdf.dtype == numpy.float32:
+        erf_float32(cdf, out=cdf)
+    else:
+        erf(cdf, numpy, out=cdf)
     cdf += 1.0
     cdf *= 0.5                                              # Phi(x)
-    return (x * cdf).astype(dtype, copy=False), (x, cdf, kind)
+    numpy.multiply(x, cdf, out=x if out is None else out)
 
 
 def gelu_backward(dout, cache):
@@ -173,14 +274,21 @@ def gelu_backward(dout, cache):
         return ops.gelu_backward(dout, cache)
     if xp is not numpy:
         return kernels.fused(xp, kernels.gelu_backward)(dout, x, saved)
-    d = x * x
+    d = numpy.empty(x.shape, x.dtype)
+    in_row_blocks(_gelu_backward_block, (x.reshape(-1), saved.reshape(-1), dout.reshape(-1),
+                                         d.reshape(-1)))
+    return d
+
+
+def _gelu_backward_block(x, cdf, dout, d):
+    """gelu_backward ("gelu") on a block of elements, into d: (Phi(x) + x phi(x)) dout."""
+    numpy.multiply(x, x, out=d)
     d *= -0.5
-    xp.exp(d, out=d)
+    numpy.exp(d, out=d)
     d *= x
     d *= 1.0 / math.sqrt(2.0 * math.pi)                    # x phi(x)
-    d += saved
+    d += cdf
     d *= dout
-    return d
 
 # ------------------------------------------------------------------------------- softmax
 
@@ -195,11 +303,12 @@ def softmax_forward(x, overwrite_x=False):
     in_place = xp is numpy and (overwrite_x or dtype == HALF)   # float16: x is our copy
     x = float32_if_half(x)
     if xp is numpy:
-        y = xp.subtract(x, x.max(axis=-1, keepdims=True), out=x if in_place else None)
-        xp.exp(y, out=y)
+        T = x.shape[-1]
+        y = x if in_place and x.flags.c_contiguous else numpy.empty(x.shape, x.dtype)
+        in_row_blocks(_softmax_block, (x.reshape(-1, T), y.reshape(-1, T)))
     else:
         y = kernels.fused(xp, kernels.exp_shifted)(x, x.max(axis=-1, keepdims=True))
-    y /= y.sum(axis=-1, keepdims=True)
+        y /= y.sum(axis=-1, keepdims=True)
     y = y.astype(dtype, copy=False)
     return y, y
 
@@ -213,9 +322,27 @@ def softmax_backward(dout, y):
     if xp is not numpy:
         row_sum = (dout * y).sum(axis=-1, keepdims=True)
         return kernels.fused(xp, kernels.softmax_dx)(dout, y, row_sum).astype(dtype, copy=False)
-    dx = dout * y
-    dx -= y * dx.sum(axis=-1, keepdims=True)
+    T = y.shape[-1]
+    dx = numpy.empty(y.shape, y.dtype)
+    in_row_blocks(_softmax_backward_block, (dout.reshape(-1, T), y.reshape(-1, T),
+                                            dx.reshape(-1, T)))
     return dx.astype(dtype, copy=False)
+
+
+def _softmax_block(x, y, bias=None):
+    """softmax_forward on a block of rows [n, ..., T], into y (which may be x); bias
+    [n, 1, T] or None: added to x first, in place (the attention mask, at inference)."""
+    if bias is not None:
+        x += bias
+    numpy.subtract(x, x.max(axis=-1, keepdims=True), out=y)
+    numpy.exp(y, out=y)
+    y /= y.sum(axis=-1, keepdims=True)
+
+
+def _softmax_backward_block(dout, y, dx):
+    """softmax_backward on a block of rows [n, T], into dx."""
+    numpy.multiply(dout, y, out=dx)
+    dx -= y * dx.sum(axis=-1, keepdims=True)
 
 # ------------------------------------------------------------------------------- dropout
 
@@ -229,8 +356,17 @@ def dropout_forward(x, p, rng, training):
     scale = x.dtype.type(1.0 / (1.0 - p))
     if xp is not numpy:
         return kernels.fused(xp, kernels.dropout)(x, _uniform(x, rng), p, scale)
-    mask = _keep_mask(x.shape, p, rng, _uniform_dtype(x)) * scale
-    return x * mask, mask
+    keep = _keep_mask(x.shape, p, rng, _uniform_dtype(x))
+    mask, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
+    in_row_blocks(_dropout_block, (x.reshape(-1), keep.reshape(-1), mask.reshape(-1),
+                                   out.reshape(-1)), scale)
+    return out, mask
+
+
+def _dropout_block(x, keep, mask, out, scale):
+    """dropout_forward on a block of elements: the scaled mask, and x times it."""
+    numpy.multiply(keep, scale, out=mask)
+    numpy.multiply(x, mask, out=out)
 
 
 def dropout_add_forward(x, residual, p, rng, training):
@@ -477,3 +613,87 @@ def bce_with_logits_forward(logits, targets):
     logits = float32_if_half(logits)
     per_element = xp.maximum(logits, 0.0) - logits * targets + xp.log1p(xp.exp(-xp.abs(logits)))
     return device_loss(per_element.sum(), per_element.size), (logits, targets)
+
+# ----------------------------------------------------------------------------- inference
+# Forward passes that keep nothing for a backward and draw no dropout: each returns what
+# its *_forward returns first, bitwise, computed where NumPy allows in the memory of an
+# input the caller hands over (a temporary it drops). CuPy and float16 take the *_forward
+# and drop the cache.
+
+
+def _in_place_ok(x):
+    return array_module(x) is numpy and x.dtype != HALF and x.flags.c_contiguous
+
+
+def layernorm_inference(x, gamma, beta, eps):
+    """layernorm_forward's output, on NumPy written into x (the residual sum)."""
+    if not _in_place_ok(x):
+        return layernorm_forward(x, gamma, beta, eps)[0]
+    H = x.shape[-1]
+    in_row_blocks(_layernorm_block, (x.reshape(-1, H), None, None, None, None), gamma, beta, eps)
+    return x
+
+
+def gelu_inference(x, kind="gelu"):
+    """gelu_forward's output, on NumPy ("gelu") written into x (the intermediate layer's
+    output): Phi(x) in a scratch block per thread, never a whole [B, T, I] array."""
+    if kind != "gelu" or not _in_place_ok(x):
+        return gelu_forward(x, kind)[0]
+    in_row_blocks(_gelu_block, (x.reshape(-1), None, None))
+    return x
+
+
+def scaled_heads(x, w_qkv, b_qkv, num_heads):
+    """x [B, T, H] -> q / sqrt(D), k, v [B, A, T, D] (k and v views of the stacked
+    projection's output), as self_attention_forward makes them."""
+    B, T, H = x.shape
+    D = H // num_heads
+    qkv = linear_forward(x, w_qkv, b_qkv)[0].reshape(B, T, 3, num_heads, D)
+    q, k, v = qkv.transpose(2, 0, 3, 1, 4)                 # [B, A, T, D] views
+    return q * (1.0 / math.sqrt(D)), k, v
+
+
+def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
+    """self_attention_forward in eval mode without its cache -> (context [B, T, H], the
+    attention probabilities [B, A, T, T] if output_attentions else None).
+
+    On NumPy, one batch row at a time from scores to context (_attention_rows: its scores
+    [A, T, T] stay in cache), rows spread over the threads; and only over the keys up to
+    the row's last attended one (key_lengths): a padded key's probability is exactly 0
+    (exp(-10000) underflows), so dropping it changes only the order of the softmax's sum
+    and the context's dot products: a few ulp (tests/test_inference.py), bitwise the same
+    on rows without trailing padding."""
+    if not _in_place_ok(x):
+        context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0,
+                                                None, False)
+        return context, cache.probs if output_attentions else None
+    B, T, H = x.shape
+    A, D = num_heads, H // num_heads
+    q, k, v = scaled_heads(x, w_qkv, b_qkv, A)
+    context = numpy.empty((B, T, H), dtype=x.dtype)
+    probs = numpy.zeros((B, A, T, T), dtype=x.dtype) if output_attentions else None
+    in_row_blocks(_attention_rows, (q, k, v, mask_bias, key_lengths(mask_bias),
+                                    context.reshape(B, T, A, D).transpose(0, 2, 1, 3), probs),
+                  uses_blas=True)
+    return context, probs
+
+
+def key_lengths(mask_bias):
+    """mask_bias [B, 1, 1, T] -> [B]: 1 + the last attended key (bias 0) of each row; T for
+    a row with none (its softmax is uniform over every key, as in the reference)."""
+    attended = mask_bias[:, 0, 0, :] == 0                  # [B, T]
+    T = attended.shape[1]
+    last = T - numpy.argmax(attended[:, ::-1], axis=1)     # 1 + the last True
+    return numpy.where(attended.any(axis=1), last, T)
+
+
+def _attention_rows(q, k, v, mask_bias, lengths, context, probs):
+    """Attention for a block of batch rows, each over its first lengths[i] keys:
+    q, k, v and context [n, A, T, D] (context a view of [n, T, H]), probs [n, A, T, T]
+    (zeros) or None."""
+    for i, L in enumerate(lengths):
+        scores = numpy.matmul(q[i], k[i, :, :L].transpose(0, 2, 1))   # [A, T, L]
+        _softmax_block(scores, scores, mask_bias[i, :, :, :L])
+        numpy.matmul(scores, v[i, :, :L], out=context[i])
+        if probs is not None:
+            probs[i, :, :, :L] = scores

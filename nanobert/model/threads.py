@@ -1,0 +1,126 @@
+"""Large NumPy passes split into blocks of rows over a small persistent thread pool.
+
+NumPy's ufuncs, reductions and matmul release the GIL while they run, so Python threads
+that each take a block of rows run on separate cores. BLAS uses every core for the large
+matmuls, but the elementwise passes between them (GELU, softmax, LayerNorm) and the small
+batched attention matmuls (one BLAS call per head, each too small for BLAS to thread) run
+on one core unless they are split like this.
+
+Each block is a run of whole rows of the leading axis, handed to one call of the kernel.
+A kernel that treats rows independently (elementwise, or reducing over the last axis)
+therefore computes every row exactly as one call over all rows would: the results are
+bitwise the same for any number of threads (tests/test_fast.py checks that).
+
+Threads: $NANOBERT_THREADS, else what BLAS is told to use ($OMP_NUM_THREADS), else the cores
+this process may run on. Small arrays run inline: a handoff to the pool costs ~20 us.
+
+Kernels that call BLAS (the per-head matmuls) run with BLAS held to one thread in each of
+our threads (OpenBLAS's per-thread openblas_set_num_threads_local): two threads calling a
+multithreaded OpenBLAS at once can spin-wait on its thread server for seconds (measured
+here: 11.6 s instead of 68 ms for one layer's attention). Where that control is missing
+(another BLAS, an OpenBLAS before 0.3.27), BLAS kernels run inline.
+"""
+import ctypes
+import glob
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy
+
+from .optim import cpu_threads
+
+BLOCK_ELEMENTS = 1 << 15    # per block: a kernel's few passes over it stay in the L2 cache
+MIN_PARALLEL = 1 << 16      # fewer elements than this: inline, no handoff
+
+_pool = None                # ThreadPoolExecutor, made on first use
+_pool_size = 0
+_pool_pid = None            # the process that made it: a forked child makes its own
+
+
+def thread_count():
+    """$NANOBERT_THREADS, else cpu_threads() (OMP_NUM_THREADS, else the usable cores)."""
+    told = os.environ.get("NANOBERT_THREADS", "")
+    if told:
+        if not told.isdigit() or int(told) < 1:
+            raise ValueError(f"NANOBERT_THREADS must be a positive integer, got {told!r}")
+        return int(told)
+    return cpu_threads()
+
+
+def _workers(n):
+    """The persistent pool, with at least n - 1 workers (the caller is the n-th)."""
+    global _pool, _pool_size, _pool_pid
+    if _pool_pid != os.getpid():                # a fork's child has the pool but no threads
+        _pool, _pool_size = None, 0
+    if _pool_size < n - 1:
+        if _pool is not None:
+            _pool.shutdown(wait=False)
+        _pool, _pool_size = ThreadPoolExecutor(n - 1, thread_name_prefix="nanobert"), n - 1
+        _pool_pid = os.getpid()
+    return _pool
+
+
+def _find_blas_local_threads():
+    """OpenBLAS's openblas_set_num_threads_local(n) -> previous n, from the OpenBLAS that
+    NumPy's wheel bundles (numpy.libs/), or None."""
+    folder = os.path.join(os.path.dirname(numpy.__file__), os.pardir, "numpy.libs")
+    for path in glob.glob(os.path.join(folder, "*openblas*")):
+        try:
+            setter = ctypes.CDLL(path).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        setter.restype, setter.argtypes = ctypes.c_int, [ctypes.c_int]
+        return setter
+    return None
+
+
+BLAS_LOCAL_THREADS = _find_blas_local_threads()
+
+
+def row_blocks(rows, row_size, block_elements=BLOCK_ELEMENTS):
+    """(start, stop) runs of whole rows covering range(rows), each about block_elements."""
+    per_block = max(1, block_elements // max(row_size, 1))
+    return [(start, min(start + per_block, rows)) for start in range(0, rows, per_block)]
+
+
+def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_blas=False):
+    """kernel(*[a[start:stop] for a in arrays], *args) for blocks of rows covering the
+    leading axis of every NumPy array in `arrays` (all of the same leading length; None
+    entries are passed as None), on the thread pool: blocks are taken in turn by the caller
+    and the pool's workers, so a slow core takes fewer. NumPy's error state (errstate)
+    applies in the workers too. uses_blas: the kernel calls BLAS (see the top). A kernel
+    must not call in_row_blocks itself: the workers would wait on their own pool."""
+    first = next(a for a in arrays if a is not None)
+    rows = first.shape[0]
+    blocks = row_blocks(rows, first.size // max(rows, 1), block_elements)
+    threads = min(thread_count(), len(blocks))
+
+    def run(start, stop):
+        kernel(*[None if a is None else a[start:stop] for a in arrays], *args)
+
+    if (threads <= 1 or first.size < MIN_PARALLEL
+            or (uses_blas and BLAS_LOCAL_THREADS is None)):
+        for start, stop in blocks:
+            run(start, stop)
+        return
+    taken = itertools.count()                  # next() on a count is atomic under the GIL
+    errors = numpy.geterr()
+
+    def worker():
+        if uses_blas:
+            BLAS_LOCAL_THREADS(1)
+        try:
+            with numpy.errstate(**errors):
+                for i in iter(taken.__next__, None):
+                    if i >= len(blocks):
+                        return
+                    run(*blocks[i])
+        finally:
+            if uses_blas:
+                BLAS_LOCAL_THREADS(0)          # 0: this thread follows BLAS's global count
+
+    futures = [_workers(threads).submit(worker) for _ in range(threads - 1)]
+    worker()
+    for future in futures:
+        future.result()
