@@ -104,17 +104,23 @@ def test_accumulation_of_flat_grads_equals_accumulation_tensor_by_tensor(model):
 
 
 def test_forward_only_loss_returns_the_outputs_of_loss_and_grads(model):
+    """loss() in eval mode runs the inference path (bert_inference), which skips a padded row's
+    padded keys: the same numbers up to the reordered roundings (tests/test_inference.py
+    bounds them); the integer outputs (correct counts) are exact."""
     model.eval()
     loss, outputs = model.loss(tiny_batch(), return_outputs=True)
     expected_loss, _, expected = model.loss_and_grads(tiny_batch(), return_outputs=True)
-    assert loss == expected_loss and model.loss(tiny_batch()) == loss
+    assert loss == pytest.approx(expected_loss, rel=1e-13) and model.loss(tiny_batch()) == loss
     assert set(outputs) == set(expected)
     for key, value in expected.items():
         if key == "hidden_states":
             for a, b in zip(outputs[key], value, strict=True):
-                numpy.testing.assert_array_equal(a, b)
+                numpy.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
         elif isinstance(value, numpy.ndarray):
-            numpy.testing.assert_array_equal(outputs[key], value, err_msg=key)
+            numpy.testing.assert_allclose(outputs[key], value, rtol=1e-13, atol=1e-15,
+                                          err_msg=key)
+        elif isinstance(value, float):
+            assert value == pytest.approx(outputs[key], rel=1e-13), key
         else:
             assert outputs[key] == value, key
 
