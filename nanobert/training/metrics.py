@@ -111,4 +111,5 @@ def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss")):
         ax.legend()
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
+    plt.close(fig)                  # pyplot keeps every open figure alive until closed
     print(f"wrote {png_path}")
