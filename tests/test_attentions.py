@@ -170,6 +170,7 @@ def test_the_picture_is_a_grid_of_heads_by_layers_with_the_wordpieces_on_the_axe
 
 
 def test_a_sentence_longer_than_the_models_positions_is_one_line(tiny_bert, tmp_path):
+    pytest.importorskip("matplotlib")          # the command asks for it first: fail fast
     message = one_line_error(["the " * 200, "--model", tiny_bert,
                               "--out", str(tmp_path / "a.png")])
     assert "202 WordPieces" in message and "at most 128" in message, message
