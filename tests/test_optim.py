@@ -94,3 +94,34 @@ def test_accumulating_equal_micro_batches_equals_one_big_batch(seed):
     assert acc_loss == pytest.approx(loss, rel=1e-12)
     for name, g in grads.items():
         numpy.testing.assert_allclose(acc_grads[name], g, rtol=1e-9, atol=1e-13, err_msg=name)
+
+
+FORKED = {}                     # what a forked child finds in its copy of this module
+
+
+def step_in_forked_child():
+    optimizer, grads = FORKED["optimizer"], FORKED["grads"]
+    optimizer.step(grads, lr=1e-3)
+    return optimizer.buffer.copy()
+
+
+def test_a_forked_child_steps_on_a_thread_pool_of_its_own(monkeypatch):
+    """The chunked sweep runs on a thread pool; a fork copies the pool object but not its
+    threads, so the child must make its own pool instead of queueing work that nothing runs
+    (it hung). The child's step equals the parent's same step."""
+    import multiprocessing
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    config = BertConfig(vocab_size=4000, hidden_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=128, max_position_embeddings=64)
+    model = BertForPreTraining(config, seed=0)
+    optimizer = AdamW(model.params, mode="torch")
+    assert optimizer.threads == 2 and optimizer.buffer.size > 4 * 65536   # several chunks each
+    grads = model.layout.views(model.layout.zeros(numpy, numpy.float32), order=model.params)
+    flat = next(iter(grads.values())).base
+    flat[...] = numpy.random.default_rng(0).standard_normal(flat.size)
+    optimizer.step(grads, lr=1e-3)                         # makes the parent's pool
+    FORKED.update(optimizer=optimizer, grads=grads)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child = pool.apply_async(step_in_forked_child).get(timeout=60)
+    optimizer.step(grads, lr=1e-3)
+    numpy.testing.assert_array_equal(child, optimizer.buffer)

@@ -191,7 +191,7 @@ class AdamW:
             self.threads = cpu_threads() if xp is numpy else 1
             self.scratch = [xp.empty(min(CHUNK, self.buffer.size), self.buffer.dtype)
                             for _ in range(self.threads)]
-            self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+            self.pool, self.pool_pid = None, None    # made on first use (see _thread_pool)
             if xp is not numpy:         # one kernel per step: which elements decay, as a mask
                 decay = numpy.zeros(self.buffer.size, dtype=bool)
                 for start, stop, wd in self.decay_runs:
@@ -259,10 +259,17 @@ class AdamW:
         share = -(-len(spans) // self.threads)             # contiguous shares, one per thread
         parts = [(spans[i * share:(i + 1) * share], self.scratch[i], lr, t)
                  for i in range(self.threads)]
-        if self.pool is None:
+        if self.threads == 1:
             self._update(*parts[0])
         else:
-            list(self.pool.map(lambda part: self._update(*part), parts))
+            list(self._thread_pool().map(lambda part: self._update(*part), parts))
+
+    def _thread_pool(self):
+        """The pool of this process: a forked child inherits the pool object but not its
+        threads, so work queued there would never run; it makes its own."""
+        if self.pool_pid != os.getpid():
+            self.pool, self.pool_pid = ThreadPoolExecutor(self.threads), os.getpid()
+        return self.pool
 
     def _update(self, spans, scratch, lr, t):
         """The Adam(W) update of each span in place; `scratch` (at least a span long) holds
