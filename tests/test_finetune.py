@@ -169,6 +169,30 @@ def test_from_scratch_keeps_the_architecture_and_drops_the_weights(tiny_bert):
                                  pretrained.params["embeddings.word_embeddings.weight"])
 
 
+def test_dropout_replaces_the_checkpoints_and_keeps_its_weights(tmp_path):
+    """--dropout P: a checkpoint pretrained without dropout fine-tunes with P in every dropout
+    (hidden, attention, head: the ablation's recipe), the weights untouched, and best/config.json
+    says P; out of [0, 1) is refused by the parser."""
+    folder = make_tiny_bert(tmp_path / "no-dropout", dropout=0.0)
+    common = ["--glue-task", "sst-2", "--train", data("sst2_train.tsv"),
+              "--dev", data("sst2_dev.tsv"), "--model", folder]
+    args = finetune.resolve_task(finetune.parse_args([*common, "--dropout", "0.25"]))
+    model = finetune.model_with_head(args, finetune.TASKS[args.task], folder, ["0", "1"])
+    assert (model.config.hidden_dropout_prob, model.config.attention_probs_dropout_prob,
+            model.classifier_dropout) == (0.25, 0.25, 0.25)
+    pretrained = BertModel.from_pretrained(folder)
+    for name, value in pretrained.params.items():
+        numpy.testing.assert_array_equal(model.params["bert." + name], value, err_msg=name)
+    batch = {"input_ids": numpy.array([[2, 40, 41, 42, 3]]), "labels": numpy.array([1])}
+    assert model.loss(batch) != model.loss(batch), "training-mode losses equal: no dropout drawn"
+    run(*common, "--dropout", "0.25", "--out", tmp_path / "run", "--max-steps", 1)
+    with open(tmp_path / "run" / "best" / "config.json", encoding="utf-8") as f:
+        saved = json.load(f)
+    assert (saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]) == (0.25, 0.25)
+    with pytest.raises(SystemExit):
+        finetune.parse_args([*common, "--dropout", "1"])
+
+
 def test_a_head_with_another_label_count_needs_reinit_head(tiny_bert, tmp_path):
     first = tmp_path / "two-labels"
     run("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"),
