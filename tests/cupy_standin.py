@@ -571,23 +571,21 @@ def _run_fused(fn, fargs):
         _state.fusing = False
 
 
-def _dtypes(r):
-    return tuple(v.dtype for v in (r if isinstance(r, tuple) else (r,)) if hasattr(v, "dtype"))
-
-
-def _check_python_floats(name, fn, fargs, result):
+def _check_python_floats(name, fargs):
     """CuPy 13 turns a Python float argument of a fused function into a float64 scalar
     (_python_scalar_to_numpy_scalar), which under NumPy 2's promotion rules makes float32
     or float16 arithmetic float64; CuPy 14 keeps the array's dtype (as NumPy 2 does with a
-    Python float, what the stand-in computes with). Refused where the two would differ."""
-    strong = tuple(numpy.float64(a) if type(a) is float else a for a in fargs)
-    if all(s is a for s, a in zip(strong, fargs)):
+    Python float, what the stand-in computes with). Refused wherever an array argument is not
+    float64: even where the result's dtype is the same (a comparison's bool), the arithmetic
+    before it is not, e.g. a float32 uniform against p = 0.7 in float64 keeps other elements."""
+    if not any(type(a) is float for a in fargs):
         return
-    cupy13 = _dtypes(_run_fused(fn, strong))
-    if cupy13 != _dtypes(result):
+    narrow = sorted({str(a.dtype) for a in fargs
+                     if hasattr(a, "dtype") and a.dtype.kind == "f" and a.dtype != numpy.float64})
+    if narrow:
         raise StandinError(f"cupy.fuse {name}: a Python float argument makes CuPy 13 compute "
-                           f"in {cupy13} where CuPy 14 gives {_dtypes(result)}: pass a scalar "
-                           f"of the array's dtype")
+                           f"in float64 beside {', '.join(narrow)} arrays (CuPy 14 in the "
+                           f"array's dtype): pass a scalar of the array's dtype")
 
 
 def fuse(*args, **kwargs):
@@ -600,7 +598,7 @@ def fuse(*args, **kwargs):
                 raise StandinError(f"cupy.fuse {fn.__name__}: a NumPy argument")
             name = kwargs.get("kernel_name", fn.__name__)
             r = _run_fused(fn, fargs)
-            _check_python_floats(name, fn, fargs, r)
+            _check_python_floats(name, fargs)
             counts.launch(f"fuse:{name}")
             return r
         fused.__name__ = fn.__name__

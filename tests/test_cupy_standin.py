@@ -122,13 +122,21 @@ def test_standin_matmul_copies_what_cupy_copies(cupy):
 
 def test_standin_refuses_a_python_float_that_cupy13_promotes(cupy):
     """A Python float argument of a fused kernel is float64 to CuPy 13 (float32 arithmetic
-    becomes float64; CuPy 14 keeps float32): refused unless the result dtypes agree."""
+    becomes float64; CuPy 14 keeps float32): refused beside any float32/float16 array, also
+    where the result is bool (a float32 uniform >= 0.7 in float64 keeps other elements than
+    in float32: 0.7 is not a float32); float64 arrays may take one. The fast layer's dropout
+    passes p in the uniform's dtype."""
     x = cupy.ones(4, dtype=numpy.float32)
     shift = cupy.fuse(lambda x, e: x + e)
     with pytest.raises(TypeError, match="CuPy 13 compute in"):
         shift(x, 1e-5)
     assert shift(x, numpy.float32(1e-5)).dtype == numpy.float32
-    assert cupy.fuse(lambda x, p: x >= p)(x, 0.5).dtype == numpy.bool_    # bool either way
+    keep = cupy.fuse(lambda x, p: x >= p)
+    with pytest.raises(TypeError, match="CuPy 13 compute in float64 beside float32"):
+        keep(x, 0.7)
+    assert keep(x, numpy.float32(0.7)).dtype == numpy.bool_
+    assert keep(x.astype(numpy.float64), 0.7).dtype == numpy.bool_
+    fast.dropout_forward(x.reshape(2, 2), 0.7, cupy.random.default_rng(0), True)
     gamma, beta = cupy.ones(4, dtype=numpy.float32), cupy.zeros(4, dtype=numpy.float32)
     out, (_, _, rstd) = fast.layernorm_forward(x.reshape(2, 2), gamma[:2], beta[:2], 1e-12)
     assert rstd.dtype == numpy.float32

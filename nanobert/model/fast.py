@@ -355,7 +355,8 @@ def dropout_forward(x, p, rng, training):
     xp = array_module(x)
     scale = x.dtype.type(1.0 / (1.0 - p))
     if xp is not numpy:
-        return kernels.fused(xp, kernels.dropout)(x, _uniform(x, rng), p, scale)
+        uniform = _uniform(x, rng)      # p in its dtype: CuPy 13 would compare a float in float64
+        return kernels.fused(xp, kernels.dropout)(x, uniform, uniform.dtype.type(p), scale)
     keep = _keep_mask(x.shape, p, rng, _uniform_dtype(x))
     mask, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
     in_row_blocks(_dropout_block, (x.reshape(-1), keep.reshape(-1), mask.reshape(-1),
@@ -378,8 +379,9 @@ def dropout_add_forward(x, residual, p, rng, training):
         out, mask = dropout_forward(x, p, rng, training)
         out += residual
         return out, mask
-    scale = x.dtype.type(1.0 / (1.0 - p))
-    return kernels.fused(xp, kernels.dropout_add)(x, _uniform(x, rng), residual, p, scale)
+    scale, uniform = x.dtype.type(1.0 / (1.0 - p)), _uniform(x, rng)
+    return kernels.fused(xp, kernels.dropout_add)(x, uniform, residual, uniform.dtype.type(p),
+                                                  scale)
 
 
 def _uniform_dtype(x):
