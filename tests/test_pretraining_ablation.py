@@ -45,6 +45,12 @@ def test_table_means_stds_and_differences(tmp_path):
     assert "| TREC question type, 6 classes, 4,305 train | MLM + NSP, Brown | 82.0 +- 2.0 | 3 | " \
         "+10.0 (" in text
     assert "| MLM + NSP, sotu-wiki | not run | 0 |" in text      # a corpus not yet run
+    write_result(args, "trec", "MLM + NSP, Brown", 3, 0.86)      # an earlier --seeds 3
+    write_result(args, "trec", "MLM only, Brown", 10, 0.80)
+    _, numbers = ablation.table(args)
+    assert numbers["trec"]["MLM + NSP, Brown"]["seeds"] == 4
+    assert math.isclose(numbers["trec"]["MLM + NSP, Brown"]["mean"], 83.0)
+    assert numbers["trec"]["MLM only, Brown"]["seeds"] == 4
 
 
 def test_only_missing_runs_are_started(tmp_path):
