@@ -86,7 +86,9 @@ def test_time_budget_fits_the_whole_schedule(tmp_path, capsys):
     printed = capsys.readouterr().out
     state = json.loads((out / "checkpoint" / "trainer_state.json").read_text())
     planned = int(re.search(r"re-planned from the measured speed: (\d+) steps", printed)[1])
-    assert planned == state["total_steps"] > 100
+    # how many steps fit depends on the machine's load (25 with four other runs on these two
+    # cores): enough for a schedule, and the run must reach 90% of them within the budget
+    assert planned == state["total_steps"] > 10
     assert state["step"] >= 0.9 * planned, (state["step"], planned)
 
 
