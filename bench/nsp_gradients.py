@@ -4,7 +4,7 @@ mean squared gradient, so where NSP's part is the larger one it sets the step si
 masked LM moves by a fraction of it. A diagnostic, not part of the tests:
 
     python -m bench.nsp_gradients                        # runs/pretrain (the default run)
-    python -m bench.nsp_gradients --run runs/ablation/pretrain-mlm-nsp --batches 20
+    python -m bench.nsp_gradients --run runs/ablation/pretrain-brown-mlm-nsp --batches 20
 
 Reads a train.py output folder: its checkpoint (dropout off, so that the two parts are
 exact) and its held-out instances (data/heldout-*). For each weight it takes the gradient of
