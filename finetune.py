@@ -60,11 +60,10 @@ from nanobert.formats.fileio import atomic_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
-from nanobert.model.pretrained import load_training_checkpoint
 from nanobert.training.guards import check_weights
-from nanobert.training.metrics import Window, append_metrics, keep_metrics_until, time_left
+from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
-                                      refuse_changed_model, save_checkpoint)
+                                      refuse_changed_model, resume_training, save_checkpoint)
 from nanobert.training.run import (StopFlag, broadcast_weights, dropout_state, epoch_order,
                                    make_optimizer, remove_stale, restore_dropout, run_command,
                                    seed_dropout, setup_device, start_ranks, write_summary)
@@ -329,17 +328,13 @@ def with_dropout(model, task, p, device):
 
 
 def resumed_model(args, group, task, checkpoint_dir, metrics_path):
-    """The model, optimizer and trainer state of <out>/checkpoint, the dropout stream where it
-    stopped, and metrics.jsonl cut back to its step. -> (model, optimizer, scaler, state)"""
-    config, params, optimizer_state, state = load_training_checkpoint(task.head, checkpoint_dir)
-    model = task.head(config, dtype=numpy.dtype(args.dtype), device=args.device, params=params)
+    """The model, optimizer and trainer state of <out>/checkpoint, in training mode with the
+    dropout stream where it stopped. -> (model, optimizer, scaler, state)"""
+    model, optimizer, scaler, state = resume_training(task.head, args, checkpoint_dir,
+                                                      metrics_path)
     model.train()
     seed_dropout(model, args.seed, group.rank)
     restore_dropout(model, state.get("dropout_rng"), args.seed, state["step"], group.rank)
-    optimizer, scaler = make_optimizer(args, model, (optimizer_state, state))
-    print(f"resumed {checkpoint_dir} at step {state['step']} of {state['total_steps']}")
-    if metrics_path and os.path.exists(metrics_path):   # forget what was logged after it
-        keep_metrics_until(metrics_path, state["step"])
     return model, optimizer, scaler, state
 
 
@@ -420,17 +415,6 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
                 save(step, clock.seconds())
     state.update(step=step, train_seconds=clock.seconds())
     return step < num_train_steps
-
-
-class Clock:
-    """Seconds of training (dev evaluations included) over every run of a resumed job, and
-    the pace of this run's steps for the time left."""
-
-    def __init__(self, state, step):
-        self.before, self.first_step, self.start = state["train_seconds"], step, time.time()
-
-    def seconds(self):
-        return self.before + time.time() - self.start
 
 
 def log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, clock):

@@ -34,17 +34,15 @@ from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX
 from nanobert.model.optim import warmup_steps
-from nanobert.model.pretrained import load_training_checkpoint
 from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
 from nanobert.training.guards import check_loss
-from nanobert.training.metrics import (Window, append_metrics, keep_metrics_until, peak_tflops,
-                                       plot, time_left)
+from nanobert.training.metrics import Window, append_metrics, peak_tflops, plot, time_left
 from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, corpus_files, evaluate,
                                            fill_mask_example, host_sums, means, prepare_corpus,
                                            prepare_datasets, prepare_vocab, step_sums,
                                            total_loss, trim, unigram_baseline)
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
-                                      refuse_changed_model, save_checkpoint)
+                                      refuse_changed_model, resume_training, save_checkpoint)
 from nanobert.training.run import (StopFlag, broadcast_weights, make_optimizer, remove_stale,
                                    run_command, seed_dropout, setup_device, start_ranks,
                                    stream_rows, write_summary)
@@ -235,19 +233,13 @@ def new_model(args, vocab_size, metrics_path):
 
 
 def resumed_model(args, checkpoint_dir, vocab_file, metrics_path):
-    """Model, optimizer and state from <out>/checkpoint, refused if the run's options differ
-    -> (model, optimizer, scaler, state). Sets args.steps to the checkpoint's schedule."""
-    config, params, optimizer_state, state = load_training_checkpoint(BertForPreTraining,
-                                                                      checkpoint_dir)
-    refuse_another_vocab(state, checkpoint_dir, vocab_file)
-    args.steps = state["total_steps"]
-    model = BertForPreTraining(config, dtype=numpy.dtype(args.dtype), device=args.device,
-                               params=params)
-    optimizer, scaler = make_optimizer(args, model, (optimizer_state, state))
-    print(f"resumed {checkpoint_dir} at step {state['step']} of {args.steps}")
-    if metrics_path and os.path.exists(metrics_path):   # forget what was logged after it
-        keep_metrics_until(metrics_path, state["step"])
-    return model, optimizer, scaler, state
+    """Model, optimizer and state from <out>/checkpoint, refused if it was trained with another
+    vocab -> (model, optimizer, scaler, state). Sets args.steps to the checkpoint's schedule."""
+    resumed = resume_training(BertForPreTraining, args, checkpoint_dir, metrics_path,
+                              check=lambda state: refuse_another_vocab(state, checkpoint_dir,
+                                                                       vocab_file))
+    args.steps = resumed[-1]["total_steps"]
+    return resumed
 
 
 def check_resume(args, checkpoint_dir):

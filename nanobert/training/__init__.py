@@ -6,8 +6,9 @@ classes, no callbacks. Each recipe keeps its own loop and calls these.
     step.py     the update on the flat buffers: allreduce -> unscale -> clip -> guard -> AdamW
     guards.py   non-finite loss, gradients and weights: one wording, 1-based steps
     metrics.py  metrics.jsonl (appending, cutting back on resume), the throughput window, MFU,
-                the time left, the loss-curve plot
-    resume.py   the trainer state, refusing a changed flag or model, saving a checkpoint
+                the clock across resumed runs and the time left, the loss-curve plot
+    resume.py   the trainer state, refusing a changed flag or model, restoring the model and
+                optimizer, saving a checkpoint
     budget.py   the time budget: steps that fit, re-planned from the measured speed
     pretraining.py  train.py's data (vocab, cached instances) and measures (MLM / NSP sums,
                 held-out evaluation, unigram baseline, fill-mask example)

@@ -1,6 +1,8 @@
 """metrics.jsonl (one JSON record a line: appended while training, cut back to the checkpoint
-on resume), the window of steps a log line reports (throughput, MFU) and the loss curve."""
+on resume), the window of steps a log line reports (throughput, MFU), the training clock
+across resumed runs and the time left, and the loss curve."""
 import json
+import time
 
 from nanobert.backend import matmul_precision
 from nanobert.formats.fileio import atomic_open
@@ -44,6 +46,17 @@ def time_left(elapsed, done, total):
     mean pace of the `done` steps they took."""
     left = elapsed / done * (total - done) if done else float("nan")
     return f"elapsed {elapsed / 60:.1f} min  left ~{left / 60:.1f} min"
+
+
+class Clock:
+    """Seconds of training over every run of a resumed job (`state["train_seconds"]` holds
+    the earlier runs'), and where this run started, for the pace that time_left reads."""
+
+    def __init__(self, state, step):
+        self.before, self.first_step, self.start = state["train_seconds"], step, time.time()
+
+    def seconds(self):
+        return self.before + time.time() - self.start
 
 
 class Window:

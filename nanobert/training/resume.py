@@ -1,15 +1,20 @@
-"""Exact resume: the trainer state a checkpoint holds, the refusal of a flag or a model that
+"""Exact resume: the trainer state a checkpoint holds, the model and optimizer it restores,
+the refusal of a flag or a model that
 would not continue the same run (naming both values), and the checkpoint save that refuses
 non-finite weights and turns a full disk into one line."""
 import dataclasses
 import errno
 import os
 
+import numpy
+
 from nanobert.formats.checkpoint import NonFiniteError, first_non_finite
 from nanobert.formats.fileio import read_json, recover_folder
-from nanobert.model.pretrained import save_training_checkpoint
+from nanobert.model.pretrained import load_training_checkpoint, save_training_checkpoint
 
 from .guards import ADVICE
+from .metrics import keep_metrics_until
+from .run import make_optimizer
 
 
 def read_trainer_state(checkpoint_dir, keys, writer):
@@ -26,6 +31,22 @@ def read_trainer_state(checkpoint_dir, keys, writer):
         raise ValueError(f"{path}: not a trainer state written by {writer} (missing or bad: "
                          f"{', '.join(missing) or 'args'})")
     return state
+
+
+def resume_training(cls, args, checkpoint_dir, metrics_path, check=None):
+    """The model (class `cls`), optimizer, loss scaler and trainer state of <out>/checkpoint,
+    and metrics.jsonl cut back to its step (what was logged after it will be logged again).
+    check(state) may refuse the checkpoint first, before anything is changed.
+    -> (model, optimizer, scaler, state)"""
+    config, params, optimizer_state, state = load_training_checkpoint(cls, checkpoint_dir)
+    if check:
+        check(state)
+    model = cls(config, dtype=numpy.dtype(args.dtype), device=args.device, params=params)
+    optimizer, scaler = make_optimizer(args, model, (optimizer_state, state))
+    print(f"resumed {checkpoint_dir} at step {state['step']} of {state['total_steps']}")
+    if metrics_path and os.path.exists(metrics_path):
+        keep_metrics_until(metrics_path, state["step"])
+    return model, optimizer, scaler, state
 
 
 def refuse_changed_flags(args, saved, fixed, paths=(), skip=()):
