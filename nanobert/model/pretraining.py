@@ -110,8 +110,7 @@ def top_k_at_masks(prediction_logits, input_ids, mask_token_id, top_k=5):
     guesses = []
     for position in numpy.flatnonzero(input_ids == mask_token_id):
         logits = numpy.asarray(prediction_logits[position], dtype=numpy.float64)   # [V]
-        probs = numpy.exp(logits - logits.max())
-        probs /= probs.sum()
+        probs, _ = ops.softmax_forward(logits)
         ids = numpy.argsort(-probs, kind="stable")[:top_k]
         guesses.append((int(position), ids, probs[ids]))
     return guesses
