@@ -14,9 +14,13 @@ parameter gradient equal the padded computation's up to summation order
 (tests/test_packing.py), as long as the loss reads no padded position; the models decide
 when that holds (BertPreTrainedModel._packing).
 """
+import math
 from typing import NamedTuple
 
 import numpy
+
+from . import fast
+from .threads import in_row_blocks
 
 
 class Packing(NamedTuple):
@@ -51,3 +55,151 @@ def unpack(x, packing):
     out = numpy.zeros((B * T, *x.shape[1:]), dtype=x.dtype)
     out[packing.index] = x
     return out.reshape(B, T, *x.shape[1:])
+
+
+# ---------------------------------------------------------------------- self-attention
+# fast.self_attention_* on the packed tokens: each row's tokens attend to that row's tokens
+# only, so the scores of row b are [A, L, L] (L = lengths[b]), not [A, T, T], and need no
+# mask bias. Rows run one per block over the thread pool; every row's arithmetic is the
+# same whatever thread runs it, so the results are bitwise the same for any thread count.
+# The row's probabilities live in one flat buffer of A * sum(L^2) elements, row after row.
+# NumPy float32 / float64 only: the model packs neither CuPy nor float16 activations.
+
+
+class PackedAttentionCache(NamedTuple):
+    qkv: tuple                 # linear cache of the stacked projection
+    q: object                  # [A, N, D], already scaled by 1/sqrt(D)
+    k: object                  # [A, N, D], a view of the projection's output
+    v: object                  # [A, N, D], a view of the projection's output
+    probs: object              # [P] flat: row b's softmax [A, L, L] at offsets[b]
+    probs_dropped: object      # [P], what multiplied v (probs itself without dropout)
+    dropout_mask: object       # [P], the keep mask scaled by 1/(1-p), or None
+    offsets: object            # [B] int64: where row b's [A, L, L] begins in the flat buffers
+    packing: Packing
+    num_heads: int
+
+
+def probability_offsets(packing, num_heads):
+    """[B] where each row's probabilities [A, L, L] begin in the flat buffer, and its size."""
+    sizes = num_heads * packing.lengths * packing.lengths
+    return numpy.concatenate([[0], numpy.cumsum(sizes)[:-1]]), int(sizes.sum())
+
+
+def packed_heads(x, w_qkv, b_qkv, num_heads):
+    """x [N, H] -> q / sqrt(D) [A, N, D] (a new array), k and v [A, N, D] (views of the
+    stacked projection's output), and the projection's linear cache."""
+    N, H = x.shape
+    D = H // num_heads
+    qkv, qkv_cache = fast.linear_forward(x, w_qkv, b_qkv)             # [N, 3H]
+    q, k, v = qkv.reshape(N, 3, num_heads, D).transpose(1, 2, 0, 3)  # [A, N, D] views
+    return q * (1.0 / math.sqrt(D)), k, v, qkv_cache
+
+
+def _check_packed(x, packing, num_heads, name):
+    """One clear error for what the packed attention cannot take."""
+    if not isinstance(x, numpy.ndarray) or x.dtype not in (numpy.float32, numpy.float64):
+        raise TypeError(f"packing.{name}: packed attention takes a NumPy float32 or float64 "
+                        f"array, got {type(x).__name__} of {getattr(x, 'dtype', None)} "
+                        f"(CuPy and float16 run the padded fast.{name})")
+    N = int(packing.lengths.sum())
+    if x.ndim != 2 or x.shape[0] != N or x.shape[1] % num_heads:
+        raise ValueError(f"packing.{name}: x must be [N={N}, H] with H divisible by "
+                         f"num_heads={num_heads}, got shape {x.shape}")
+
+
+def self_attention_forward(x, w_qkv, b_qkv, packing, num_heads, dropout_p, rng, training):
+    """fast.self_attention_forward on the packed tokens: x [N, H] -> (context [N, H],
+    PackedAttentionCache). The dropout keep mask is drawn here, in the calling thread, for
+    all rows at once in row order: the draws never depend on the threads."""
+    _check_packed(x, packing, num_heads, "self_attention_forward")
+    N, H = x.shape
+    A = num_heads
+    q, k, v, qkv_cache = packed_heads(x, w_qkv, b_qkv, A)
+    offsets, size = probability_offsets(packing, A)
+    probs = numpy.empty(size, x.dtype)
+    dropout = None
+    if training and dropout_p != 0.0:
+        keep = fast._keep_mask((size,), dropout_p, rng, x.dtype)
+        scale = x.dtype.type(1.0 / (1.0 - dropout_p))
+        dropout = (keep, numpy.empty(size, x.dtype), numpy.empty(size, x.dtype), scale)
+    context = numpy.empty((N, H), x.dtype)
+    in_row_blocks(_attention_rows, (packing.starts, packing.lengths, offsets),
+                  q, k, v, heads_of(context, A), probs, dropout, uses_blas=True, rows_per_block=1)
+    mask, probs_dropped = (None, probs) if dropout is None else dropout[1:3]
+    cache = PackedAttentionCache(qkv_cache, q, k, v, probs, probs_dropped, mask, offsets,
+                                 packing, A)
+    return context, cache
+
+
+def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
+    """fast.self_attention_backward on the packed tokens: dcontext [N, H] -> (dx [N, H],
+    dw_qkv, db_qkv). dq, dk and dv are written by their matmuls, row by row, straight into
+    their places in one [N, 3H] array, the stacked projection's layout."""
+    _check_packed(dcontext, cache.packing, cache.num_heads, "self_attention_backward")
+    N, H = dcontext.shape
+    A = cache.num_heads
+    dqkv = numpy.empty((N, 3 * H), dcontext.dtype)
+    dq, dk, dv = dqkv.reshape(N, 3, A, H // A).transpose(1, 2, 0, 3)  # [A, N, D] views
+    packing = cache.packing
+    in_row_blocks(_attention_backward_rows, (packing.starts, packing.lengths, cache.offsets),
+                  cache, heads_of(dcontext, A), dq, dk, dv, uses_blas=True, rows_per_block=1)
+    return fast.linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
+
+
+def self_attention_inference(x, w_qkv, b_qkv, packing, num_heads):
+    """fast.self_attention_forward's context in eval mode, without a cache: x [N, H] ->
+    context [N, H]. Each row's probabilities in a scratch [A, L, L] of its own."""
+    _check_packed(x, packing, num_heads, "self_attention_inference")
+    q, k, v, _ = packed_heads(x, w_qkv, b_qkv, num_heads)
+    context = numpy.empty(x.shape, x.dtype)
+    offsets = numpy.zeros_like(packing.starts)              # unused: no flat buffer
+    in_row_blocks(_attention_rows, (packing.starts, packing.lengths, offsets),
+                  q, k, v, heads_of(context, num_heads), None, None, uses_blas=True,
+                  rows_per_block=1)
+    return context
+
+
+def heads_of(x, num_heads):
+    """x [N, H] -> [A, N, D], a view: head a of token n is x[n, a*D:(a+1)*D]."""
+    N, H = x.shape
+    return x.reshape(N, num_heads, H // num_heads).transpose(1, 0, 2)
+
+
+def _attention_rows(starts, lengths, offsets, q, k, v, context, probs, dropout):
+    """Attention for a block of batch rows, row b over its own tokens starts[b] + [0, L):
+    q, k, v, context [A, N, D] (context a view of [N, H], written row by row); probs the
+    flat buffer (row b's [A, L, L] at offsets[b]) or None (a scratch per row, inference);
+    dropout None or (keep [P] bool, mask [P], probs_dropped [P], scale)."""
+    A = q.shape[0]
+    for start, L, offset in zip(starts, lengths, offsets):
+        tokens, flat = slice(start, start + L), slice(offset, offset + A * L * L)
+        if probs is None:
+            scores = numpy.matmul(q[:, tokens], k[:, tokens].transpose(0, 2, 1))
+        else:
+            scores = probs[flat].reshape(A, L, L)
+            numpy.matmul(q[:, tokens], k[:, tokens].transpose(0, 2, 1), out=scores)
+        fast._softmax_block(scores, scores)                 # the probabilities, in place
+        if dropout is not None:
+            keep, mask, probs_dropped, scale = dropout
+            numpy.multiply(keep[flat], scale, out=mask[flat])
+            scores = numpy.multiply(probs[flat], mask[flat], out=probs_dropped[flat])
+            scores = scores.reshape(A, L, L)
+        numpy.matmul(scores, v[:, tokens], out=context[:, tokens])
+
+
+def _attention_backward_rows(starts, lengths, offsets, cache, dcontext, dq, dk, dv):
+    """The backward for a block of batch rows, into dq, dk, dv [A, N, D] (views of dqkv);
+    dcontext [A, N, D], a view of [N, H]."""
+    A, _, D = dq.shape
+    for start, L, offset in zip(starts, lengths, offsets):
+        tokens, flat = slice(start, start + L), slice(offset, offset + A * L * L)
+        probs = cache.probs[flat].reshape(A, L, L)
+        probs_dropped = cache.probs_dropped[flat].reshape(A, L, L)
+        numpy.matmul(probs_dropped.transpose(0, 2, 1), dcontext[:, tokens], out=dv[:, tokens])
+        dscores = numpy.matmul(dcontext[:, tokens], cache.v[:, tokens].transpose(0, 2, 1))
+        if cache.dropout_mask is not None:                  # dprobs through the dropout
+            dscores *= cache.dropout_mask[flat].reshape(A, L, L)
+        fast._softmax_backward_block(dscores, probs, dscores)   # in place: dprobs -> dscores
+        numpy.matmul(dscores, cache.k[:, tokens], out=dq[:, tokens])
+        dq[:, tokens] *= 1.0 / math.sqrt(D)
+        numpy.matmul(dscores.transpose(0, 2, 1), cache.q[:, tokens], out=dk[:, tokens])

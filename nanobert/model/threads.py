@@ -84,23 +84,30 @@ def row_blocks(rows, row_size, block_elements=BLOCK_ELEMENTS):
     return [(start, min(start + per_block, rows)) for start in range(0, rows, per_block)]
 
 
-def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_blas=False):
+def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_blas=False,
+                  rows_per_block=None):
     """kernel(*[a[start:stop] for a in arrays], *args) for blocks of rows covering the
     leading axis of every NumPy array in `arrays` (all of the same leading length; None
     entries are passed as None), on the thread pool: blocks are taken in turn by the caller
     and the pool's workers, so a slow core takes fewer. NumPy's error state (errstate)
-    applies in the workers too. uses_blas: the kernel calls BLAS (see the top). A kernel
-    must not call in_row_blocks itself: the workers would wait on their own pool."""
+    applies in the workers too. uses_blas: the kernel calls BLAS (see the top).
+    rows_per_block: blocks of that many rows, on the pool however small the arrays are (for
+    arrays that only describe the work, as the packed attention's [B] row starts and
+    lengths). A kernel must not call in_row_blocks itself: the workers would wait on their
+    own pool."""
     first = next(a for a in arrays if a is not None)
     rows = first.shape[0]
-    blocks = row_blocks(rows, first.size // max(rows, 1), block_elements)
+    if rows_per_block is None:
+        blocks = row_blocks(rows, first.size // max(rows, 1), block_elements)
+    else:
+        blocks = row_blocks(rows, 1, rows_per_block)
     threads = min(thread_count(), len(blocks))
 
     def run(start, stop):
         kernel(*[None if a is None else a[start:stop] for a in arrays], *args)
 
-    if (threads <= 1 or first.size < MIN_PARALLEL
-            or (uses_blas and BLAS_LOCAL_THREADS is None)):
+    small = rows_per_block is None and first.size < MIN_PARALLEL
+    if threads <= 1 or small or (uses_blas and BLAS_LOCAL_THREADS is None):
         for start, stop in blocks:
             run(start, stop)
         return
