@@ -7,7 +7,7 @@ A float32 layer of the given size, a batch whose row lengths are drawn uniformly
 [--min-length, T], the same weights and tokens for both: forward + backward (training,
 attention dropout 0.1) and inference, packed and padded alternating in one process so that
 a change in the machine's load hits both. Prints the median ms of each, the spread
-(25th-75th percentile) and the ratio packed / padded. Threads: $NANOBERT_THREADS (else the
+(25th-75th percentile), the minimum and the ratio packed / padded. Threads: $NANOBERT_THREADS (else the
 cores), as the model runs them.
 """
 import argparse
@@ -85,7 +85,8 @@ def main(argv=None):
         medians = {}
         for kind, ms in times.items():
             q25, medians[kind], q75 = numpy.percentile(ms, [25, 50, 75])
-            print(f"{name:>16s} {kind}: {medians[kind]:7.2f} ms (25-75%: {q25:.2f}-{q75:.2f})")
+            print(f"{name:>16s} {kind}: {medians[kind]:7.2f} ms (25-75%: {q25:.2f}-{q75:.2f}, "
+                  f"min {min(ms):.2f})")
         print(f"{name:>16s} packed / padded: {medians['packed'] / medians['padded']:.2f}")
 
 
