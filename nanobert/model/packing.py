@@ -64,6 +64,7 @@ def unpack(x, packing):
 # same whatever thread runs it, so the results are bitwise the same for any thread count.
 # The row's probabilities live in one flat buffer of A * sum(L^2) elements, row after row.
 # NumPy float32 / float64 only: the model packs neither CuPy nor float16 activations.
+# tests/test_packing_attention.py checks them against the padded fast op on unpack(x).
 
 
 class PackedAttentionCache(NamedTuple):
