@@ -7,8 +7,8 @@ A float32 layer of the given size, a batch whose row lengths are drawn uniformly
 [--min-length, T], the same weights and tokens for both: forward + backward (training,
 attention dropout 0.1) and inference, packed and padded alternating in one process so that
 a change in the machine's load hits both. Prints the median ms of each, the spread
-(25th-75th percentile), the minimum and the ratio packed / padded. Threads: $NANOBERT_THREADS (else the
-cores), as the model runs them.
+(25th-75th percentile), the minimum and the ratio packed / padded. Threads:
+$NANOBERT_THREADS (else the cores), as the model runs them.
 """
 import argparse
 import time
