@@ -30,6 +30,14 @@ def record_errors(name, errors):
     return errors
 
 
+def attended(x, attention_mask):
+    """x [B, T, ...] at the positions attention_mask keeps -> [N, ...]. There the packed
+    encoder (nanobert/model/packing.py) equals the padded batch's; at the padding its
+    outputs are 0 (tests/test_packing.py), where transformers computes tokens that no
+    attended token looks at and no loss reads."""
+    return numpy.asarray(x)[numpy.asarray(attention_mask) != 0]
+
+
 def assert_close(actual, expected, tol, name):
     err = record(name, rel_error(actual, expected))
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"

@@ -14,7 +14,7 @@ from nanobert import BertModel
 from nanobert.data import tasks
 from nanobert.formats.hub import resolve_model
 from nanobert.data.tokenizer import BertTokenizer
-from conftest import installed_or_skip, record
+from conftest import attended, installed_or_skip, record
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "minilm_sentences.npz")
 
@@ -47,7 +47,8 @@ def test_bert_model_matches_transformers_on_real_sentences(minilm, reference):
     ids, mask = reference["input_ids"][:S, :T], reference["attention_mask"][:S, :T]
     assert not reference["attention_mask"][:S, T:].any()
     out = BertModel.from_pretrained(minilm)(ids, attention_mask=mask)
-    for name, ours, theirs in (("last_hidden_state", out.last_hidden_state, hidden),
+    for name, ours, theirs in (("last_hidden_state", attended(out.last_hidden_state, mask),
+                                attended(hidden, mask)),
                                ("pooler_output", out.pooler_output, reference["pooler_output"])):
         err = record(f"MiniLM vs transformers {name} (max abs, float32)",
                      float(numpy.abs(ours - theirs).max()))

@@ -36,6 +36,8 @@ from ..formats.hub import resolve_model
 from .config import BertConfig
 from .inputs import INPUT_KEYS, check_inputs, require_keys
 from .flat import FlatLayout, stacked_view
+from . import packing as packed
+from .packing import Packing, pack, packing_of, unpack
 from .params import QKV, bert_param_shapes, buffer_order, init_params
 
 
@@ -138,18 +140,22 @@ class LayerCache(NamedTuple):
     output_layernorm: tuple
 
 
-def encoder_layer_forward(params, prefix, x, mask_bias, config, rng, training):
+def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
     """One post-LN Transformer layer: h = LN(x + drop(attn(x))); out = LN(h + drop(FFN(h))).
 
-    x [B, T, H] -> [B, T, H]; mask_bias [B, 1, 1, T]. prefix e.g. "bert.encoder.layer.3.".
+    x [B, T, H] -> [B, T, H] with attend the mask's bias [B, 1, 1, T]; or packed, x [N, H]
+    -> [N, H] with attend a Packing (each row attends to its own tokens). prefix e.g.
+    "bert.encoder.layer.3.".
     """
     def P(name):
         return params[prefix + name]
 
     # query/key/value stacked into one [3H, H] matrix: one matmul instead of three.
     w_qkv, b_qkv = stacked_qkv(params, prefix, "weight"), stacked_qkv(params, prefix, "bias")
-    context, attention = ops.self_attention_forward(
-        x, w_qkv, b_qkv, mask_bias, config.num_attention_heads,
+    attention_forward = (packed.self_attention_forward if isinstance(attend, Packing)
+                         else ops.self_attention_forward)
+    context, attention = attention_forward(
+        x, w_qkv, b_qkv, attend, config.num_attention_heads,
         config.attention_probs_dropout_prob, rng, training)
     y, attention_output = ops.linear_forward(context, P("attention.output.dense.weight"),
                                              P("attention.output.dense.bias"))
@@ -171,8 +177,9 @@ def encoder_layer_forward(params, prefix, x, mask_bias, config, rng, training):
                            output_layernorm)
 
 
-def encoder_layer_backward(dout, cache, grads):
-    """dout [B, T, H] -> dx [B, T, H]; adds this layer's parameter gradients to grads."""
+def encoder_layer_backward(dout, cache, grads, packed_rows=False):
+    """dout [B, T, H] -> dx [B, T, H] (packed_rows: [N, H] -> [N, H]); adds this layer's
+    parameter gradients to grads."""
     p = cache.prefix
     dsum = layernorm_backward_into(dout, cache.output_layernorm, grads, p + "output.LayerNorm")
     dffn = ops.dropout_backward(dsum, cache.output_dropout)
@@ -185,9 +192,11 @@ def encoder_layer_backward(dout, cache, grads):
     dattn = ops.dropout_backward(dsum, cache.attention_dropout)
     dcontext = linear_backward_into(dattn, cache.attention_output, grads,
                                     p + "attention.output.dense")
-    dx, _, _ = ops.self_attention_backward(dcontext, cache.attention,
-                                           stacked_qkv(grads, p, "weight", writable=True),
-                                           stacked_qkv(grads, p, "bias", writable=True))
+    attention_backward = (packed.self_attention_backward if packed_rows
+                          else ops.self_attention_backward)
+    dx, _, _ = attention_backward(dcontext, cache.attention,
+                                  stacked_qkv(grads, p, "weight", writable=True),
+                                  stacked_qkv(grads, p, "bias", writable=True))
     dx += dsum                                                     # residual path
     return dx
 
@@ -201,32 +210,45 @@ class BertCache(NamedTuple):
     pooler: tuple              # linear cache, None without a pooler
     pooler_tanh: object
     sequence_output: object    # [B, T, H]: its shape, dtype and device for the backward
+    packing: Packing           # the layers ran packed (on the attended tokens), or None
 
 
 def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, config, rng,
-                 training):
+                 training, packing=None):
     """-> sequence_output [B, T, H], pooled_output [B, H], hidden_states (L+1 arrays), cache.
 
     hidden_states[0] is the embedding output, hidden_states[i] the output of layer i.
     The pooler is dense + tanh on the [CLS] (first) position; pooled_output is None for a
-    model without one.
+    model without one. packing (packing.py): the layers run on the attended tokens only,
+    and every output is 0 at the padded positions.
     """
     x, embeddings = embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng,
                                        training)
-    mask_bias = ops.attention_mask_bias(attention_mask, x.dtype)  # [B, 1, 1, T]
     hidden_states, layers = [x], []
+    x, attend = packed_layers_input(x, attention_mask, packing)
     for i in range(config.num_hidden_layers):
-        x, layer = encoder_layer_forward(params, f"{prefix}encoder.layer.{i}.", x, mask_bias,
+        x, layer = encoder_layer_forward(params, f"{prefix}encoder.layer.{i}.", x, attend,
                                          config, rng, training)
         hidden_states.append(x)
         layers.append(layer)
+    if packing is not None:
+        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
+        x = hidden_states[-1]
     pooled = pooler = pooler_tanh = None
     if prefix + "pooler.dense.weight" in params:
         pooled, pooler = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
                                             params[prefix + "pooler.dense.bias"])
         pooled, pooler_tanh = ops.tanh_forward(pooled)
-    cache = BertCache(prefix, embeddings, layers, pooler, pooler_tanh, x)
+    cache = BertCache(prefix, embeddings, layers, pooler, pooler_tanh, x, packing)
     return x, pooled, hidden_states, cache
+
+
+def packed_layers_input(x, attention_mask, packing):
+    """The embeddings' output x [B, T, H] -> what the layers take: (x, the mask's bias
+    [B, 1, 1, T]) for the padded batch, (its attended tokens [N, H], packing) packed."""
+    if packing is None:
+        return x, ops.attention_mask_bias(attention_mask, x.dtype)
+    return pack(x, packing), packing
 
 
 def bert_backward(dsequence, dpooled, cache, grads):
@@ -240,8 +262,13 @@ def bert_backward(dsequence, dpooled, cache, grads):
         dpooled = ops.tanh_backward(dpooled, cache.pooler_tanh)
         dx[:, 0] += linear_backward_into(dpooled, cache.pooler, grads,
                                          cache.prefix + "pooler.dense")
+    packing = cache.packing
+    if packing is not None:
+        dx = pack(dx, packing)       # a padded position's gradient is 0: no loss reads it
     for layer in reversed(cache.layers):
-        dx = encoder_layer_backward(dx, layer, grads)
+        dx = encoder_layer_backward(dx, layer, grads, packed_rows=packing is not None)
+    if packing is not None:
+        dx = unpack(dx, packing)
     embeddings_backward(dx, cache.embeddings, grads)
 
 
@@ -259,15 +286,20 @@ def attention_probabilities(cache):
 # probabilities are exactly 0 (tests/test_inference.py states the bounds).
 
 
-def encoder_layer_inference(params, prefix, x, mask_bias, config, output_attentions=False):
-    """encoder_layer_forward in eval mode -> (out [B, T, H], attention probabilities
-    [B, A, T, T] or None). x is not modified (it is hidden_states[i])."""
+def encoder_layer_inference(params, prefix, x, attend, config, output_attentions=False):
+    """encoder_layer_forward in eval mode -> (out [B, T, H] or packed [N, H], attention
+    probabilities [B, A, T, T] or None; never packed). x is not modified (it is
+    hidden_states[i])."""
     def P(name):
         return params[prefix + name]
 
     w_qkv, b_qkv = stacked_qkv(params, prefix, "weight"), stacked_qkv(params, prefix, "bias")
-    context, probs = ops.self_attention_inference(x, w_qkv, b_qkv, mask_bias,
-                                                  config.num_attention_heads, output_attentions)
+    A = config.num_attention_heads
+    if isinstance(attend, Packing):
+        context, probs = packed.self_attention_inference(x, w_qkv, b_qkv, attend, A), None
+    else:
+        context, probs = ops.self_attention_inference(x, w_qkv, b_qkv, attend, A,
+                                                      output_attentions)
     y, _ = ops.linear_forward(context, P("attention.output.dense.weight"),
                               P("attention.output.dense.bias"))
     y += x                                                         # the residual
@@ -283,22 +315,28 @@ def encoder_layer_inference(params, prefix, x, mask_bias, config, output_attenti
 
 
 def bert_inference(params, prefix, input_ids, token_type_ids, attention_mask, config,
-                   output_attentions=False):
+                   output_attentions=False, packing=None):
     """bert_forward in eval mode, keeping nothing for a backward -> sequence_output [B, T, H],
     pooled_output [B, H] (None without a pooler), hidden_states (L+1 arrays [B, T, H]),
     attentions: with output_attentions a tuple of L arrays [B, A, T, T] (transformers'
-    layout: each layer's softmax of the masked scores), else None."""
+    layout: each layer's softmax of the masked scores), else None. packing: as in
+    bert_forward (not with output_attentions: the maps are of the padded batch)."""
+    if packing is not None and output_attentions:
+        raise ValueError("output_attentions needs the padded batch: packing must be None")
     e = prefix + "embeddings."
     x, _, _ = embedding_sum(params, e, input_ids, token_type_ids)
     x = ops.layernorm_inference(x, params[e + "LayerNorm.weight"], params[e + "LayerNorm.bias"],
                                 config.layer_norm_eps)
-    mask_bias = ops.attention_mask_bias(attention_mask, x.dtype)  # [B, 1, 1, T]
     hidden_states, attentions = [x], []
+    x, attend = packed_layers_input(x, attention_mask, packing)
     for i in range(config.num_hidden_layers):
-        x, probs = encoder_layer_inference(params, f"{prefix}encoder.layer.{i}.", x, mask_bias,
+        x, probs = encoder_layer_inference(params, f"{prefix}encoder.layer.{i}.", x, attend,
                                            config, output_attentions)
         hidden_states.append(x)
         attentions.append(probs)
+    if packing is not None:
+        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
+        x = hidden_states[-1]
     pooled = None
     if prefix + "pooler.dense.weight" in params:
         pooled, _ = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
@@ -338,6 +376,14 @@ class Forward(NamedTuple):
     attentions: tuple = None    # L arrays [B, A, T, T] when asked for
 
 
+def labels_padding(host):
+    """Whether per-position labels [B, T] (host["labels"]; none at inference) put a padded
+    position into the loss: a label other than -100 where attention_mask is 0."""
+    labels = host.get("labels")
+    return labels is not None and bool(
+        (labels[host["attention_mask"] == 0] != ops.IGNORE_INDEX).any())
+
+
 def missing_hook(model, hook):
     """The error of a model class that leaves out one of the skeleton's hooks."""
     return NotImplementedError(f"{type(model).__name__} does not define {hook}: a model with a "
@@ -368,6 +414,7 @@ class BertPreTrainedModel:
     uses_pooler = True          # False for token classification and QA, as in transformers
     target_keys = ()            # batch keys the loss needs beyond input_ids
     takes_denominators = False  # BertForPreTraining: its means can divide by a global count
+    packs = True                # packing.py where it leaves the result alone (_packing)
 
     def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
         if not isinstance(config, BertConfig):
@@ -446,12 +493,12 @@ class BertPreTrainedModel:
             raise ValueError(f"{type(self).__name__} takes no denominators: fine-tuning weighs "
                              "micro-batches by their rows (average_gradients' weights)")
 
-    def _encode(self, host):
+    def _encode(self, host, output_attentions=False):
         """The encoder on checked inputs -> sequence_output, pooled_output, hidden_states, cache."""
         self._refresh_weights()
         ids, types, mask = (to_device(host[k], self.xp) for k in INPUT_KEYS)
         return bert_forward(self.weights, self.base_prefix, ids, types, mask, self.config,
-                            self.rng, self.training)
+                            self.rng, self.training, self._packing(host, output_attentions))
 
     def _infer(self, host, output_attentions=False):
         """The encoder at inference (bert_inference: no caches, no dropout) on checked inputs
@@ -459,7 +506,23 @@ class BertPreTrainedModel:
         self._refresh_weights()
         ids, types, mask = (to_device(host[k], self.xp) for k in INPUT_KEYS)
         return bert_inference(self.weights, self.base_prefix, ids, types, mask, self.config,
-                              output_attentions)
+                              output_attentions, self._packing(host, output_attentions))
+
+    def _packing(self, host, output_attentions=False):
+        """The Packing the encoder runs on (packing.py: the attended tokens only, zeros at
+        the padded positions of every output), or None for the padded batch: NumPy in
+        float32 or float64, where the batch has padding, unless the caller wants the
+        attention maps or the model reads a padded position (_reads_padding)."""
+        if (not self.packs or self.xp is not numpy or self.dtype == numpy.float16
+                or output_attentions or self._reads_padding(host)):
+            return None
+        return packing_of(host["attention_mask"])
+
+    def _reads_padding(self, host):
+        """Whether the head or its loss reads a position attention_mask leaves out (checked
+        inputs and targets in host): packing would change what it reads. The pooler reads
+        the first position; a head that reads more says so."""
+        return self.uses_pooler and not host["attention_mask"][:, 0].all()
 
     def _forward(self, host, for_backward=True, output_attentions=False):
         """Encoder + head -> Forward. for_backward=False (inference, evaluation) in eval mode
@@ -468,7 +531,7 @@ class BertPreTrainedModel:
         carries each layer's attention probabilities."""
         attentions = None
         if for_backward or self.training:
-            sequence, pooled, hidden_states, encoder = self._encode(host)
+            sequence, pooled, hidden_states, encoder = self._encode(host, output_attentions)
             if output_attentions:
                 attentions = attention_probabilities(encoder)
         else:
@@ -641,7 +704,7 @@ class BertModel(BertPreTrainedModel):
                  output_attentions=False):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
         if self.training:
-            sequence, pooled, hidden_states, cache = self._encode(host)
+            sequence, pooled, hidden_states, cache = self._encode(host, output_attentions)
             attentions = attention_probabilities(cache) if output_attentions else None
         else:
             sequence, pooled, hidden_states, attentions = self._infer(host, output_attentions)

@@ -33,7 +33,7 @@ from . import fast as ops
 from ..backend import to_device, to_host
 from .pretrained import load_for_task
 from ..formats.hub import resolve_model
-from .bert import BertPreTrainedModel, linear_backward_into
+from .bert import BertPreTrainedModel, labels_padding, linear_backward_into
 from .config import BertConfig, num_labels, with_labels
 from .inputs import (as_int_array, as_real_array, check_inputs, check_per_example, check_range,
                      shape_error)
@@ -232,6 +232,9 @@ class BertForTokenClassification(BertForTask):
         check_range(labels, "labels", 0, self.num_labels, allowed=(ops.IGNORE_INDEX,))
         return {"labels": labels.astype(numpy.int64)}
 
+    def _reads_padding(self, host):
+        return labels_padding(host)
+
     def _head_forward(self, sequence, pooled, host):
         return self._classifier_forward(sequence)                      # [B, T, C]
 
@@ -289,6 +292,11 @@ class BertForQuestionAnswering(BertForTask):
             out[key + "_clamped_to_0"] = int((positions < 0).sum())
             out[key + "_ignored"] = int((positions >= T).sum())
         return out
+
+    def _reads_padding(self, host):
+        """Always: each side's softmax runs over every position, the padded ones too (as
+        the original BERT and transformers), so their logits count."""
+        return True
 
     def _head_forward(self, sequence, pooled, host):
         logits, linear_cache = ops.linear_forward(sequence, self.weights["qa_outputs.weight"],

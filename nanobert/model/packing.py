@@ -25,7 +25,7 @@ from .threads import in_row_blocks
 
 class Packing(NamedTuple):
     """Where the attended tokens of a padded batch sit once packed into [N, ...]."""
-    index: numpy.ndarray       # [N] int64: flat positions b*T + t of the attended tokens, row by row
+    index: numpy.ndarray       # [N] int64: flat positions b*T + t of the attended tokens
     starts: numpy.ndarray      # [B] int64: where row b's tokens begin in [N]
     lengths: numpy.ndarray     # [B] int64: how many tokens row b attends to
     shape: tuple               # (B, T)

@@ -17,7 +17,8 @@ import numpy
 # equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
 from . import fast as ops
 from ..backend import array_module, to_device
-from .bert import BertPreTrainedModel, layernorm_backward_into, linear_backward_into
+from .bert import (BertPreTrainedModel, labels_padding, layernorm_backward_into,
+                   linear_backward_into)
 from .inputs import as_int_array, check_range
 
 
@@ -158,6 +159,10 @@ class BertForPreTraining(BertPreTrainedModel):
             check_range(nsp, "next_sentence_label", 0, 2, allowed=(ops.IGNORE_INDEX,))
             targets["next_sentence_label"] = nsp.astype(numpy.int64)
         return targets
+
+    def _reads_padding(self, host):
+        """NSP reads the first position (the pooler); the MLM loss each labelled one."""
+        return super()._reads_padding(host) or labels_padding(host)
 
     def _head_forward(self, sequence, pooled, host):
         """-> (MLM logits [M, V] at the masked positions, or [B*T, V] at inference;
