@@ -379,8 +379,9 @@ def train(args, group, model, optimizer, scaler, state, data, save):
         update(group, model, optimizer, scaler, grads, lr, step, mode=args.optimizer, keep=keep,
                loss=total_loss(host_sums(sums)) if model.xp is numpy else None)  # GPU: at a log
         seconds = time.time() - start
-        window.add(sums, seconds, sum(step_flops(model.config, *b["input_ids"].shape, int(
-            (b["labels"] != IGNORE_INDEX).sum())) for b in batches))
+        window.add(sums, seconds, sum(step_flops(
+            model.config, *b["input_ids"].shape, int((b["labels"] != IGNORE_INDEX).sum()),
+            model.packed_lengths(b)) for b in batches))
         state["tokens"] += int(whole["attention_mask"].sum())
         state["train_seconds"] += seconds
         if replan and group.broadcast_object(state["train_seconds"] > min(60.0,

@@ -16,8 +16,9 @@ one run, same weights, batch, float32 and thread count:
 Each framework runs in its own subprocess (its own thread pool, its own peak RSS); the two
 take their steps in alternation (A B, then B A, ...), so drift in the machine's speed hits
 both. Training runs with dropout on in both, as each library trains. The % of matmul column
-is nanobert's matmul FLOPs per second (nanobert.model.flops, the padded work: both frameworks
-compute the padding) over NumPy's own 2048^3 float32 matmul rate, measured (same threads)
+is nanobert's matmul FLOPs per second (nanobert.model.flops: the work it does, which on the
+MiniLM batches is the attended tokens only, as it packs them; torch computes the padding too)
+over NumPy's own 2048^3 float32 matmul rate, measured (same threads)
 right before the workload: forward+backward for the training workloads, the forward for
 inference. Without torch/transformers nanobert is timed alone; without the MiniLM package
 the two MiniLM workloads are skipped.
@@ -96,13 +97,14 @@ def workload_batch(workload, config):
     return padded_batch(B, T, config.vocab_size)
 
 
-def workload_flops(workload, config, batch):
+def workload_flops(workload, config, batch, lengths=None):
     """Matmul FLOPs of what the % column divides: forward+backward of a training step, the
     forward of inference (a third of it; the 2-label classifier it counts beside the pooler
-    is 4H FLOPs a row, under 1e-6 of the total). All T positions count: padding is computed."""
+    is 4H FLOPs a row, under 1e-6 of the total). What nanobert computes: each row's attended
+    tokens where it packs the batch (lengths [B]), else all T positions."""
     B, T = batch["input_ids"].shape
     masked = int((batch["labels"] != IGNORE_INDEX).sum()) if workload.kind == "pretrain" else 0
-    flops = step_flops(config, B, T, masked)
+    flops = step_flops(config, B, T, masked, lengths)
     return flops if workload.trains else flops / 3
 
 
@@ -125,9 +127,10 @@ def torch_missing():
 
 
 def nanobert_workload(workload, batch_size, weights_out):
-    """-> (config, batch, forward_backward, update or None); writes the model's weights to
-    `weights_out` (safetensors) for the torch worker. Inference: forward_backward is the
-    forward and update is None."""
+    """-> (config, batch, the rows' token counts where the model packs the batch or None,
+    forward_backward, update or None); writes the model's weights to `weights_out`
+    (safetensors) for the torch worker. Inference: forward_backward is the forward and
+    update is None."""
     workload = dataclasses.replace(workload, batch_size=batch_size)
     if workload.kind == "pretrain":
         config = make_config(workload.config)[0]
@@ -140,11 +143,12 @@ def nanobert_workload(workload, batch_size, weights_out):
         model = nanobert.BertModel.from_pretrained(MINILM)     # eval mode
         config = model.config
     batch = workload_batch(workload, config)
+    lengths = model.packed_lengths(batch)
     if workload.kind == "inference":
         inputs = [batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")]
-        return config, batch, lambda: model(*inputs), None
+        return config, batch, lengths, lambda: model(*inputs), None
     safetensors.save_file(saved_form(model)[1], weights_out)
-    return (config, batch, *nanobert_phases(model, batch))
+    return (config, batch, lengths, *nanobert_phases(model, batch))
 
 
 def torch_workload(workload, batch_size, weights_in):
@@ -218,9 +222,9 @@ def worker(framework, name, batch_size, threads, weights_path):
         attention, forward_backward, update = torch_workload(workload, batch_size, weights_path)
         reply("ready", attention)
     else:
-        config, batch, forward_backward, update = nanobert_workload(workload, batch_size,
-                                                                    weights_path)
-        reply("ready", workload_flops(workload, config, batch))
+        config, batch, lengths, forward_backward, update = nanobert_workload(
+            workload, batch_size, weights_path)
+        reply("ready", workload_flops(workload, config, batch, lengths))
     for line in sys.stdin:
         if line.strip() == "step":
             reply(*timed_step(forward_backward, update))

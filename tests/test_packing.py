@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import assert_close, attended, record, vanishes
 from nanobert.model.bert import BertModel
+from nanobert.model.flops import step_flops
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
 from nanobert.model.packing import pack, packing_of, unpack
@@ -150,3 +151,15 @@ def test_packing_of_a_mask_and_back():
     assert (unpack(packed, packing) == x * mask).all()
     assert packing_of(numpy.ones((2, 3))) is None                    # nothing to drop
     assert packing_of(numpy.array([[1, 0], [0, 0]])) is None          # a row with no token
+
+
+def test_step_flops_count_the_packed_tokens():
+    """flops.step_flops(lengths=): the padded count when every row is full; packed, the
+    dense layers scale with the tokens and QK^T / PV with each row's squared length."""
+    config = tiny_bert_config(vocab_size=11, layers=2, heads=2, head_size=4,
+                              intermediate_size=12, max_position_embeddings=9)
+    H, I, L = 8, 12, 2
+    assert step_flops(config, 3, 6, 4, lengths=[6, 6, 6]) == step_flops(config, 3, 6, 4)
+    full, packed = step_flops(config, 3, 6, 4), step_flops(config, 3, 6, 4, lengths=[2, 6, 5])
+    dense, attention = 3 * L * 2 * (4 * H * H + 2 * H * I), 3 * L * 4 * H
+    assert full - packed == dense * (18 - 13) + attention * (3 * 36 - (4 + 36 + 25))

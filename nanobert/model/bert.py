@@ -518,6 +518,12 @@ class BertPreTrainedModel:
             return None
         return packing_of(host["attention_mask"])
 
+    def packed_lengths(self, batch):
+        """Each row's number of attended tokens [B] where the encoder runs this batch packed
+        (what its matmuls compute: flops.step_flops(lengths=)), else None."""
+        packing = self._packing(self.check_batch(batch))
+        return None if packing is None else packing.lengths
+
     def _reads_padding(self, host):
         """Whether the head or its loss reads a position attention_mask leaves out (checked
         inputs and targets in host): packing would change what it reads. The pooler reads

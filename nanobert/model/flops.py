@@ -24,10 +24,14 @@ def gpu_peak_tflops(gpu_name, precision):
     return None
 
 
-def step_flops(config, B, T, num_masked):
-    """Matmul FLOPs of one training step (3x forward: forward + two backward matmuls)."""
+def step_flops(config, B, T, num_masked, lengths=None):
+    """Matmul FLOPs of one training step (3x forward: forward + two backward matmuls).
+    lengths [B]: the encoder ran packed (model/packing.py), row b on its lengths[b] attended
+    tokens; None: on all T positions of every row."""
     H, I = config.hidden_size, config.intermediate_size
     L, V = config.num_hidden_layers, config.vocab_size
-    per_token = L * (2 * (4 * H * H + 2 * H * I) + 2 * 2 * T * H)   # dense layers + QK^T, PV
-    forward = B * T * per_token + num_masked * 2 * (H * H + H * V) + B * 2 * (H * H + 2 * H)
+    lengths = [T] * B if lengths is None else [int(n) for n in lengths]
+    tokens, pairs = sum(lengths), sum(n * n for n in lengths)    # pairs: QK^T's scores
+    encoder = L * (2 * (4 * H * H + 2 * H * I) * tokens + 2 * 2 * H * pairs)  # dense; QK^T, PV
+    forward = encoder + num_masked * 2 * (H * H + H * V) + B * 2 * (H * H + 2 * H)
     return 3 * forward
