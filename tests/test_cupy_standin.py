@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
 
 import cupy_standin  # noqa: E402
-from conftest import assert_close  # noqa: E402
+from conftest import assert_close, record, vanishes  # noqa: E402
 from nanobert import backend  # noqa: E402
 from nanobert.model import fast  # noqa: E402
 from nanobert.model.config import BertConfig, with_labels  # noqa: E402
@@ -348,7 +348,15 @@ def test_each_finetuning_head_runs_on_the_standin_without_syncs(model_class):
         loss, grads = gpu.loss_and_grads(batch, on_device=True)
         assert cupy.counts.syncs == 0, dict(cupy.counts.sync_sites)
         assert_close(float(loss), expected_loss, 1e-12, "stand-in vs NumPy head losses")
+        task = {"BertForQuestionAnswering": "qa",
+                "BertForMultipleChoice": "choice"}.get(model_class.__name__, "")
+        largest = max(numpy.abs(g).max() for g in expected.values())
         for name, g in expected.items():
+            if vanishes(task, name, config):    # rounding noise on both sides (conftest)
+                err = record("stand-in vs NumPy head vanishing gradients / largest",
+                             float(numpy.abs(grads[name].get() - g).max() / largest))
+                assert err <= 1e-12, name
+                continue
             assert_close(grads[name].get(), g, 1e-12, "stand-in vs NumPy head gradients")
         cupy.counts.reset()
         clip_by_global_norm(grads, 1.0)
