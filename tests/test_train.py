@@ -224,11 +224,13 @@ def test_checkpoint_loads_in_transformers(tmp_path):
 
 
 def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
-    """1,500 steps (of a 3,000-step schedule) of a 2-layer, H=64 BERT on Brown at T=64, about
-    3 minutes here. On ~5,400 held-out pairs: the MLM loss falls well below its start and below
-    the unigram baseline (the loss of ignoring context), and NSP accuracy beats always guessing
-    the majority class by more than 3 standard errors of a coin-flip accuracy (measured here:
-    MLM 6.38 vs unigram 6.84; NSP 0.594 vs majority 0.555, margin 0.020)."""
+    """A 3,000-step schedule of a 2-layer, H=64 BERT on Brown at T=64, about 3.5 minutes here.
+    On ~5,400 held-out pairs: the MLM loss falls well below its start and below the unigram
+    baseline (the loss of ignoring context), and NSP accuracy beats always guessing the
+    majority class by more than 3 standard errors of a coin-flip accuracy (measured here: MLM
+    6.32 vs unigram 6.83; NSP 0.601 vs majority 0.555, margin 0.020). Stopped at step 1,500,
+    as it was until the packed encoder, NSP read 0.560-0.594 across runs that differ only in
+    summation order and which probabilities a dropout mask meets: too close to the bar."""
     from nanobert.data.pretraining_data import PretrainingDataset
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**SMALL, "hidden_size": 64, "num_hidden_layers": 2,
@@ -236,13 +238,13 @@ def test_a_small_bert_learns_on_the_brown_corpus(tmp_path):
     out = tmp_path / "run"
     train.main(["--vocab", str(VOCAB), "--config", str(config), "--max-seq-length", "64",
                 "--dupe-factor", "5", "--heldout-dupe-factor", "4", "--lr", "1e-3",
-                "--steps", "3000", "--stop-at-step", "1500", "--minutes", "60",
+                "--steps", "3000", "--minutes", "60",
                 "--batch-size", "32", "--log-every", "10",
-                "--eval-every", "1500", "--eval-batches", "1000", "--checkpoint-every", "100000",
+                "--eval-every", "3000", "--eval-batches", "1000", "--checkpoint-every", "100000",
                 "--out", str(out)])
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     held = [r for r in rows if r["kind"] == "eval"][-1]
-    assert held["step"] == 1500
+    assert held["step"] == 3000
     first = train_losses(out)[0][1]
     datasets = {p.name.split("-")[0]: PretrainingDataset(p) for p in (out / "data").iterdir()}
     unigram, _, _ = unigram_baseline(datasets["train"], datasets["heldout"], 8192, 1000,

@@ -177,8 +177,8 @@ def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
                            output_layernorm)
 
 
-def encoder_layer_backward(dout, cache, grads, packed_rows=False):
-    """dout [B, T, H] -> dx [B, T, H] (packed_rows: [N, H] -> [N, H]); adds this layer's
+def encoder_layer_backward(dout, cache, grads):
+    """dout [B, T, H] -> dx [B, T, H] (packed: [N, H] -> [N, H]); adds this layer's
     parameter gradients to grads."""
     p = cache.prefix
     dsum = layernorm_backward_into(dout, cache.output_layernorm, grads, p + "output.LayerNorm")
@@ -192,7 +192,8 @@ def encoder_layer_backward(dout, cache, grads, packed_rows=False):
     dattn = ops.dropout_backward(dsum, cache.attention_dropout)
     dcontext = linear_backward_into(dattn, cache.attention_output, grads,
                                     p + "attention.output.dense")
-    attention_backward = (packed.self_attention_backward if packed_rows
+    attention_backward = (packed.self_attention_backward
+                          if isinstance(cache.attention, packed.PackedAttentionCache)
                           else ops.self_attention_backward)
     dx, _, _ = attention_backward(dcontext, cache.attention,
                                   stacked_qkv(grads, p, "weight", writable=True),
@@ -266,7 +267,7 @@ def bert_backward(dsequence, dpooled, cache, grads):
     if packing is not None:
         dx = pack(dx, packing)       # a padded position's gradient is 0: no loss reads it
     for layer in reversed(cache.layers):
-        dx = encoder_layer_backward(dx, layer, grads, packed_rows=packing is not None)
+        dx = encoder_layer_backward(dx, layer, grads)
     if packing is not None:
         dx = unpack(dx, packing)
     embeddings_backward(dx, cache.embeddings, grads)
