@@ -232,9 +232,8 @@ def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, conf
                                          config, rng, training)
         hidden_states.append(x)
         layers.append(layer)
-    if packing is not None:
-        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
-        x = hidden_states[-1]
+    hidden_states = unpacked_layers_output(hidden_states, packing)
+    x = hidden_states[-1]
     pooled = pooler = pooler_tanh = None
     if prefix + "pooler.dense.weight" in params:
         pooled, pooler = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
@@ -250,6 +249,14 @@ def packed_layers_input(x, attention_mask, packing):
     if packing is None:
         return x, ops.attention_mask_bias(attention_mask, x.dtype)
     return pack(x, packing), packing
+
+
+def unpacked_layers_output(hidden_states, packing):
+    """hidden_states (the embeddings' [B, T, H], then each layer's output) -> every one
+    [B, T, H]: packed, the layers' [N, H] outputs unpacked, zeros at the padding."""
+    if packing is None:
+        return hidden_states
+    return hidden_states[:1] + [unpack(h, packing) for h in hidden_states[1:]]
 
 
 def bert_backward(dsequence, dpooled, cache, grads):
@@ -335,9 +342,8 @@ def bert_inference(params, prefix, input_ids, token_type_ids, attention_mask, co
                                            config, output_attentions)
         hidden_states.append(x)
         attentions.append(probs)
-    if packing is not None:
-        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
-        x = hidden_states[-1]
+    hidden_states = unpacked_layers_output(hidden_states, packing)
+    x = hidden_states[-1]
     pooled = None
     if prefix + "pooler.dense.weight" in params:
         pooled, _ = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],

@@ -443,10 +443,7 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
                                               dropout_p, rng, training)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
-    qkv, qkv_cache = linear_forward(x, w_qkv, b_qkv)       # [B, T, 3H]
-    qkv = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D], a view
-    q, k, v = qkv[0], qkv[1], qkv[2]
-    q = q * (1.0 / math.sqrt(D))
+    q, k, v, qkv_cache = scaled_heads(x, w_qkv, b_qkv, A)  # [B, A, T, D]
     scores = matmul(q, k.transpose(0, 1, 3, 2))            # [B, A, T, T]
     scores += mask_bias
     probs, softmax_cache = softmax_forward(scores, overwrite_x=True)
@@ -658,13 +655,14 @@ def gelu_inference(x, kind="gelu"):
 
 
 def scaled_heads(x, w_qkv, b_qkv, num_heads):
-    """x [B, T, H] -> q / sqrt(D), k, v [B, A, T, D] (k and v views of the stacked
-    projection's output), as self_attention_forward makes them."""
-    B, T, H = x.shape
-    D = H // num_heads
-    qkv = linear_forward(x, w_qkv, b_qkv)[0].reshape(B, T, 3, num_heads, D)
-    q, k, v = qkv.transpose(2, 0, 3, 1, 4)                 # [B, A, T, D] views
-    return q * (1.0 / math.sqrt(D)), k, v
+    """The stacked projection split into heads (NumPy): x [..., T, H] -> q / sqrt(D) (a new
+    array), k, v [..., A, T, D] (views of the projection's output), and the projection's
+    linear cache. [B, T, H] for the padded batch, the packed [N, H] gives [A, N, D]."""
+    D = x.shape[-1] // num_heads
+    qkv, qkv_cache = linear_forward(x, w_qkv, b_qkv)       # [..., T, 3H]
+    qkv = qkv.reshape(*x.shape[:-1], 3, num_heads, D)      # [..., T, 3, A, D]
+    q, k, v = numpy.moveaxis(qkv, -3, 0).swapaxes(-3, -2)  # [..., A, T, D] views
+    return q * (1.0 / math.sqrt(D)), k, v, qkv_cache
 
 
 def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
@@ -683,7 +681,7 @@ def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_atten
         return context, cache.probs if output_attentions else None
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
-    q, k, v = scaled_heads(x, w_qkv, b_qkv, A)
+    q, k, v, _ = scaled_heads(x, w_qkv, b_qkv, A)
     context = numpy.empty((B, T, H), dtype=x.dtype)
     probs = numpy.zeros((B, A, T, T), dtype=x.dtype) if output_attentions else None
     in_row_blocks(_attention_rows, (q, k, v, mask_bias, key_lengths(mask_bias),

@@ -39,8 +39,12 @@ def packing_of(attention_mask):
     lengths = mask.sum(axis=1)
     if mask.all() or not lengths.all():
         return None
-    starts = numpy.concatenate([[0], numpy.cumsum(lengths)[:-1]])
-    return Packing(numpy.flatnonzero(mask), starts, lengths, mask.shape)
+    return Packing(numpy.flatnonzero(mask), starts_of(lengths), lengths, mask.shape)
+
+
+def starts_of(sizes):
+    """[B] sizes -> [B] where each begins when they are laid end to end."""
+    return numpy.concatenate([[0], numpy.cumsum(sizes)[:-1]])
 
 
 def pack(x, packing):
@@ -86,17 +90,7 @@ class PackedAttentionCache(NamedTuple):
 def probability_offsets(packing, num_heads):
     """[B] where each row's probabilities [A, L, L] begin in the flat buffer, and its size."""
     sizes = num_heads * packing.lengths * packing.lengths
-    return numpy.concatenate([[0], numpy.cumsum(sizes)[:-1]]), int(sizes.sum())
-
-
-def packed_heads(x, w_qkv, b_qkv, num_heads):
-    """x [N, H] -> q / sqrt(D) [A, N, D] (a new array), k and v [A, N, D] (views of the
-    stacked projection's output), and the projection's linear cache."""
-    N, H = x.shape
-    D = H // num_heads
-    qkv, qkv_cache = fast.linear_forward(x, w_qkv, b_qkv)             # [N, 3H]
-    q, k, v = qkv.reshape(N, 3, num_heads, D).transpose(1, 2, 0, 3)  # [A, N, D] views
-    return q * (1.0 / math.sqrt(D)), k, v, qkv_cache
+    return starts_of(sizes), int(sizes.sum())
 
 
 def _check_packed(x, packing, num_heads, name):
@@ -118,7 +112,7 @@ def self_attention_forward(x, w_qkv, b_qkv, packing, num_heads, dropout_p, rng, 
     _check_packed(x, packing, num_heads, "self_attention_forward")
     N, H = x.shape
     A = num_heads
-    q, k, v, qkv_cache = packed_heads(x, w_qkv, b_qkv, A)
+    q, k, v, qkv_cache = fast.scaled_heads(x, w_qkv, b_qkv, A)      # [A, N, D]
     offsets, size = probability_offsets(packing, A)
     probs = numpy.empty(size, x.dtype)
     dropout = None
@@ -154,7 +148,7 @@ def self_attention_inference(x, w_qkv, b_qkv, packing, num_heads):
     """fast.self_attention_forward's context in eval mode, without a cache: x [N, H] ->
     context [N, H]. Each row's probabilities in a scratch [A, L, L] of its own."""
     _check_packed(x, packing, num_heads, "self_attention_inference")
-    q, k, v, _ = packed_heads(x, w_qkv, b_qkv, num_heads)
+    q, k, v, _ = fast.scaled_heads(x, w_qkv, b_qkv, num_heads)     # [A, N, D]
     context = numpy.empty(x.shape, x.dtype)
     offsets = numpy.zeros_like(packing.starts)              # unused: no flat buffer
     in_row_blocks(_attention_rows, (packing.starts, packing.lengths, offsets),
