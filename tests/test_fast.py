@@ -14,6 +14,9 @@ otherwise:
   2 eps of that scale, elementwise (measured over 20,000 draws: 1.0 eps in float32 and
   float64). Relative to the largest gradient it would be no bound at all: where every
   counted row is saturated the gradients are themselves rounding-sized (0.94 measured).
+- matmuls past fast.POOLED_MATMUL_MNK run as row blocks on the thread pool: within the
+  rounding of a K-term sum (test_pooled_matmul_is_the_product_within_rounding); the linear
+  tests draw smaller shapes, so there the product is one BLAS call, bitwise.
 - float32 losses: the fast loss is float(sum) / n in float64 (device_loss: a Python float),
   the reference's sum / n rounded to float32: one float32 rounding, bound 2^-23 relative
   (measured: 5.1e-8 cross-entropy, 5.6e-8 MSE, 5.7e-8 BCE).
@@ -222,6 +225,46 @@ def test_erf_float32_within_its_ulp_bound():
     special = fast.erf_float32(numpy.array([numpy.inf, -numpy.inf, numpy.nan, -0.0], numpy.float32))
     same(special[:2], numpy.array([1.0, -1.0], numpy.float32), "erf_float32(+-inf)")
     assert numpy.isnan(special[2]) and numpy.signbit(special[3]) and special[3] == 0
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
+    """fast.matmul's 2-D products past POOLED_MATMUL_MNK run as row blocks on the pool (3
+    threads, so the blocks are uneven): every entry within the rounding of a K-term sum in
+    any order, 2 K eps of sum_k |a_ik| |b_kj| from numpy.matmul (each is K eps from the
+    exact sum), operands and out= as the layers pass them (a transposed weight, a weight
+    gradient's transposed dout, a strided out); a second call gives the same bits. Smaller
+    products are one numpy.matmul call, bitwise."""
+    monkeypatch.setenv("NANOBERT_THREADS", "3")
+    blocks = []
+    in_row_blocks = fast.in_row_blocks
+
+    def counted(kernel, *args, **kwargs):
+        blocks.append(kernel)
+        in_row_blocks(kernel, *args, **kwargs)
+    monkeypatch.setattr(fast, "in_row_blocks", counted)
+    rng = numpy.random.default_rng(5)
+    M, K, N = 301, 67, 45
+    x, w = rng.standard_normal((M, K)).astype(dtype), rng.standard_normal((N, K)).astype(dtype)
+    dout = rng.standard_normal((M, N)).astype(dtype)
+    wide = numpy.zeros((N, 2 * K), dtype)
+    eps = numpy.finfo(dtype).eps
+    for name, a, b, out in (("x @ w.T", x, w.T, None), ("dout.T @ x", dout.T, x, None),
+                            ("dout.T @ x into a strided out", dout.T, x, wide[:, ::2])):
+        assert a.shape[0] * a.shape[1] * b.shape[1] > fast.POOLED_MATMUL_MNK
+        product = fast.matmul(a, b, out=out)
+        assert out is None or product is out
+        magnitude = numpy.abs(a).astype(float) @ numpy.abs(b)       # sum_k |a_ik| |b_kj|
+        err = float((numpy.abs(product - numpy.matmul(a, b)) / magnitude).max()) / eps
+        record(f"pooled matmul vs one BLAS call {numpy.dtype(dtype).name} (eps of sum |a||b|)",
+               err)
+        assert err <= 2 * a.shape[1], f"{name}: {err:.1f} eps > 2 K eps"
+        same(fast.matmul(a, b), product, f"{name}, called again")
+    assert fast._rows_matmul_block in blocks, "the products did not run on the pool"
+    blocks.clear()
+    small = x[:8, :8] @ w[:8, :8].T
+    same(fast.matmul(x[:8, :8], w[:8, :8].T), small, "a small product")
+    assert not blocks, "a product under POOLED_MATMUL_MNK went to the pool"
 
 
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])

@@ -17,7 +17,8 @@ a stated rounding bound. Only what buys speed or memory lives here:
 - Dropout masks from the bit generator's raw words, without making floats of them.
 - NumPy: large elementwise and row-wise passes, and the small batched matmuls of attention,
   split into blocks of rows over a few threads (threads.py): NumPy releases the GIL, so they
-  use every core, with bitwise the same results.
+  use every core, with bitwise the same results. The large matmuls too, one block of rows
+  per thread (pooled_matmul), so that BLAS's own threads never spin idle beside them.
 - NumPy: LayerNorm's row means (row_mean) as einsum's SIMD sums, ~3x faster than mean's
   pairwise sum, and the sum of squares with no array of squares: a few ulp off the reference.
 - NumPy float32: GELU's erf as one rational function (erf_float32), 7.7 ulp, instead of the
@@ -38,7 +39,7 @@ from .ops import (GELU_KINDS, IGNORE_INDEX, AttentionCache, attention_mask_bias,
                   bce_with_logits_backward, dropout_backward, embedding_backward,
                   embedding_forward, mse_backward, tanh_backward, tanh_forward)
 from .special import erf
-from .threads import in_row_blocks
+from .threads import in_row_blocks, thread_count
 
 HALF = numpy.dtype(numpy.float16)
 
@@ -54,23 +55,54 @@ def matmul(a, b, out=None):
     into the float32 buffer, as apex's O2 does): on NumPy, a float32 BLAS call rounded to
     float16, the same numbers. On CuPy, operands and out= cost a copy kernel each unless
     laid out for cuBLAS: 2-D ones C- or F-contiguous, batched ones (and any out=)
-    C-contiguous (CuPy's _core.matmul; counted by tests/cupy_standin.py)."""
-    if a.dtype != HALF:
-        if array_module(a) is numpy and a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
-            return stacked_matmul(a, b, out)
-        return a @ b if out is None else array_module(a).matmul(a, b, out=out)
+    C-contiguous (CuPy's _core.matmul; counted by tests/cupy_standin.py). On NumPy the
+    products run on the thread pool (pooled_matmul, stacked_matmul)."""
     xp = array_module(a)
     if xp is numpy:
-        with numpy.errstate(over="ignore"):    # inf: the loss scaler's overflow, skipped
-            product = numpy.matmul(a.astype(numpy.float32), b.astype(numpy.float32)).astype(HALF)
-        if out is None:
-            return product
-        out[...] = product
-        return out
-    if out is None or out.dtype == a.dtype:
+        if a.dtype == HALF:
+            with numpy.errstate(over="ignore"):    # inf: the loss scaler's overflow, skipped
+                product = matmul(a.astype(numpy.float32), b.astype(numpy.float32)).astype(HALF)
+            if out is None:
+                return product
+            out[...] = product
+            return out
+        if a.ndim == b.ndim == 2:
+            return pooled_matmul(a, b, out)
+        if a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]:
+            return stacked_matmul(a, b, out)
+        return numpy.matmul(a, b, out=out)
+    if a.dtype != HALF or out is None or out.dtype == a.dtype:
         return xp.matmul(a, b, out=out)
     out[...] = xp.matmul(a, b)
     return out
+
+
+# Products of at most this many multiply-adds (m n k) run as one call: OpenBLAS runs them on
+# one thread anyway (it threads GEMM only past 4 x 65536), so they keep BLAS's bits.
+POOLED_MATMUL_MNK = 1 << 18
+
+
+def pooled_matmul(a, b, out=None):
+    """NumPy a [M, K] @ b [K, N] as one row block of a per thread, each a BLAS call on one
+    core. OpenBLAS splits a product over the same cores at the same rate (measured here,
+    [3132, 384] @ [384, 1536] float32 on 2 cores: 53 ms either way), but its idle threads
+    then spin for ~0.1 s (2^28 cycles) and take a core from the GELU, softmax and LayerNorm
+    passes that follow on the pool (MiniLM inference: 1.56 s -> 1.33 s with no spinning).
+    Each block is summed in BLAS's order for its shape, so the bits differ from one whole
+    call's by rounding (as BLAS's own differ between 1 and 2 threads) and depend on the
+    number of threads, never on timing."""
+    M, K = a.shape
+    if out is None:
+        out = numpy.empty((M, b.shape[1]), numpy.result_type(a, b))
+    if M * K * b.shape[1] <= POOLED_MATMUL_MNK:
+        return numpy.matmul(a, b, out=out)
+    in_row_blocks(_rows_matmul_block, (a, out), b, uses_blas=True,
+                  rows_per_block=-(-M // thread_count()))
+    return out
+
+
+def _rows_matmul_block(a, out, b):
+    numpy.matmul(a, b, out=out)
 
 
 def stacked_matmul(a, b, out=None):
@@ -113,7 +145,7 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
     return dx, dweight, dbias
 
 # ----------------------------------------------------------------------------- layernorm
-# Blocks of rows 8x threads.BLOCK_ELEMENTS: a LayerNorm block makes ~10 NumPy calls, each a
+# Blocks of rows 2x threads.BLOCK_ELEMENTS: a LayerNorm block makes ~10 NumPy calls, each a
 # few us of overhead and, with threads, a GIL handoff; these cost more than the L2 cache
 # saves (measured, [3132, 384] float32, forward + backward: 5.9 ms at 2^15, 3.4 ms at 2^18
 # on 2 threads, 6.3 and 4.8 ms on 1; 600 rows, one 2^18 block, 0.77 ms against 1.4 ms).

@@ -23,6 +23,7 @@ import numpy
 from ..backend import array_module, to_device, to_host
 from . import kernels
 from .flat import flat_buffer, flat_offsets
+from .threads import cpu_threads, in_row_blocks
 
 NO_DECAY = ("LayerNorm", "layer_norm", "bias")
 MODES = ("bert", "torch")
@@ -50,15 +51,6 @@ CHUNK = 1 << 16
 NORM_CHUNK = 1 << 20
 
 
-def cpu_threads():
-    """Threads for the optimizer's sweep: as many as BLAS is told to use (OMP_NUM_THREADS, as
-    under mpiexec with one thread per rank), else the cores this process may run on."""
-    told = os.environ.get("OMP_NUM_THREADS", "")
-    if told.isdigit() and int(told) > 0:
-        return int(told)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def chunks(xp, n, size):
     """(start, stop) pairs covering range(n): `size` at a time on NumPy, everything on CuPy."""
     size = size if xp is numpy else max(n, 1)
@@ -73,15 +65,30 @@ def flat_arrays(grads):
 
 def global_norm(grads):
     """sqrt of the sum of squares of every gradient, as one float: one sweep of the flat
-    gradient buffer (BLAS dots on chunks, summed in float64)."""
+    gradient buffer (BLAS dots on chunks, summed in float64 in chunk order). On NumPy the
+    chunks' dots run on the thread pool, one core each (threads.py: a dot BLAS threads
+    itself would leave its idle threads spinning into the AdamW sweep that follows)."""
     total = 0.0
     for g in flat_arrays(grads):
         flat = g.reshape(-1)
         xp = array_module(flat)
-        for start, stop in chunks(xp, flat.size, NORM_CHUNK):
-            part = flat[start:stop]
-            total += float(xp.vdot(part, part))              # no g*g temporary
+        spans = chunks(xp, flat.size, NORM_CHUNK)
+        if xp is numpy:
+            squares = numpy.zeros(len(spans))                # float64, one per chunk
+            in_row_blocks(_chunk_squares, (numpy.array(spans), squares), flat,
+                          uses_blas=True, rows_per_block=1)
+        else:
+            squares = [xp.vdot(flat[start:stop], flat[start:stop]) for start, stop in spans]
+        for s in squares:
+            total += float(s)
     return math.sqrt(total)
+
+
+def _chunk_squares(spans, squares, flat):
+    """squares[i] = the sum of squares of flat[start:stop] for each (start, stop) in spans."""
+    for i, (start, stop) in enumerate(spans):
+        part = flat[start:stop]
+        squares[i] = numpy.vdot(part, part)                  # no g*g temporary
 
 
 def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):

@@ -1,10 +1,11 @@
 """Large NumPy passes split into blocks of rows over a small persistent thread pool.
 
 NumPy's ufuncs, reductions and matmul release the GIL while they run, so Python threads
-that each take a block of rows run on separate cores. BLAS uses every core for the large
-matmuls, but the elementwise passes between them (GELU, softmax, LayerNorm) and the small
-batched attention matmuls (one BLAS call per head, each too small for BLAS to thread) run
-on one core unless they are split like this.
+that each take a block of rows run on separate cores. The elementwise passes (GELU,
+softmax, LayerNorm) and the small batched attention matmuls (one BLAS call per head, each
+too small for BLAS to thread) would run on one core otherwise. The large matmuls run here
+too (fast.pooled_matmul), a block of rows per thread: BLAS would thread them as fast, but
+its idle threads then spin for ~0.1 s and take a core from the passes that follow.
 
 Each block is a run of whole rows of the leading axis, handed to one call of the kernel.
 A kernel that treats rows independently (elementwise, or reducing over the last axis)
@@ -14,7 +15,12 @@ bitwise the same for any number of threads (tests/test_fast.py checks that).
 Threads: $NANOBERT_THREADS, else what BLAS is told to use ($OMP_NUM_THREADS), else the cores
 this process may run on. Small arrays run inline: a handoff to the pool costs ~20 us.
 
-Kernels that call BLAS (the per-head matmuls) run with BLAS held to one thread in each of
+A block is 2^17 elements, not the 2^15 that would stay in a core's L2 cache: each NumPy call
+takes and gives back the GIL, and with two threads making calls of a few microseconds the
+handoffs cost more than the cache saves (measured on 2 cores, [3132, 1536] float32, GELU:
+45.9 ms in 2^15 blocks on 2 threads, slower than 39.0 ms on 1; 20.7 ms in 2^17 blocks).
+
+Kernels that call BLAS (matmuls, dots) run with BLAS held to one thread in each of
 our threads (OpenBLAS's per-thread openblas_set_num_threads_local): two threads calling a
 multithreaded OpenBLAS at once can spin-wait on its thread server for seconds (measured
 here: 11.6 s instead of 68 ms for one layer's attention). Where that control is missing
@@ -28,14 +34,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 
-from .optim import cpu_threads
-
-BLOCK_ELEMENTS = 1 << 15    # per block: a kernel's few passes over it stay in the L2 cache
+BLOCK_ELEMENTS = 1 << 17    # per block (see the top: GIL handoffs, not the cache, set it)
 MIN_PARALLEL = 1 << 16      # fewer elements than this: inline, no handoff
 
 _pool = None                # ThreadPoolExecutor, made on first use
 _pool_size = 0
 _pool_pid = None            # the process that made it: a forked child makes its own
+
+
+def cpu_threads():
+    """As many threads as BLAS is told to use (OMP_NUM_THREADS, as under mpiexec with one
+    thread per rank), else the cores this process may run on."""
+    told = os.environ.get("OMP_NUM_THREADS", "")
+    if told.isdigit() and int(told) > 0:
+        return int(told)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def thread_count():
