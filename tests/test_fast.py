@@ -22,6 +22,7 @@ otherwise:
   (measured: 5.1e-8 cross-entropy, 5.6e-8 MSE, 5.7e-8 BCE).
 Then the whole model: BertForPreTraining with the reference in the place of the fast layer.
 """
+import time
 import types
 
 import numpy
@@ -229,12 +230,12 @@ def test_erf_float32_within_its_ulp_bound():
 
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
-    """fast.matmul's 2-D products past POOLED_MATMUL_MNK run as row blocks on the pool (3
-    threads, so the blocks are uneven): every entry within the rounding of a K-term sum in
-    any order, 2 K eps of sum_k |a_ik| |b_kj| from numpy.matmul (each is K eps from the
-    exact sum), operands and out= as the layers pass them (a transposed weight, a weight
-    gradient's transposed dout, a strided out); a second call gives the same bits. Smaller
-    products are one numpy.matmul call, bitwise."""
+    """fast.matmul's 2-D products past POOLED_MATMUL_MNK run as blocks of rows (M >= N) or of
+    columns (M < N) on the pool (3 threads, so the blocks are uneven): every entry within
+    the rounding of a K-term sum in any order, 2 K eps of sum_k |a_ik| |b_kj| from
+    numpy.matmul (each is K eps from the exact sum), operands and out= as the layers pass
+    them (a transposed weight, a weight gradient's transposed dout, a strided out); a second
+    call gives the same bits. Smaller products are one numpy.matmul call, bitwise."""
     monkeypatch.setenv("NANOBERT_THREADS", "3")
     blocks = []
     in_row_blocks = fast.in_row_blocks
@@ -260,7 +261,8 @@ def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
                err)
         assert err <= 2 * a.shape[1], f"{name}: {err:.1f} eps > 2 K eps"
         same(fast.matmul(a, b), product, f"{name}, called again")
-    assert fast._rows_matmul_block in blocks, "the products did not run on the pool"
+    assert fast._rows_matmul_block in blocks, "x @ w.T (M > N) did not run in row blocks"
+    assert fast._columns_matmul_block in blocks, "dout.T @ x (M < N) did not run in column blocks"
     blocks.clear()
     small = x[:8, :8] @ w[:8, :8].T
     same(fast.matmul(x[:8, :8], w[:8, :8].T), small, "a small product")
@@ -330,6 +332,28 @@ def test_in_row_blocks_covers_every_row_once_in_uneven_blocks(monkeypatch):
     monkeypatch.setenv("NANOBERT_THREADS", "zero")
     with pytest.raises(ValueError, match="NANOBERT_THREADS must be a positive integer"):
         threads.in_row_blocks(kernel, (rows, seen), 1.0)
+
+
+@pytest.mark.skipif(threads.SET_BLAS_THREADS is None, reason="needs NumPy's bundled OpenBLAS")
+def test_blas_kernels_see_one_blas_thread_in_every_block_and_the_count_comes_back(monkeypatch):
+    """OpenBLAS's thread count is one per process: a worker that gave it back while the caller
+    still had blocks left would let the caller's BLAS calls wake OpenBLAS's own threads. Every
+    block, the last ones included, must run with the count at 1; after the call it is what it
+    was (here 3, a count no default would give)."""
+    monkeypatch.setenv("NANOBERT_THREADS", "3")
+    before = threads.SET_BLAS_THREADS(3)
+    try:
+        counts = numpy.zeros(64, int)
+
+        def kernel(rows, counts):
+            time.sleep(0.001 * rows[0])             # uneven blocks: the workers finish first
+            counts[:] = threads.SET_BLAS_THREADS(1)   # -> the count in force (1 sets 1 again)
+        threads.in_row_blocks(kernel, (numpy.arange(64), counts), uses_blas=True,
+                              rows_per_block=1)
+        assert (counts == 1).all()
+        assert threads.SET_BLAS_THREADS(3) == 3
+    finally:
+        threads.SET_BLAS_THREADS(before)
 
 
 def test_gelu_refuses_an_unknown_kind_in_both_layers():

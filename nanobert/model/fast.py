@@ -18,7 +18,8 @@ a stated rounding bound. Only what buys speed or memory lives here:
 - NumPy: large elementwise and row-wise passes, and the small batched matmuls of attention,
   split into blocks of rows over a few threads (threads.py): NumPy releases the GIL, so they
   use every core, with bitwise the same results. The large matmuls too, one block of rows
-  per thread (pooled_matmul), so that BLAS's own threads never spin idle beside them.
+  or columns per thread (pooled_matmul), so that BLAS's own threads never spin idle
+  beside them.
 - NumPy: LayerNorm's row means (row_mean) as einsum's SIMD sums, ~3x faster than mean's
   pairwise sum, and the sum of squares with no array of squares: a few ulp off the reference.
 - NumPy float32: GELU's erf as one rational function (erf_float32), 7.7 ulp, instead of the
@@ -83,26 +84,37 @@ POOLED_MATMUL_MNK = 1 << 18
 
 
 def pooled_matmul(a, b, out=None):
-    """NumPy a [M, K] @ b [K, N] as one row block of a per thread, each a BLAS call on one
-    core. OpenBLAS splits a product over the same cores at the same rate (measured here,
+    """NumPy a [M, K] @ b [K, N] split across threads, each block a BLAS call on one core.
+    OpenBLAS splits a product over the same cores at the same rate (measured here,
     [3132, 384] @ [384, 1536] float32 on 2 cores: 53 ms either way), but its idle threads
     then spin for ~0.1 s (2^28 cycles) and take a core from the GELU, softmax and LayerNorm
     passes that follow on the pool (MiniLM inference: 1.56 s -> 1.33 s with no spinning).
+    The longer of M and N is split: every block reads (and BLAS packs) all of the other
+    operand, so that one should be the smaller (the MLM decoder's [160, 768] @ [768, 30522]
+    split by rows would pack the 94 MB vocabulary matrix once per thread).
     Each block is summed in BLAS's order for its shape, so the bits differ from one whole
     call's by rounding (as BLAS's own differ between 1 and 2 threads) and depend on the
     number of threads, never on timing."""
-    M, K = a.shape
+    (M, K), N = a.shape, b.shape[1]
     if out is None:
-        out = numpy.empty((M, b.shape[1]), numpy.result_type(a, b))
-    if M * K * b.shape[1] <= POOLED_MATMUL_MNK:
+        out = numpy.empty((M, N), numpy.result_type(a, b))
+    if M * K * N <= POOLED_MATMUL_MNK:
         return numpy.matmul(a, b, out=out)
-    in_row_blocks(_rows_matmul_block, (a, out), b, uses_blas=True,
-                  rows_per_block=-(-M // thread_count()))
+    if M >= N:                                  # row blocks: out[rows] = a[rows] @ b
+        in_row_blocks(_rows_matmul_block, (a, out), b, uses_blas=True,
+                      rows_per_block=-(-M // thread_count()))
+    else:                                       # column blocks, as row blocks of the transposes
+        in_row_blocks(_columns_matmul_block, (b.T, out.T), a, uses_blas=True,
+                      rows_per_block=-(-N // thread_count()))
     return out
 
 
 def _rows_matmul_block(a, out, b):
     numpy.matmul(a, b, out=out)
+
+
+def _columns_matmul_block(b_t, out_t, a):
+    numpy.matmul(a, b_t.T, out=out_t.T)         # out[:, cols] = a @ b[:, cols]
 
 
 def stacked_matmul(a, b, out=None):

@@ -4,7 +4,7 @@ NumPy's ufuncs, reductions and matmul release the GIL while they run, so Python 
 that each take a block of rows run on separate cores. The elementwise passes (GELU,
 softmax, LayerNorm) and the small batched attention matmuls (one BLAS call per head, each
 too small for BLAS to thread) would run on one core otherwise. The large matmuls run here
-too (fast.pooled_matmul), a block of rows per thread: BLAS would thread them as fast, but
+too (fast.pooled_matmul), a block per thread: BLAS would thread them as fast, but
 its idle threads then spin for ~0.1 s and take a core from the passes that follow.
 
 Each block is a run of whole rows of the leading axis, handed to one call of the kernel.
@@ -20,10 +20,15 @@ takes and gives back the GIL, and with two threads making calls of a few microse
 handoffs cost more than the cache saves (measured on 2 cores, [3132, 1536] float32, GELU:
 45.9 ms in 2^15 blocks on 2 threads, slower than 39.0 ms on 1; 20.7 ms in 2^17 blocks).
 
-Kernels that call BLAS (matmuls, dots) run with BLAS held to one thread in each of
-our threads (OpenBLAS's per-thread openblas_set_num_threads_local): two threads calling a
-multithreaded OpenBLAS at once can spin-wait on its thread server for seconds (measured
-here: 11.6 s instead of 68 ms for one layer's attention). Where that control is missing
+Kernels that call BLAS (matmuls, dots) run with OpenBLAS held to one thread while the pool
+works, and its count is given back after: two threads calling a multithreaded OpenBLAS at once
+can spin-wait on its thread server for seconds (measured here: 11.6 s instead of 68 ms for
+one layer's attention). The setter, openblas_set_num_threads_local, sets the count for the
+whole process in a pthreads OpenBLAS, not for the calling thread as its name says (measured:
+a thread that set 1 made another thread's matmul single-threaded, and a worker that set the
+count back while the caller still had blocks to go let the caller's next BLAS calls wake
+OpenBLAS's threads, which then spun beside ours: 2.5 s of a 10.5 s BERT-base step). So only
+the caller sets and restores it, around the whole call. Where that control is missing
 (another BLAS, an OpenBLAS before 0.3.27), BLAS kernels run inline.
 """
 import ctypes
@@ -74,9 +79,10 @@ def _workers(n):
     return _pool
 
 
-def _find_blas_local_threads():
-    """OpenBLAS's openblas_set_num_threads_local(n) -> previous n, from the OpenBLAS that
-    NumPy's wheel bundles (numpy.libs/), or None."""
+def _find_blas_threads_setter():
+    """OpenBLAS's openblas_set_num_threads_local(n) -> the previous count, from the OpenBLAS
+    that NumPy's wheel bundles (numpy.libs/), or None. It sets the count for the process (see
+    the top)."""
     folder = os.path.join(os.path.dirname(numpy.__file__), os.pardir, "numpy.libs")
     for path in glob.glob(os.path.join(folder, "*openblas*")):
         try:
@@ -88,7 +94,7 @@ def _find_blas_local_threads():
     return None
 
 
-BLAS_LOCAL_THREADS = _find_blas_local_threads()
+SET_BLAS_THREADS = _find_blas_threads_setter()
 
 
 def row_blocks(rows, row_size, block_elements=BLOCK_ELEMENTS):
@@ -120,7 +126,7 @@ def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_bla
         kernel(*[None if a is None else a[start:stop] for a in arrays], *args)
 
     small = rows_per_block is None and first.size < MIN_PARALLEL
-    if threads <= 1 or small or (uses_blas and BLAS_LOCAL_THREADS is None):
+    if threads <= 1 or small or (uses_blas and SET_BLAS_THREADS is None):
         for start, stop in blocks:
             run(start, stop)
         return
@@ -128,19 +134,18 @@ def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_bla
     errors = numpy.geterr()
 
     def worker():
-        if uses_blas:
-            BLAS_LOCAL_THREADS(1)
-        try:
-            with numpy.errstate(**errors):
-                for i in iter(taken.__next__, None):
-                    if i >= len(blocks):
-                        return
-                    run(*blocks[i])
-        finally:
-            if uses_blas:
-                BLAS_LOCAL_THREADS(0)          # 0: this thread follows BLAS's global count
+        with numpy.errstate(**errors):
+            for i in iter(taken.__next__, None):
+                if i >= len(blocks):
+                    return
+                run(*blocks[i])
 
-    futures = [_workers(threads).submit(worker) for _ in range(threads - 1)]
-    worker()
-    for future in futures:
-        future.result()
+    blas_threads = SET_BLAS_THREADS(1) if uses_blas else None
+    try:
+        futures = [_workers(threads).submit(worker) for _ in range(threads - 1)]
+        worker()
+        for future in futures:
+            future.result()
+    finally:
+        if uses_blas:
+            SET_BLAS_THREADS(blas_threads)      # back to the count before the call
