@@ -208,7 +208,9 @@ def test_attentions_match_transformers_eager_on_minilm(dtype):
                     output_attentions=True).attentions
     assert len(ours) == len(theirs) == 6
     tag = numpy.dtype(dtype).name
-    tol = 1e-5 if dtype == numpy.float32 else 1e-12
+    # float32 through six layers: each BLAS sums in its own order (max 1.2e-5 measured with
+    # AVX-512 OpenBLAS and torch, under 1e-5 with AVX2); a real fault moves probabilities by 1e-3
+    tol = 4e-5 if dtype == numpy.float32 else 1e-12
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == tuple(b.shape) == (2, 12) + batch["input_ids"].shape[1:] * 2
         err = record(f"MiniLM attentions vs transformers eager (max abs, {tag})",
