@@ -366,11 +366,12 @@ def schedule(args, data):
     return args.max_steps or max(1, math.ceil(steps_per_epoch * args.epochs))
 
 
-def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, save):
+def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, save, stop):
     """AdamW steps over batches of the shuffled training rows (a new order each epoch), a
     progress line every --log-every steps, dev evaluated at the end of each epoch, the best
     checkpoint saved (and <out>/checkpoint, but after the last epoch), from state["step"]
-    until the schedule ends, --stop-at-step or Ctrl-C / SIGTERM. -> whether it stopped early.
+    until the schedule ends, --stop-at-step or Ctrl-C / SIGTERM (they set `stop`, a StopFlag).
+    -> whether it stopped early.
     Under mpiexec each rank takes a slice of every batch; rank 0 alone evaluates and saves."""
     features = data.splits["train"][1]
     steps_per_epoch = math.ceil(len(features) / args.batch_size)
@@ -383,7 +384,7 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
     if data.label_list:
         print(f"labels: {data.label_list}")
     micro = max(1, args.batch_size // group.world_size // args.grad_accum)
-    window, stop, step = Window(), StopFlag(), state["step"]
+    window, step = Window(), state["step"]
     clock = Clock(state, step)
     while step < num_train_steps:
         stop.stop = group.sum([stop.stop])[0] > 0       # Ctrl-C on any rank stops every rank
@@ -516,7 +517,10 @@ def main(argv=None):
         save_checkpoint(checkpoint_dir, model, optimizer, state,
                         os.path.join(folder, "vocab.txt"), step, write=group.is_main)
 
-    if train(args, group, task, model, optimizer, scaler, tokenizer, data, state, save):
+    with StopFlag() as stop:
+        stopped = train(args, group, task, model, optimizer, scaler, tokenizer, data, state,
+                        save, stop)
+    if stopped:
         save(state["step"], state["train_seconds"])       # stopped early: --resume goes on
         print(f"saved {checkpoint_dir} at step {state['step']} of {state['total_steps']}; "
               "--resume continues the run")

@@ -342,15 +342,15 @@ def log_evaluation(metrics_path, model, data, step, batch_size, max_batches):
 # ------------------------------------------------------------------------------ the loop
 
 
-def train(args, group, model, optimizer, scaler, state, data, save):
+def train(args, group, model, optimizer, scaler, state, data, save, stop):
     """The loop, from state["step"] until args.steps, the time budget, --stop-at-step or
     Ctrl-C: steps, log lines, held-out evaluations and checkpoints. -> (the last step, whether
-    Ctrl-C / SIGTERM stopped it). Under mpiexec every decision (when to stop, how many steps
-    fit) is taken together, and rank 0 alone logs, evaluates and writes."""
+    Ctrl-C / SIGTERM set `stop`, a StopFlag). Under mpiexec every decision (when to stop, how
+    many steps fit) is taken together, and rank 0 alone logs, evaluates and writes."""
     metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
     micro = args.batch_size // group.world_size // args.grad_accum
     window = Window(peak_tflops(args.device, args.dtype), group.world_size)
-    stop, step = StopFlag(), state["step"]
+    step = state["step"]
     replan = args.steps is None and not args.resume
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
         first = data.train_sets[0]
@@ -483,7 +483,8 @@ def main(argv=None):
         save_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file, step,
                         write=group.is_main)
 
-    step, stopped = train(args, group, model, optimizer, scaler, state, data, save)
+    with StopFlag() as stop:
+        step, stopped = train(args, group, model, optimizer, scaler, state, data, save, stop)
     save(step)
     print(f"saved {checkpoint_dir} at step {step} "
           f"({state['train_seconds'] / 60:.1f} min of training)")

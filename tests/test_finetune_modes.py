@@ -187,9 +187,11 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes_exactly(tiny_bert, tmp_path, mon
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         run(*RESUMABLE, "--model", tiny_bert, "--out", tmp_path / "resumed")
+        restored = {s: signal.getsignal(s) for s in handlers}
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+    assert restored == handlers, "the run must give back the Ctrl-C / SIGTERM handlers it found"
     assert steps == [1, 2, 3, 4, 5]
     printed = capsys.readouterr().out
     assert "SIGINT: saving a checkpoint after this step" in printed

@@ -124,12 +124,20 @@ def write_summary(path, summary):
 
 
 class StopFlag:
-    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step."""
+    """Ctrl-C / SIGTERM ask the loop to save a checkpoint and stop after the current step.
+    A context manager around the loop: the handlers before it come back when it ends, so a
+    program that runs a command's main() and goes on keeps its own Ctrl-C, and a process it
+    forks later (a multiprocessing pool) still ends on SIGTERM."""
 
-    def __init__(self):
+    def __enter__(self):
         self.stop = False
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self.handle)
+        self.previous = {sig: signal.signal(sig, self.handle)
+                         for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exception):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
     def handle(self, signum, frame):
         if self.stop:                  # a second Ctrl-C: stop now (the checkpoint swap is atomic)
