@@ -26,7 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def worker(name, batch_size, steps):
     """One process of the run: its slice of every global batch; rank 0 prints the result."""
     from nanobert import AdamW, BertForPreTraining, clip_by_global_norm
+    from nanobert.backend import reuse_freed_memory
     from nanobert.distributed import allreduce_grads, process_group, rank_slice
+    reuse_freed_memory()                                # as train.py does, in every rank
     group = process_group()
     config, _, T = make_config(name)
     whole = make_batch(config, batch_size, T)
