@@ -14,7 +14,7 @@ otherwise:
   2 eps of that scale, elementwise (measured over 20,000 draws: 1.0 eps in float32 and
   float64). Relative to the largest gradient it would be no bound at all: where every
   counted row is saturated the gradients are themselves rounding-sized (0.94 measured).
-- matmuls past fast.POOLED_MATMUL_MNK run as row blocks on the thread pool: within the
+- matmuls past fast.POOLED_MATMUL_MNK run as row or column blocks on the thread pool: within the
   rounding of a K-term sum (test_pooled_matmul_is_the_product_within_rounding); the linear
   tests draw smaller shapes, so there the product is one BLAS call, bitwise.
 - float32 losses: the fast loss is float(sum) / n in float64 (device_loss: a Python float),
