@@ -96,6 +96,31 @@ def test_accumulating_equal_micro_batches_equals_one_big_batch(seed):
         numpy.testing.assert_allclose(acc_grads[name], g, rtol=1e-9, atol=1e-13, err_msg=name)
 
 
+@pytest.mark.parametrize("mode", ["bert", "torch"])
+def test_adamw_follows_nanobert_threads_and_any_count_gives_the_same_bits(monkeypatch, mode):
+    """AdamW shares its chunks over $NANOBERT_THREADS threads of threads.py's pool (its own
+    pool once ignored the variable); the chunks are disjoint, so 1 and 3 threads update every
+    parameter and moment to the same bits."""
+    config = BertConfig(vocab_size=4000, hidden_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=128, max_position_embeddings=64)
+    results = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("NANOBERT_THREADS", threads)
+        model = BertForPreTraining(config, seed=0)
+        optimizer = AdamW(model.params, mode=mode)
+        assert optimizer.threads == int(threads) and len(optimizer.scratch) == int(threads)
+        grads = model.layout.views(model.layout.zeros(numpy, numpy.float32), order=model.params)
+        flat = next(iter(grads.values())).base
+        assert flat.size > 4 * 65536                       # several chunks per thread
+        rng = numpy.random.default_rng(0)
+        for _ in range(2):
+            flat[...] = rng.standard_normal(flat.size)
+            optimizer.step(grads, lr=1e-3)
+        results.append((optimizer.buffer.copy(), optimizer.flat_m.copy(), optimizer.flat_v.copy()))
+    for one, three, name in zip(*results, ("params", "m", "v")):
+        numpy.testing.assert_array_equal(one, three, err_msg=name)
+
+
 FORKED = {}                     # what a forked child finds in its copy of this module
 
 
@@ -106,11 +131,11 @@ def step_in_forked_child():
 
 
 def test_a_forked_child_steps_on_a_thread_pool_of_its_own(monkeypatch):
-    """The chunked sweep runs on a thread pool; a fork copies the pool object but not its
+    """The chunked sweep runs on threads.py's pool; a fork copies the pool object but not its
     threads, so the child must make its own pool instead of queueing work that nothing runs
     (it hung). The child's step equals the parent's same step."""
     import multiprocessing
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("NANOBERT_THREADS", "2")
     config = BertConfig(vocab_size=4000, hidden_size=64, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=128, max_position_embeddings=64)
     model = BertForPreTraining(config, seed=0)

@@ -14,16 +14,15 @@ is one fused kernel over the flat buffers (kernels.ADAMW_BODY, whose readable tw
 NumPy loop of AdamW.step), and LossScaler (float16) keeps its scale and its count of clean
 steps on the device and skips an overflowing step inside the AdamW kernel.
 """
+import functools
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 
 from ..backend import array_module, to_device, to_host
 from . import kernels
 from .flat import flat_buffer, flat_offsets
-from .threads import cpu_threads, in_row_blocks
+from .threads import in_row_blocks, run_tasks, thread_count
 
 NO_DECAY = ("LayerNorm", "layer_norm", "bias")
 MODES = ("bert", "torch")
@@ -194,11 +193,10 @@ class AdamW:
             self.v = self._views(self.flat_v)                   # second moment
             self.decay_runs = self._decay_runs()
             # One scratch chunk per thread: NumPy's ufuncs release the GIL, so the chunks of
-            # a step are shared between threads (the cores BLAS uses are idle here).
-            self.threads = cpu_threads() if xp is numpy else 1
+            # a step are shared between threads.py's pool (the cores BLAS uses are idle here).
+            self.threads = thread_count() if xp is numpy else 1
             self.scratch = [xp.empty(min(CHUNK, self.buffer.size), self.buffer.dtype)
                             for _ in range(self.threads)]
-            self.pool, self.pool_pid = None, None    # made on first use (see _thread_pool)
             if xp is not numpy:         # one kernel per step: which elements decay, as a mask
                 decay = numpy.zeros(self.buffer.size, dtype=bool)
                 for start, stop, wd in self.decay_runs:
@@ -264,19 +262,9 @@ class AdamW:
             self._update(spans, None, lr, t)
             return
         share = -(-len(spans) // self.threads)             # contiguous shares, one per thread
-        parts = [(spans[i * share:(i + 1) * share], self.scratch[i], lr, t)
-                 for i in range(self.threads)]
-        if self.threads == 1:
-            self._update(*parts[0])
-        else:
-            list(self._thread_pool().map(lambda part: self._update(*part), parts))
-
-    def _thread_pool(self):
-        """The pool of this process: a forked child inherits the pool object but not its
-        threads, so work queued there would never run; it makes its own."""
-        if self.pool_pid != os.getpid():
-            self.pool, self.pool_pid = ThreadPoolExecutor(self.threads), os.getpid()
-        return self.pool
+        run_tasks([functools.partial(self._update, spans[i * share:(i + 1) * share],
+                                     self.scratch[i], lr, t) for i in range(self.threads)],
+                  self.threads)
 
     def _update(self, spans, scratch, lr, t):
         """The Adam(W) update of each span in place; `scratch` (at least a span long) holds

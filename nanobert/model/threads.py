@@ -32,6 +32,7 @@ the caller sets and restores it, around the whole call. Where that control is mi
 (another BLAS, an OpenBLAS before 0.3.27), BLAS kernels run inline.
 """
 import ctypes
+import functools
 import glob
 import itertools
 import os
@@ -125,10 +126,22 @@ def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_bla
     def run(start, stop):
         kernel(*[None if a is None else a[start:stop] for a in arrays], *args)
 
-    small = rows_per_block is None and first.size < MIN_PARALLEL
-    if threads <= 1 or small or (uses_blas and SET_BLAS_THREADS is None):
-        for start, stop in blocks:
-            run(start, stop)
+    if rows_per_block is None and first.size < MIN_PARALLEL:
+        threads = 1                             # small: inline, no handoff
+    run_tasks([functools.partial(run, start, stop) for start, stop in blocks], threads,
+              uses_blas)
+
+
+def run_tasks(tasks, threads, uses_blas=False):
+    """Call each of `tasks` (callables of no arguments) once: taken in turn by the caller and
+    threads - 1 of the pool's workers, so a slow core takes fewer. Returns when all are done;
+    the first exception raised in any of them is raised here. NumPy's error state (errstate)
+    applies in the workers too. uses_blas: the tasks call BLAS, which is held to one thread
+    meanwhile (see the top). A task must not call run_tasks itself: the workers would wait
+    on their own pool."""
+    if threads <= 1 or (uses_blas and SET_BLAS_THREADS is None):
+        for task in tasks:
+            task()
         return
     taken = itertools.count()                  # next() on a count is atomic under the GIL
     errors = numpy.geterr()
@@ -136,9 +149,9 @@ def in_row_blocks(kernel, arrays, *args, block_elements=BLOCK_ELEMENTS, uses_bla
     def worker():
         with numpy.errstate(**errors):
             for i in iter(taken.__next__, None):
-                if i >= len(blocks):
+                if i >= len(tasks):
                     return
-                run(*blocks[i])
+                tasks[i]()
 
     blas_threads = SET_BLAS_THREADS(1) if uses_blas else None
     try:
