@@ -319,6 +319,23 @@ def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
         same(threaded[name], value, f"{name}, threaded vs reference")
 
 
+@pytest.mark.parametrize("rows", [301, 23, 3])
+def test_linear_forward_adds_the_bias_in_each_block_to_the_same_bits(monkeypatch, rows):
+    """NumPy's linear_forward adds the bias inside the pooled product's blocks (row blocks
+    for 301 rows, column blocks for 23, one small call for 3; 3 threads): bitwise the
+    pooled product plus the bias added after it, as the layer did before."""
+    monkeypatch.setenv("NANOBERT_THREADS", "3")
+    rng = numpy.random.default_rng(6)
+    x = rng.standard_normal((rows, 67)).astype(numpy.float32)
+    weight = rng.standard_normal((45 if rows > 45 else 1000, 67)).astype(numpy.float32)
+    bias = rng.standard_normal(weight.shape[0]).astype(numpy.float32)
+    expected = fast.pooled_matmul(x, weight.T)
+    expected += bias
+    out, cache = fast.linear_forward(x, weight, bias)
+    same(out, expected, f"linear_forward on {rows} rows")
+    assert (rows * 67 * weight.shape[0] > fast.POOLED_MATMUL_MNK) == (rows > 3)
+
+
 def test_in_row_blocks_covers_every_row_once_in_uneven_blocks(monkeypatch):
     monkeypatch.setenv("NANOBERT_THREADS", "4")
     rows = numpy.zeros((1001, 70))
