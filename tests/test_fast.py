@@ -432,6 +432,33 @@ def test_dropout_keeps_the_elements_of_a_uniform_draw_at_least_p(n, dtype, p, bi
         f"elements differ at p = {p}")
 
 
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_a_large_keep_mask_drawn_in_shares_on_threads_is_the_sequential_draw(monkeypatch,
+                                                                            dtype):
+    """Past fast.KEEP_MASK_WORDS raw words per thread, each of 3 threads draws its share from
+    a copy of the generator advanced to the share's start: the mask equals one thread's
+    sequential draw, and the generator ends in the same state, the half word that a float32
+    draw before it left buffered included, so the draws after it are the same too. From a
+    fresh generator it is rng.random(shape, dtype) >= p (an odd float32 size: the last half
+    word unused)."""
+    shape = (3, 2 * fast.KEEP_MASK_WORDS + 1)              # 3 shares of raw words, odd
+    results = []
+    for count in ("3", "1"):
+        monkeypatch.setenv("NANOBERT_THREADS", count)
+        rng = numpy.random.default_rng(7)
+        rng.random(1, dtype=numpy.float32)                 # buffers the other half word
+        keep = fast._keep_mask(shape, 0.1, rng, numpy.dtype(dtype))
+        results.append((keep, rng.bit_generator.state, rng.random(3, dtype=numpy.float32)))
+    (threaded, state, after), (alone, state_alone, after_alone) = results
+    assert state["has_uint32"] == 1 and state == state_alone
+    same(after, after_alone, "the draws after the mask")
+    same(threaded, alone, "keep mask, 3 threads vs 1")
+    monkeypatch.setenv("NANOBERT_THREADS", "3")
+    threaded = fast._keep_mask(shape, 0.1, numpy.random.default_rng(8), numpy.dtype(dtype))
+    uniform = numpy.random.default_rng(8).random(shape, dtype=dtype)
+    same(threaded, uniform >= uniform.dtype.type(0.1), "keep mask vs rng.random >= p")
+
+
 @settings(max_examples=30, deadline=None)
 @given(b=st.integers(1, 3), t=st.integers(1, 6), heads=st.integers(1, 3), d=st.integers(1, 4),
        dropout=st.sampled_from([0.0, 0.2]), dtype=dtypes, seed=seeds)

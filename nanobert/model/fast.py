@@ -29,6 +29,7 @@ a stated rounding bound. Only what buys speed or memory lives here:
 
 Ops with no trick to add are the reference itself, imported below.
 """
+import functools
 import math
 from typing import NamedTuple
 
@@ -40,7 +41,7 @@ from .ops import (GELU_KINDS, IGNORE_INDEX, AttentionCache, attention_mask_bias,
                   bce_with_logits_backward, dropout_backward, embedding_backward,
                   embedding_forward, mse_backward, tanh_backward, tanh_forward)
 from .special import erf
-from .threads import in_row_blocks, thread_count
+from .threads import in_row_blocks, run_tasks, thread_count
 
 HALF = numpy.dtype(numpy.float16)
 
@@ -469,17 +470,51 @@ def _keep_mask(shape, p, rng, uniform_dtype):
     uniforms are, to 2^-24 in float32), except that a float32 draw of odd size drops the
     unused half of its last 64-bit word instead of keeping it for the next draw."""
     word, bits = UNIFORM_WORDS[uniform_dtype]
-    n = math.prod(shape)
-    if isinstance(rng.bit_generator, numpy.random.MT19937):   # 32-bit raw output
-        words = rng.integers(0, 2 ** (8 * word.itemsize), size=n, dtype=word)
-    else:                                                      # 64-bit raw output, cut in words
-        per_raw = 8 // word.itemsize
-        words = rng.bit_generator.random_raw(-(-n // per_raw)).view(word)[:n]
     # (w >> shift) * 2^-bits >= p  <=>  w >= ceil(p * 2^bits) << shift (a Python int: it may
     # be 2^32 when p rounds to 1.0 in float32, and then nothing is kept, as before)
     shift = 8 * word.itemsize - bits
     threshold = math.ceil(float(uniform_dtype.type(p)) * 2 ** bits) << shift
-    return words.reshape(shape) >= threshold
+    n = math.prod(shape)
+    bit_generator = rng.bit_generator
+    if isinstance(bit_generator, numpy.random.MT19937):       # 32-bit raw output
+        words = rng.integers(0, 2 ** (8 * word.itemsize), size=n, dtype=word)
+        return words.reshape(shape) >= threshold
+    keep = numpy.empty(n, bool)
+    per_raw = 8 // word.itemsize                               # words cut from a 64-bit one
+    raw = -(-n // per_raw)
+    threads = min(thread_count(), -(-raw // KEEP_MASK_WORDS))
+    if threads <= 1 or not hasattr(bit_generator, "advance"):
+        _draw_and_compare(bit_generator, raw, keep, word, threshold)
+        return keep.reshape(shape)
+    # Each thread draws its share of the raw words from its own copy of the generator,
+    # advanced to where that share starts: the words of one sequential draw, drawn side by
+    # side (random_raw releases the GIL).
+    state, tasks = bit_generator.state, []
+    starts = [raw * i // threads for i in range(threads + 1)]
+    for start, stop in zip(starts, starts[1:]):
+        copy = type(bit_generator)()
+        copy.state = state
+        copy.advance(start)
+        tasks.append(functools.partial(_draw_and_compare, copy, stop - start,
+                                       keep[start * per_raw:stop * per_raw], word, threshold))
+    run_tasks(tasks, threads)
+    # Then the generator moves on as the sequential draw would have moved it. advance()
+    # also drops the half word buffered for next_uint32, which random_raw never touches.
+    bit_generator.advance(raw)
+    advanced = bit_generator.state
+    advanced["has_uint32"], advanced["uinteger"] = state["has_uint32"], state["uinteger"]
+    bit_generator.state = advanced
+    return keep.reshape(shape)
+
+
+KEEP_MASK_WORDS = 1 << 18      # raw words per thread at least (fewer: one sequential draw)
+
+
+def _draw_and_compare(bit_generator, count, keep, word, threshold):
+    """keep = the next `count` raw 64-bit words of bit_generator, cut into `word`s, >=
+    threshold; keep may be one word shorter (the unused half of an odd float32 draw)."""
+    words = bit_generator.random_raw(count).view(word)[:keep.size]
+    numpy.greater_equal(words, threshold, out=keep)
 
 # ---------------------------------------------------------------------- self-attention
 
