@@ -281,13 +281,15 @@ def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
     scores = (4 * rng.standard_normal((B, A, T * 10, T))).astype(dtype)
     q, k = (rng.standard_normal((B, A, T, D)).astype(dtype) for _ in range(2))
     gamma, beta = rng.standard_normal(H).astype(dtype), rng.standard_normal(H).astype(dtype)
+    residual = rng.standard_normal(x.shape).astype(dtype)
 
     def run():
         ln, ln_cache = fast.layernorm_forward(x, gamma, beta, 1e-12)
         g, g_cache = fast.gelu_forward(x)
         y, y_cache = fast.softmax_forward(scores.copy(), overwrite_x=True)
         dropped, mask = fast.dropout_forward(x, 0.1, numpy.random.default_rng(3), True)
-        return {"dropout": dropped, "dropout mask": mask,
+        added, _ = fast.dropout_add_forward(x, residual, 0.1, numpy.random.default_rng(3), True)
+        return {"dropout": dropped, "dropout mask": mask, "dropout + residual": added,
                 "layernorm": ln, "layernorm xhat": ln_cache[0], "layernorm rstd": ln_cache[2],
                 "layernorm dx": fast.layernorm_backward(x, ln_cache)[0],
                 "gelu": g, "gelu Phi": g_cache[1], "gelu dx": fast.gelu_backward(x, g_cache),
@@ -307,6 +309,8 @@ def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
     for name, err in layernorm_errors(x, gamma, beta, x).items():     # still 3 threads
         assert err <= LAYERNORM_BOUND, f"layernorm {name}, threaded vs reference: {err:.3e}"
     reference = {"dropout": dropped, "dropout mask": mask, "softmax": y,
+                 "dropout + residual": ops.dropout_add_forward(
+                     x, residual, 0.1, numpy.random.default_rng(3), True)[0],
                  "softmax dx": ops.softmax_backward(scores, y_cache),
                  "stacked matmul": q @ k.transpose(0, 1, 3, 2)}
     if dtype is numpy.float64:
@@ -334,6 +338,23 @@ def test_linear_forward_adds_the_bias_in_each_block_to_the_same_bits(monkeypatch
     out, cache = fast.linear_forward(x, weight, bias)
     same(out, expected, f"linear_forward on {rows} rows")
     assert (rows * 67 * weight.shape[0] > fast.POOLED_MATMUL_MNK) == (rows > 3)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
+def test_add_and_norm_at_inference_is_layernorm_of_the_sum(monkeypatch, dtype):
+    """layernorm_inference(y, ..., residual=x) adds x block by block (3 threads, uneven
+    blocks of LAYERNORM_BLOCK) into y: bitwise layernorm_forward(y + x), x untouched."""
+    monkeypatch.setenv("NANOBERT_THREADS", "3")
+    rng = numpy.random.default_rng(9)
+    y, x = (rng.standard_normal((2, 2500, 384)).astype(dtype) for _ in range(2))
+    gamma, beta = rng.standard_normal(384).astype(dtype), rng.standard_normal(384).astype(dtype)
+    assert y.size > 3 * fast.LAYERNORM_BLOCK
+    expected = fast.layernorm_forward(y + x, gamma, beta, 1e-12)[0]
+    x_before = x.copy()
+    out = fast.layernorm_inference(y, gamma, beta, 1e-12, residual=x)
+    assert out is y
+    same(out, expected, "LN(y + x) at inference")
+    same(x, x_before, "the residual")
 
 
 def test_in_row_blocks_covers_every_row_once_in_uneven_blocks(monkeypatch):

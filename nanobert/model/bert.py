@@ -310,15 +310,14 @@ def encoder_layer_inference(params, prefix, x, attend, config, output_attentions
                                                       output_attentions)
     y, _ = ops.linear_forward(context, P("attention.output.dense.weight"),
                               P("attention.output.dense.bias"))
-    y += x                                                         # the residual
-    h = ops.layernorm_inference(y, P("attention.output.LayerNorm.weight"),
-                                P("attention.output.LayerNorm.bias"), config.layer_norm_eps)
+    h = ops.layernorm_inference(y, P("attention.output.LayerNorm.weight"),      # LN(y + x)
+                                P("attention.output.LayerNorm.bias"), config.layer_norm_eps,
+                                residual=x)
     inter, _ = ops.linear_forward(h, P("intermediate.dense.weight"), P("intermediate.dense.bias"))
     inter = ops.gelu_inference(inter, config.hidden_act)            # [B, T, I]
     y, _ = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    y += h                                                         # the residual
     out = ops.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
-                                  config.layer_norm_eps)
+                                  config.layer_norm_eps, residual=h)   # LN(y + h)
     return out, probs
 
 

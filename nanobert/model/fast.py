@@ -418,28 +418,40 @@ def dropout_forward(x, p, rng, training):
     if not training or p == 0.0:
         return x, None
     xp = array_module(x)
-    scale = x.dtype.type(1.0 / (1.0 - p))
     if xp is not numpy:
-        uniform = _uniform(x, rng)      # p in its dtype: CuPy 13 would compare a float in float64
+        scale, uniform = x.dtype.type(1.0 / (1.0 - p)), _uniform(x, rng)
+        # p in the uniforms' dtype: CuPy 13 would compare a Python float in float64
         return kernels.fused(xp, kernels.dropout)(x, uniform, uniform.dtype.type(p), scale)
+    return _numpy_dropout(x, p, rng)
+
+
+def _numpy_dropout(x, p, rng, residual=None):
+    """NumPy dropout in training -> (out, mask), in blocks on the pool; residual (x's
+    shape, or None): added to out in the same blocks."""
+    scale = x.dtype.type(1.0 / (1.0 - p))
     keep = _keep_mask(x.shape, p, rng, _uniform_dtype(x))
     mask, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
     in_row_blocks(_dropout_block, (x.reshape(-1), keep.reshape(-1), mask.reshape(-1),
-                                   out.reshape(-1)), scale)
+                                   out.reshape(-1),
+                                   None if residual is None else residual.reshape(-1)), scale)
     return out, mask
 
 
-def _dropout_block(x, keep, mask, out, scale):
-    """dropout_forward on a block of elements: the scaled mask, and x times it."""
+def _dropout_block(x, keep, mask, out, residual, scale):
+    """dropout_forward on a block of elements: the scaled mask, x times it (+ residual)."""
     numpy.multiply(keep, scale, out=mask)
     numpy.multiply(x, mask, out=out)
+    if residual is not None:
+        out += residual
 
 
 def dropout_add_forward(x, residual, p, rng, training):
-    """ops.dropout_add_forward: the residual added in place into the dropout's output on
-    NumPy (x itself in eval mode: x is the sublayer's temporary); dropout and add in one
+    """ops.dropout_add_forward: on NumPy the residual added in the dropout's blocks (in
+    place into x in eval mode: x is the sublayer's temporary); dropout and add in one
     fused kernel on CuPy. `residual` is not modified."""
     xp = array_module(x)
+    if xp is numpy and training and p != 0.0 and residual.shape == x.shape:
+        return _numpy_dropout(x, p, rng, residual)
     if xp is numpy or not training or p == 0.0:
         out, mask = dropout_forward(x, p, rng, training)
         out += residual
@@ -723,14 +735,23 @@ def _in_place_ok(x):
     return array_module(x) is numpy and x.dtype != HALF and x.flags.c_contiguous
 
 
-def layernorm_inference(x, gamma, beta, eps):
-    """layernorm_forward's output, on NumPy written into x (the residual sum)."""
-    if not _in_place_ok(x):
-        return layernorm_forward(x, gamma, beta, eps)[0]
+def layernorm_inference(x, gamma, beta, eps, residual=None):
+    """layernorm_forward's output of x, or of x + residual (the Transformer's "Add & Norm":
+    a sublayer's output x and its input), on NumPy written into x, the sum made block by
+    block as each block is normalised."""
+    if not _in_place_ok(x) or (residual is not None and residual.shape != x.shape):
+        return layernorm_forward(x if residual is None else x + residual, gamma, beta, eps)[0]
     H = x.shape[-1]
-    in_row_blocks(_layernorm_block, (x.reshape(-1, H), None, None, None), gamma, beta, eps,
+    in_row_blocks(_add_layernorm_block, (x.reshape(-1, H), None if residual is None
+                                         else residual.reshape(-1, H)), gamma, beta, eps,
                   block_elements=LAYERNORM_BLOCK)
     return x
+
+
+def _add_layernorm_block(x, residual, gamma, beta, eps):
+    if residual is not None:
+        x += residual
+    _layernorm_block(x, None, None, None, gamma, beta, eps)
 
 
 def gelu_inference(x, kind="gelu"):
