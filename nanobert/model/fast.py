@@ -14,12 +14,15 @@ a stated rounding bound. Only what buys speed or memory lives here:
   are written into float32 buffers. On NumPy a float16 matmul runs as a float32 BLAS call
   rounded to float16: what tensor cores do (float16 inputs, float32 accumulation, a
   float16 result), and ~100x faster than NumPy's own float16 loop.
-- Dropout masks from the bit generator's raw words, without making floats of them.
+- Dropout masks from the bit generator's raw words, without making floats of them; a large
+  mask drawn in shares on the thread pool, the same words as one draw.
 - NumPy: large elementwise and row-wise passes, and the small batched matmuls of attention,
   split into blocks of rows over a few threads (threads.py): NumPy releases the GIL, so they
   use every core, with bitwise the same results. The large matmuls too, one block of rows
   or columns per thread (pooled_matmul), so that BLAS's own threads never spin idle
-  beside them.
+  beside them. A pass that follows another is made in the same block while it is in cache:
+  a linear layer's bias in its matmul's blocks, a residual in the dropout's blocks (or, at
+  inference, in the LayerNorm's: Add & Norm).
 - NumPy: LayerNorm's row means (row_mean) as einsum's SIMD sums, ~3x faster than mean's
   pairwise sum, and the sum of squares with no array of squares: a few ulp off the reference.
 - NumPy float32: GELU's erf as one rational function (erf_float32), 7.7 ulp, instead of the
