@@ -456,7 +456,7 @@ def test_dropout_keeps_the_elements_of_a_uniform_draw_at_least_p(n, dtype, p, bi
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 def test_a_large_keep_mask_drawn_in_shares_on_threads_is_the_sequential_draw(monkeypatch,
                                                                             dtype):
-    """Past fast.KEEP_MASK_WORDS raw words per thread, each of 3 threads draws its share from
+    """A mask of 3 x fast.KEEP_MASK_WORDS raw words and more: each of 3 threads draws its share from
     a copy of the generator advanced to the share's start: the mask equals one thread's
     sequential draw, and the generator ends in the same state, the half word that a float32
     draw before it left buffered included, so the draws after it are the same too. From a

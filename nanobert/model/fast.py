@@ -522,7 +522,7 @@ def _keep_mask(shape, p, rng, uniform_dtype):
     return keep.reshape(shape)
 
 
-KEEP_MASK_WORDS = 1 << 18      # raw words per thread at least (fewer: one sequential draw)
+KEEP_MASK_WORDS = 1 << 18      # a thread per started 2^18 raw words (at most 2^18: one draw)
 
 
 def _draw_and_compare(bit_generator, count, keep, word, threshold):
@@ -752,6 +752,7 @@ def layernorm_inference(x, gamma, beta, eps, residual=None):
 
 
 def _add_layernorm_block(x, residual, gamma, beta, eps):
+    """layernorm_inference on a block of rows [n, H]: x += residual (if any), normalised."""
     if residual is not None:
         x += residual
     _layernorm_block(x, None, None, None, gamma, beta, eps)
