@@ -1,6 +1,6 @@
 """finetune.py without training (--do eval / predict on a fine-tuned folder) and with
 --resume (exact continuation, a checkpoint on Ctrl-C), on the tiny random BERT of
-test_finetune.py; and README's Python snippet that loads a fine-tuned folder."""
+test_finetune.py; and docs/finetuning.md's Python snippet that loads a fine-tuned folder."""
 import json
 import os
 import shutil
@@ -11,7 +11,7 @@ import pytest
 
 import finetune
 from nanobert.formats import safetensors
-from test_docs import README, run_blocks
+from test_docs import ROOT, run_blocks
 from test_finetune import data, make_tiny_bert, records, run
 
 SST2 = ("--glue-task", "sst-2", "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"))
@@ -220,15 +220,15 @@ def test_resume_refuses_no_state_a_changed_flag_and_a_changed_model(tmp_path):
                                          r"intermediate_size 64"):
         run(*RESUMABLE, "--model", model, "--out", out, "--resume")
 
-# ------------------------------------------------------------------------- README snippet
+# ----------------------------------------------------------- docs/finetuning.md's snippet
 
 
-def test_the_readme_python_snippet_predicts_labels(classifier, tmp_path, monkeypatch, capsys):
-    """README's snippet (load a fine-tuned folder, tokenize, predict) runs on a fine-tuned
+def test_the_docs_python_snippet_predicts_labels(classifier, tmp_path, monkeypatch, capsys):
+    """docs/finetuning.md's snippet (load a fine-tuned folder, tokenize, predict) runs on a fine-tuned
     folder at the path it names, and labels its sentences with the folder's label names."""
     folder = tmp_path / "runs" / "finetune-classify-movie-sentiment" / "best"
     shutil.copytree(classifier / "best", folder)
     monkeypatch.chdir(tmp_path)
-    namespace = run_blocks(README, "Evaluate, predict, resume")
+    namespace = run_blocks(ROOT / "docs" / "finetuning.md", "Evaluate, predict, resume")
     assert set(namespace["labels"]) <= {"0", "1"} and len(namespace["labels"]) == 2
     assert capsys.readouterr().out.strip()
