@@ -224,8 +224,8 @@ def test_resume_refuses_no_state_a_changed_flag_and_a_changed_model(tmp_path):
 
 
 def test_the_docs_python_snippet_predicts_labels(classifier, tmp_path, monkeypatch, capsys):
-    """docs/finetuning.md's snippet (load a fine-tuned folder, tokenize, predict) runs on a fine-tuned
-    folder at the path it names, and labels its sentences with the folder's label names."""
+    """docs/finetuning.md's snippet (load a fine-tuned folder, tokenize, predict) runs on a
+    fine-tuned folder at the path it names, and labels its sentences with its label names."""
     folder = tmp_path / "runs" / "finetune-classify-movie-sentiment" / "best"
     shutil.copytree(classifier / "best", folder)
     monkeypatch.chdir(tmp_path)
