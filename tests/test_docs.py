@@ -5,7 +5,8 @@
   Shell blocks (```bash, ```sh): each command (lines split at `&&`) is a project command whose
   `--help` must run (train.py, finetune.py, python -m nanobert... / bench...), a `pip install`
   whose pinned versions are those .ci/run installs, or a set-up step (venv, activate, ruff,
-  pytest). ```text blocks are a command's output; the block without a language is the layout.
+  pytest). ```text blocks are a command's output; a block without a language is a layout,
+  and every path it names must exist.
 - Markers, an HTML comment on the line just before a block (invisible on GitHub):
     <!-- illustrative -->              not run (a python block is still compiled and its
                                         imports resolved); for transcripts, examples that need
@@ -329,6 +330,20 @@ def test_the_readme_test_command_is_what_ci_runs():
           .replace("python -m pip", "pip") for line in CI.read_text().splitlines()
           if re.match(r"(python -m pip|ruff|python -m pytest)", line)]
     assert readme[2:] == ci, f"README:\n{readme[2:]}\n.ci/run:\n{ci}"
+
+
+# ------------------------------------------------------------------------- the layout
+
+
+def test_every_file_the_layouts_name_exists():
+    """README's brief layout names paths from the root; docs/layout.md's tree names files."""
+    brief = next(b for b in fenced_blocks(README) if b.lang == "" and "nanobert/" in b.source)
+    missing = [line.split()[0] for line in brief.source.splitlines()
+               if not (ROOT / line.split()[0]).exists()]
+    tree = next(b for b in fenced_blocks(ROOT / "docs" / "layout.md") if b.lang == "")
+    files = {p.name for p in ROOT.rglob("*.py") if ".venv" not in p.parts}
+    missing += sorted(set(re.findall(r"[\w.]+\.py\b", tree.source)) - files)
+    assert not missing, f"the layouts name what is not there: {missing}"
 
 
 # ------------------------------------------------------------------------- links
