@@ -25,6 +25,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 
 import pytest
@@ -62,12 +63,13 @@ def fenced_blocks(path):
     """Every fenced block of a Markdown page, with the marker on the line before its fence."""
     blocks, source, lang, start, marker, previous = [], None, "", 0, "", ""
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if source is None and line.startswith("```"):
-            lang, source, start = line[3:].strip(), [], number + 1
+        if source is None and line.lstrip().startswith("```"):
+            lang, source, start = line.strip()[3:].strip(), [], number + 1
             found = MARKER.fullmatch(previous.strip())
             marker = found.group(1) if found else ""
         elif source is not None and line.strip() == "```":
-            blocks.append(Block(start, lang, "\n".join(source) + "\n", marker))
+            # a block inside a list item is indented with it
+            blocks.append(Block(start, lang, textwrap.dedent("\n".join(source)) + "\n", marker))
             source = None
         elif source is not None:
             source.append(line)
@@ -91,7 +93,7 @@ def section_of(lines, number):
     """The heading above line `number` (1-based), outside fenced blocks."""
     heading, fence = None, False
     for line in lines[:number - 1]:
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):
             fence = not fence
         elif not fence and line.startswith("#"):
             heading = line.lstrip("#").strip()
@@ -262,9 +264,9 @@ def flag_uses(page):
             uses += [(b.line, flag, None) for flag in FLAG.findall(b.source)]
     paragraph, fence = [], False
     for number, line in enumerate(lines + [""], 1):
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):
             fence = not fence
-        if fence or line.startswith("```") or not line.strip():
+        if fence or line.lstrip().startswith("```") or not line.strip():
             uses += paragraph_flags(paragraph)
             paragraph = []
         else:
@@ -280,8 +282,9 @@ def paragraph_flags(paragraph):
     events = sorted([(m.start(), "command", m) for m in COMMAND.finditer(text)] +
                     [(m.start(), "flag", m) for m in FLAG.finditer(text)], key=lambda e: e[0])
     for at, kind, match in events:
-        if kind == "command":
+        if kind == "command":       # named: its --help must run
             named = match.group(1) or match.group(2)
+            uses.append((starts[at], "--help", named))
             continue
         span = next((s for s in spans if s[0] <= at < s[1]), None)
         before = text[span[0] + 1:at] if span else ""
@@ -314,7 +317,8 @@ def test_the_flag_check_attributes_flags_to_their_command(tmp_path):
                     "--no-deps x`.\n\n`--pooling mean` alone.\n\n```bash\n"
                     "mpiexec -n 2 python -m bench.speed --steps 3 --nonexistent\n```\n")
     uses = {(flag, command) for _, flag, command in flag_uses(page)}
-    assert uses == {("--minutes", "train.py"), ("--resume", "train.py"), ("--pooling", None),
+    assert uses == {("--help", "train.py"),
+                    ("--minutes", "train.py"), ("--resume", "train.py"), ("--pooling", None),
                     ("--steps", "bench.speed"), ("--nonexistent", "bench.speed")}, uses
     assert flag_problems(page) == ["page.md:6: bench.speed has no --nonexistent (its --help)"]
 
@@ -358,7 +362,7 @@ def anchors(path):
     """Every heading anchor of a page, GitHub's -1, -2 ... suffixes on repeats."""
     found, repeats, fence = set(), {}, False
     for line in path.read_text().splitlines():
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):
             fence = not fence
         elif not fence and re.match(r"#{1,6} ", line):
             anchor = heading_anchor(line.lstrip("#"))
@@ -371,7 +375,7 @@ def links(path):
     """[(line, target)] of every Markdown link and image outside code."""
     found, fence = [], False
     for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.startswith("```"):
+        if line.lstrip().startswith("```"):
             fence = not fence
         if fence:
             continue
