@@ -79,7 +79,7 @@ def test_time_budget_fits_the_whole_schedule(tmp_path, capsys):
     they took, held-out evaluations included, so the schedule (and its decay of the lr to 0)
     ends inside the budget. Here evaluations cost several steps each: a plan from the steps'
     own time overshoots and the budget cuts the run far short. (Within 10%: a 15-second budget
-    meets timing noise, a 10-minute one ends its schedule: README.)"""
+    meets timing noise, a 10-minute one ends its schedule: docs/pretraining.md.)"""
     out = tmp_path / "run"
     run(tmp_path, out, "--minutes", "0.25", "--heldout", str(BROWN / "heldout.txt.gz"),
         "--eval-every", "2", "--eval-batches", "20", "--log-every", "1000")
