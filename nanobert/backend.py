@@ -2,7 +2,8 @@
 
 Model and optimizer code never import numpy or cupy directly for array math: they ask
 `array_module(x)` for the namespace (`xp`) an array lives in, so the same code runs on both.
-Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings.
+Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings, and
+PinnedStaging the one a training batch takes to the GPU (pinned memory, an async copy).
 Also here, because they only look at arrays: scatter_add and the flat-buffer test
 (flat_buffer, flat_offsets; model/flat.py lays the buffers out).
 """
