@@ -20,7 +20,10 @@ CuPy 14 makes around it (Matmul: operands cuBLAS cannot read as they lie, an out
 write straight into); ufunc outputs are C-contiguous, as CuPy allocates them. A sync is any
 read of device data by the
 host: float(), int(), bool(), item(), tolist(), get(), asnumpy(), repr(), boolean-mask
-indexing (CuPy must learn the count), Device.synchronize().
+indexing (CuPy must learn the count), Device.synchronize(); and any host-to-device copy
+from pageable memory, Event.synchronize(), Stream.synchronize() (see 'pinned memory and
+streams': an async copy from pinned memory is no wait, but is checked for a source written
+while it was in flight).
 
 ElementwiseKernel bodies are CUDA C; the stand-in runs straight-line bodies (declarations,
 assignments, arithmetic, sqrt, a top-level ternary) as NumPy, so the kernel's arithmetic is
