@@ -35,8 +35,9 @@ from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX
 from nanobert.model.optim import warmup_steps
 from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
-from nanobert.training.guards import check_loss
-from nanobert.training.metrics import Window, append_metrics, peak_tflops, plot, time_left
+from nanobert.training.guards import batch_fits, check_loss
+from nanobert.training.metrics import (Window, append_metrics, peak_tflops, percent, plot,
+                                      time_left)
 from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, corpus_files, evaluate,
                                            fill_mask_example, host_sums, means, prepare_corpus,
                                            prepare_datasets, prepare_vocab, step_sums,
@@ -298,9 +299,10 @@ def loss_and_grads(args, model, scaler, denominators):
     def micro_batch(batch):
         if args.no_nsp:
             batch = {k: v for k, v in batch.items() if k != "next_sentence_label"}
-        return model.loss_and_grads(batch, return_outputs=True, denominators=denominators,
-                                    on_device=model.xp is not numpy,
-                                    loss_scale=scaler.scale if scaler else None)
+        with batch_fits(batch["input_ids"].shape, args.batch_size, args.grad_accum, args.device):
+            return model.loss_and_grads(batch, return_outputs=True, denominators=denominators,
+                                        on_device=model.xp is not numpy,
+                                        loss_scale=scaler.scale if scaler else None)
     return micro_batch
 
 # ----------------------------------------------------------------------------- logging
@@ -327,7 +329,7 @@ def log_train(args, model, metrics_path, window, step, lr, elapsed):
         line += f" ({record['tokens_per_second_per_rank']:,.0f} per rank)"
     if window.peak:
         record["mfu"] = window.mfu()
-        line += f"  MFU {100 * record['mfu']:.1f}%"
+        line += f"  MFU {percent(record['mfu'])}"
     if metrics_path:
         print(f"{line}  {time_left(elapsed, step, args.steps)}", flush=True)
         append_metrics(metrics_path, record)
@@ -355,8 +357,9 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
     if args.steps is None:       # the schedule needs a step count: fit it to the time budget
         first = data.train_sets[0]
         probe = trim(first.batch(numpy.arange(min(micro, len(first)))))
-        args.steps = group.broadcast_object(
-            steps_for_budget(model, probe, args.grad_accum, args.minutes))
+        with batch_fits(probe["input_ids"].shape, args.batch_size, args.grad_accum, args.device):
+            args.steps = group.broadcast_object(
+                steps_for_budget(model, probe, args.grad_accum, args.minutes))
     end = budget_end(args.minutes)
     while step < args.steps:
         stopping, over_budget = group.sum([stop.stop, time.time() > end])

@@ -2,7 +2,8 @@
 
 Model and optimizer code never import numpy or cupy directly for array math: they ask
 `array_module(x)` for the namespace (`xp`) an array lives in, so the same code runs on both.
-Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings.
+Data pipelines stay on the host (NumPy); `to_device` / `to_host` are the only crossings, and
+PinnedStaging the one a training batch takes to the GPU (pinned memory, an async copy).
 Also here, because they only look at arrays: scatter_add and the flat-buffer test
 (flat_buffer, flat_offsets; model/flat.py lays the buffers out).
 """
@@ -102,6 +103,80 @@ def to_device(x, xp, dtype=None):
     if xp is numpy:
         return numpy.asarray(to_host(x), dtype=dtype)
     return xp.asarray(x, dtype=dtype)
+
+
+class PinnedStaging:
+    """Host arrays -> CuPy arrays through page-locked ("pinned") host memory, each copy
+    issued asynchronously on the current stream, so that handing a batch to the GPU never
+    makes the host wait. cupy.asarray of ordinary (pageable) memory may: CuPy 14 stages it
+    through its pinned pool, which allocates new page-locked memory, a synchronization of
+    the whole device, whenever the blocks it has are still being copied from, as they are
+    when the host runs ahead of the GPU.
+
+    The arrays of one batch (one `batch` object, e.g. the model's checked host dict) fill one
+    slot's pinned buffer; the next batch takes the next slot. A buffer is refilled only once
+    the event recorded behind its batch (when the next batch began) has passed, so a copy in
+    flight never reads half-new data: checked by a query, a wait only when the GPU is still
+    `slots` batches behind. Device arrays are fresh each time: CuPy's pool hands memory out
+    again in stream order, and a caller may keep them."""
+
+    ALIGN = 256                      # bytes: each array starts on a boundary, as cudaMalloc's
+
+    def __init__(self, xp, slots=2):
+        self.xp = xp
+        self.buffers = [None] * slots     # each slot's pinned uint8 buffer
+        self.retired = [[] for _ in range(slots)]   # outgrown buffers their copies may read
+        self.events = [None] * slots      # recorded behind each slot's last batch
+        self.slot, self.batch, self.used = 0, None, 0
+        self.stream = None
+
+    def put(self, a, batch, dtype=None):
+        """Host array `a` (cast to `dtype`) of `batch` -> a device array, its copy issued."""
+        if array_module(a) is not numpy:
+            return self.xp.asarray(a, dtype=dtype)        # already on the device
+        a = numpy.asarray(a)
+        dtype = numpy.dtype(dtype or a.dtype)
+        if a.ndim == 0 or a.size == 0:
+            return self.xp.asarray(a, dtype=dtype)        # a fill kernel's argument: no copy
+        if batch is not self.batch:
+            self._next_slot(batch)
+        start = -(-self.used // self.ALIGN) * self.ALIGN
+        end = start + a.size * dtype.itemsize
+        buffer = self.buffers[self.slot]
+        if buffer is None or end > buffer.size:
+            buffer, start, end = self._grow(end - start, end)
+        pinned = buffer[start:end].view(dtype).reshape(a.shape)
+        pinned[...] = a
+        self.used = end
+        out = self.xp.empty(a.shape, dtype=dtype)
+        out.set(pinned, stream=self.stream)
+        return out
+
+    def _next_slot(self, batch):
+        """Leave the slot just filled (an event behind its copies), take the next one once
+        the copies that last read it are done."""
+        if self.batch is not None:
+            if self.events[self.slot] is None:
+                self.events[self.slot] = self.xp.cuda.Event(disable_timing=True)
+            self.events[self.slot].record(self.stream)
+        self.slot = (self.slot + 1) % len(self.buffers)
+        event = self.events[self.slot]
+        if event is not None and not event.done:
+            event.synchronize()                 # the GPU is len(slots) batches behind
+        self.retired[self.slot].clear()
+        self.batch, self.used = batch, 0
+        self.stream = self.xp.cuda.get_current_stream()
+
+    def _grow(self, nbytes, needed):
+        """A larger pinned buffer for this slot (the old one kept until its copies are
+        done): page-locking memory synchronizes the device, so it is done rarely and
+        generously. -> (buffer, start, end) of the next array in it."""
+        import cupyx
+        old = self.buffers[self.slot]
+        if old is not None:
+            self.retired[self.slot].append(old)
+        self.buffers[self.slot] = cupyx.empty_pinned(2 * needed, dtype=numpy.uint8)
+        return self.buffers[self.slot], 0, nbytes
 
 
 def reuse_freed_memory():

@@ -20,7 +20,10 @@ CuPy 14 makes around it (Matmul: operands cuBLAS cannot read as they lie, an out
 write straight into); ufunc outputs are C-contiguous, as CuPy allocates them. A sync is any
 read of device data by the
 host: float(), int(), bool(), item(), tolist(), get(), asnumpy(), repr(), boolean-mask
-indexing (CuPy must learn the count), Device.synchronize().
+indexing (CuPy must learn the count), Device.synchronize(); and any host-to-device copy
+from pageable memory, Event.synchronize(), Stream.synchronize() (see 'pinned memory and
+streams': an async copy from pinned memory is no wait, but is checked for a source written
+while it was in flight).
 
 ElementwiseKernel bodies are CUDA C; the stand-in runs straight-line bodies (declarations,
 assignments, arithmetic, sqrt, a top-level ternary) as NumPy, so the kernel's arithmetic is
@@ -32,6 +35,7 @@ import inspect
 import re
 import sys
 import types
+import weakref
 
 import numpy
 
@@ -50,6 +54,8 @@ class Counts:
         self.launches = 0
         self.syncs = 0
         self.host_to_device = 0
+        self.pageable_copies = 0                 # host waits too (pinned memory below)
+        self.pinned_copies = 0
         self.generators = 0
         self.kernels = collections.Counter()     # name -> launches
         self.sync_sites = collections.Counter()  # what synced -> count
@@ -63,6 +69,7 @@ class Counts:
     def sync(self, what):
         self.syncs += 1
         self.sync_sites[what] += 1
+        _copies_land()                           # the host caught up with the device
 
 
 counts = Counts()
@@ -500,8 +507,7 @@ def _function(name):
         if np_fn is None:
             raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
         if name in HOST_TO_DEVICE and args and not isinstance(args[0], ndarray):
-            counts.host_to_device += 1
-            return ndarray(numpy.array(args[0], dtype=kwargs.get("dtype"), copy=True))
+            return _host_to_device(name, args[0], kwargs.get("dtype"))
         uargs = _unwrap(args, f"cupy.{name}")
         if name in SYNCING:
             counts.sync(f"cupy.{name}")
@@ -815,6 +821,207 @@ cupyx.scatter_add = scatter_add
 
 MODULES = {"cupy": cupy, "cupyx": cupyx, "cupyx.scipy": cupyx_scipy,
            "cupyx.scipy.special": cupyx_special}
+
+
+# ---------------------------------------------------------- pinned memory and streams
+# cupyx.empty_pinned / zeros_pinned (cupyx/_pinned_array.py) are NumPy arrays in page-locked
+# memory, and ndarray.set(pinned, stream=) (core.pyx: copy_from_host_async) copies one to
+# the device without the host waiting. A host-to-device copy from pageable memory counts as
+# a host wait (counts.pageable_copies, and a sync): CUDA may synchronize the stream to stage
+# it, and cupy.asarray's staging buffers come from CuPy's pinned pool, which allocates
+# page-locked memory (an implicit device synchronization) whenever every free block of the
+# size is still in flight. A 0-d value is a fill kernel's argument (_array_default), no copy.
+#
+# The stand-in's device keeps up, no further: an async copy lands at once (the kernels that
+# follow read its data), yet it stays in flight until the host learns that it is done
+# (Event.done or .synchronize on an event recorded behind it, Stream.done / .synchronize,
+# any read of device data). A pinned source written by the host while its copy is in flight
+# could have been read half-new by a real GPU: StandinError, at the next pinned copy or when
+# the copy is found done. Event.synchronize and Stream.synchronize count as syncs (they may
+# wait on a GPU); a query (done) does not: here the device is always done when asked.
+
+_PINNED = []          # (first address, end address, weakref to the block) of each pinned block
+_IN_FLIGHT = []       # async copies from pinned memory the host has not seen done
+_CURRENT_STREAMS = []
+
+
+def _pinned_block(array):
+    start = array.__array_interface__["data"][0]
+    _PINNED.append((start, start + array.nbytes, weakref.ref(array)))
+    return array
+
+
+def is_pinned(a):
+    """Whether NumPy array `a` lies in a block from cupyx.empty_pinned and kin (CuPy's
+    is_memory_pinned asks CUDA about the address)."""
+    start = a.__array_interface__["data"][0]
+    _PINNED[:] = [block for block in _PINNED if block[2]() is not None]
+    return a.nbytes > 0 and any(first <= start and start + a.nbytes <= end
+                                for first, end, _ in _PINNED)
+
+
+def _empty_pinned(shape, dtype=float, order="C"):
+    return _pinned_block(numpy.empty(shape, dtype, order))
+
+
+def _zeros_pinned(shape, dtype=float, order="C"):
+    return _pinned_block(numpy.zeros(shape, dtype, order))
+
+
+def _empty_like_pinned(a, dtype=None, order="K", subok=None, shape=None):
+    return _pinned_block(numpy.empty_like(a, dtype, order, shape=shape))
+
+
+def _zeros_like_pinned(a, dtype=None, order="K", subok=None, shape=None):
+    return _pinned_block(numpy.zeros_like(a, dtype, order, shape=shape))
+
+
+class _Copy:
+    """An async copy in flight: its pinned source and what the source held when issued."""
+
+    def __init__(self, stream, source, what):
+        self.stream, self.source, self.held, self.what = stream, source, source.copy(), what
+
+    def check(self):
+        if not numpy.array_equal(self.source, self.held, equal_nan=self.held.dtype.kind in "fc"):
+            raise StandinError(f"{self.what}: its pinned source was written while the copy "
+                               f"was in flight (refill a pinned buffer only after an event "
+                               f"recorded behind its copy is done)")
+
+
+def _check_in_flight():
+    for copy in _IN_FLIGHT:
+        copy.check()
+
+
+def _copies_land(copies=None):
+    """The host has seen these copies (default: all) done: check those still in flight,
+    then forget them."""
+    copies = [c for c in _IN_FLIGHT if copies is None or any(c is d for d in copies)]
+    for copy in copies:
+        copy.check()
+    _IN_FLIGHT[:] = [c for c in _IN_FLIGHT if all(c is not done for done in copies)]
+
+
+def _pageable_copy(what):
+    counts.pageable_copies += 1
+    counts.sync(f"pageable host-to-device copy ({what})")
+
+
+def _async_copy(source, stream, what):
+    _check_in_flight()
+    counts.pinned_copies += 1
+    _IN_FLIGHT.append(_Copy(stream or get_current_stream(), source, what))
+
+
+def _host_to_device(name, source, dtype):
+    """cupy.asarray / array of host data (CuPy 14's _array_default)."""
+    counts.host_to_device += 1
+    result = ndarray(numpy.array(source, dtype=dtype, copy=True))
+    if result.ndim == 0:
+        return result                                  # a fill kernel's argument
+    if isinstance(source, numpy.ndarray) and source.dtype == result.dtype \
+            and source.flags.c_contiguous and is_pinned(source):
+        _async_copy(source, None, f"cupy.{name} of a pinned {source.shape} array")
+    else:
+        _pageable_copy(f"cupy.{name}")
+    return result
+
+
+def _set(self, arr, stream=None):
+    """cupy.ndarray.set: the checks of CuPy 14's, then an async copy from pinned memory or a
+    pageable copy (a host wait)."""
+    _no_fusing("ndarray.set")
+    if not isinstance(arr, numpy.ndarray):
+        raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+    if self.dtype != arr.dtype:
+        raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+    if self.shape != arr.shape:
+        raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+    if not (self.flags.c_contiguous or self.flags.f_contiguous):
+        raise RuntimeError("Cannot set to non-contiguous array")
+    if stream is not None and not isinstance(stream, Stream):
+        raise StandinError(f"ndarray.set(stream=): a cupy.cuda.Stream, got {type(stream)}")
+    counts.host_to_device += 1
+    # CuPy copies a source that is not laid out as the target: that copy is pageable
+    laid_out = arr.flags.c_contiguous if self.flags.c_contiguous else arr.flags.f_contiguous
+    if laid_out and is_pinned(arr):
+        _async_copy(arr, stream, f"ndarray.set of a pinned {arr.shape} {arr.dtype} array")
+    else:
+        _pageable_copy("ndarray.set")
+    self._a[...] = arr
+
+
+ndarray.set = _set
+
+
+class Event:
+    """cupy.cuda.Event: record() remembers the copies in flight on its stream, done and
+    synchronize() land them (synchronize also counts as a sync)."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self._copies = []
+
+    def record(self, stream=None):
+        stream = stream or get_current_stream()
+        self._copies = [c for c in _IN_FLIGHT if c.stream is stream]
+
+    @property
+    def done(self):
+        _copies_land(self._copies)
+        return True
+
+    def synchronize(self):
+        counts.sync("Event.synchronize")
+
+
+class Stream:
+    """cupy.cuda.Stream: `with stream:` makes it current; kernels run at once regardless."""
+    null = None
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        pass
+
+    def __enter__(self):
+        _CURRENT_STREAMS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _CURRENT_STREAMS.pop()
+        return False
+
+    def use(self):
+        _CURRENT_STREAMS[:] = [self]
+        return self
+
+    def record(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        """The device waits, the host does not."""
+
+    @property
+    def done(self):
+        _copies_land([c for c in _IN_FLIGHT if c.stream is self])
+        return True
+
+    def synchronize(self):
+        counts.sync("Stream.synchronize")
+
+
+Stream.null = Stream(null=True)
+
+
+def get_current_stream(device_id=-1):
+    return _CURRENT_STREAMS[-1] if _CURRENT_STREAMS else Stream.null
+
+
+cuda.Stream, cuda.Event, cuda.get_current_stream = Stream, Event, get_current_stream
+cuda.memory = types.SimpleNamespace(OutOfMemoryError=real_cupy.cuda.memory.OutOfMemoryError)
+cupyx.empty_pinned, cupyx.zeros_pinned = _empty_pinned, _zeros_pinned
+cupyx.empty_like_pinned, cupyx.zeros_like_pinned = _empty_like_pinned, _zeros_like_pinned
 
 
 @contextlib.contextmanager

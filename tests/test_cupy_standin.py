@@ -249,10 +249,14 @@ def test_device_attention_gives_the_numpy_numbers_without_a_copy(dtype, tol, dro
     assert not [k for k in kernels if k.startswith("matmul: ")], kernels
 
 
-def float16_steps(device, steps=3):
+def float16_steps(device, steps=3, counts=None):
+    """`steps` mixed-precision steps; counts (the stand-in's) reset once the model is built:
+    its weights' copies to the device come before any step."""
     config = BertConfig(**TINY)
     model = BertForPreTraining(config, dtype=numpy.float16, device=device).train()
     optimizer, scaler = AdamW(model.params, mode="torch"), LossScaler(model.xp)
+    if counts is not None:
+        counts.reset()
     for step in range(steps):
         model.rng = backend.default_rng(model.xp, step)
         _, grads = model.loss_and_grads(pretraining_batch(config, 2, 12, seed=step),
@@ -269,8 +273,7 @@ def test_float16_step_with_loss_scaler_never_syncs():
     weights as the NumPy run."""
     cpu_model, cpu_scaler = float16_steps("cpu")
     with cupy_standin.installed() as cupy:
-        cupy.counts.reset()
-        model, scaler = float16_steps("gpu")
+        model, scaler = float16_steps("gpu", counts=cupy.counts)
         assert cupy.counts.syncs == 0, dict(cupy.counts.sync_sites)
         assert scaler.state_dict() == cpu_scaler.state_dict()
         for name, p in model.params.items():
@@ -414,14 +417,19 @@ def train_on_standin(tmp_path, steps, *extra):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_train_py_steps_that_do_not_log_never_sync(tmp_path, dtype):
-    """train.py --device gpu, unmodified, on the stand-in: a run of 6 steps and one of 3,
-    each logging and saving once at its end, differ by 3 steps that do not log, and those
-    issue no device-to-host sync at all; the run keeps one dropout Generator."""
+    """train.py --device gpu, unmodified, on the stand-in (B=2, one layer of H=32): a run of
+    6 steps and one of 3, each logging and saving once at its end, differ by 3 steps that do
+    not log, and those issue no host wait at all: no device-to-host sync, no pageable
+    host-to-device copy; each hands its batch over as 6 async copies from pinned memory
+    (input_ids, token_type_ids, attention_mask, the masked positions, their labels, the NSP
+    labels); the run keeps one dropout Generator."""
     quiet = ("--log-every", "1000", "--checkpoint-every", "1000", "--eval-every", "0",
-             "--dtype", dtype)
+             "--dtype", dtype, "--batch-size", "2")
     short, long = train_on_standin(tmp_path, 3, *quiet), train_on_standin(tmp_path, 6, *quiet)
     print(f"train.py --device gpu {dtype} on the stand-in: 3 steps {short}, 6 steps {long}")
     assert long["syncs"] == short["syncs"], (short["sync_sites"], long["sync_sites"])
+    assert long["pageable_copies"] == short["pageable_copies"]
+    assert long["pinned_copies"] - short["pinned_copies"] == 3 * 6
     assert long["generators"] == short["generators"]
 
 

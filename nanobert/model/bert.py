@@ -30,7 +30,7 @@ import numpy
 # The layer that runs: fast.py under the reference's name, so `ops.x` below is fast.x, tested
 # equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
 from . import fast as ops
-from ..backend import array_module, default_rng, get_xp, to_device
+from ..backend import PinnedStaging, array_module, default_rng, get_xp, to_device
 from .pretrained import check_state_dict, load_pretrained, save_pretrained
 from ..formats.hub import resolve_model
 from .config import BertConfig
@@ -453,6 +453,8 @@ class BertPreTrainedModel:
             self.weights = self.layout.views(self._half_buffer, order=shapes)
         self.rng = default_rng(self.xp, seed + 1)               # dropout masks
         self.training = True
+        # the batch goes to the GPU from pinned memory, copied asynchronously (_device)
+        self._staging = None if self.xp is numpy else PinnedStaging(self.xp)
 
     @classmethod
     def param_shapes(cls, config):
@@ -494,6 +496,13 @@ class BertPreTrainedModel:
         if self._half_buffer is not None:
             self._half_buffer[...] = self.buffer
 
+    def _device(self, host, key, dtype=None):
+        """host[key] (of check_batch's dict) as an array of self.xp: on the GPU staged in
+        pinned memory and copied without a host wait (backend.PinnedStaging)."""
+        if self._staging is None:
+            return to_device(host[key], self.xp, dtype)
+        return self._staging.put(host[key], host, dtype)
+
     def _check_denominators(self, denominators):
         if denominators is not None and not self.takes_denominators:
             raise ValueError(f"{type(self).__name__} takes no denominators: fine-tuning weighs "
@@ -502,7 +511,7 @@ class BertPreTrainedModel:
     def _encode(self, host, output_attentions=False):
         """The encoder on checked inputs -> sequence_output, pooled_output, hidden_states, cache."""
         self._refresh_weights()
-        ids, types, mask = (to_device(host[k], self.xp) for k in INPUT_KEYS)
+        ids, types, mask = (self._device(host, k) for k in INPUT_KEYS)
         return bert_forward(self.weights, self.base_prefix, ids, types, mask, self.config,
                             self.rng, self.training, self._packing(host, output_attentions))
 
@@ -510,7 +519,7 @@ class BertPreTrainedModel:
         """The encoder at inference (bert_inference: no caches, no dropout) on checked inputs
         -> sequence_output, pooled_output, hidden_states, attentions (None unless asked)."""
         self._refresh_weights()
-        ids, types, mask = (to_device(host[k], self.xp) for k in INPUT_KEYS)
+        ids, types, mask = (self._device(host, k) for k in INPUT_KEYS)
         return bert_inference(self.weights, self.base_prefix, ids, types, mask, self.config,
                               output_attentions, self._packing(host, output_attentions))
 

@@ -30,7 +30,7 @@ import numpy
 # The layer that runs: fast.py under the reference's name, so `ops.x` below is fast.x, tested
 # equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
 from . import fast as ops
-from ..backend import to_device, to_host
+from ..backend import to_host
 from .pretrained import load_for_task
 from ..formats.hub import resolve_model
 from .bert import BertPreTrainedModel, labels_padding, linear_backward_into
@@ -187,7 +187,7 @@ class BertForSequenceClassification(BertForTask):
     def _loss_forward(self, logits, host, denominators=None):
         kind = host["problem_type"]
         float_labels = kind != "single_label_classification"
-        labels = to_device(host["labels"], self.xp, logits.dtype if float_labels else None)
+        labels = self._device(host, "labels", logits.dtype if float_labels else None)
         if kind == "single_label_classification":
             loss, cache = ops.cross_entropy_forward(logits, labels, count=counted(host["labels"]))
             outputs = {"logits": logits, "problem_type": kind, "num_counted": cache.count}
@@ -243,7 +243,7 @@ class BertForTokenClassification(BertForTask):
 
     def _loss_forward(self, logits, host, denominators=None):
         C = logits.shape[-1]
-        labels = to_device(host["labels"].reshape(-1), self.xp)
+        labels = self._device(host, "labels").reshape(-1)
         loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels,   # [B*T, C]
                                                 count=counted(host["labels"]))
         return loss, (cache, logits.shape), {"logits": logits, "num_counted": cache.count}
@@ -307,12 +307,11 @@ class BertForQuestionAnswering(BertForTask):
         return linear_backward_into(dlogits, linear_cache, grads, "qa_outputs"), None
 
     def _loss_forward(self, logits, host, denominators=None):
-        xp = self.xp
         start_loss, start_cache = ops.cross_entropy_forward(
-            logits[..., 0], to_device(host["start_positions"], xp),
+            logits[..., 0], self._device(host, "start_positions"),
             count=counted(host["start_positions"]))
         end_loss, end_cache = ops.cross_entropy_forward(
-            logits[..., 1], to_device(host["end_positions"], xp),
+            logits[..., 1], self._device(host, "end_positions"),
             count=counted(host["end_positions"]))
         outputs = {"start_loss": start_loss, "end_loss": end_loss,
                    "start_logits": logits[..., 0].copy(), "end_logits": logits[..., 1].copy()}
@@ -377,7 +376,7 @@ class BertForMultipleChoice(BertForTask):
         return None, classifier_backward(dlogits.reshape(-1, 1), cache, grads)
 
     def _loss_forward(self, logits, host, denominators=None):
-        loss, cache = ops.cross_entropy_forward(logits, to_device(host["labels"], self.xp),
+        loss, cache = ops.cross_entropy_forward(logits, self._device(host, "labels"),
                                                 count=counted(host["labels"]))
         return loss, cache, {"logits": logits, "num_counted": cache.count}
 

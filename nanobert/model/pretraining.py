@@ -16,7 +16,7 @@ import numpy
 # The layer that runs: fast.py under the reference's name, so `ops.x` below is fast.x, tested
 # equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
 from . import fast as ops
-from ..backend import array_module, to_device
+from ..backend import array_module
 from .bert import (BertPreTrainedModel, labels_padding, layernorm_backward_into,
                    linear_backward_into)
 from .inputs import as_int_array, check_range
@@ -169,7 +169,8 @@ class BertForPreTraining(BertPreTrainedModel):
         NSP logits [B, 2])."""
         B, T, _ = sequence.shape
         positions = host.get("masked_lm_positions")
-        positions = self.xp.arange(B * T) if positions is None else to_device(positions, self.xp)
+        positions = (self.xp.arange(B * T) if positions is None
+                     else self._device(host, "masked_lm_positions"))
         mlm_logits, mlm_cache = mlm_head_forward(self.weights, self.base_prefix, sequence,
                                                  positions, self.config)
         nsp_logits, nsp_cache = nsp_head_forward(self.weights, pooled)
@@ -182,12 +183,11 @@ class BertForPreTraining(BertPreTrainedModel):
         return dsequence, dpooled
 
     def _loss_forward(self, logits, host, denominators=None):
-        xp = self.xp
         mlm_logits, nsp_logits = logits
         denominators = denominators or {}
         # Counts come from the host labels and accuracies stay device scalars: no host wait.
         num_masked = len(host["masked_lm_positions"])
-        mlm_labels = to_device(host["masked_lm_ids"], xp)
+        mlm_labels = self._device(host, "masked_lm_ids")
         mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels,
                                                         denominators.get("masked_lm"),
                                                         count=num_masked)
@@ -197,7 +197,7 @@ class BertForPreTraining(BertPreTrainedModel):
         if "next_sentence_label" not in host:
             return mlm_loss, (mlm_cache, None), outputs
         host_nsp = host["next_sentence_label"]
-        nsp_labels = to_device(host_nsp, xp)
+        nsp_labels = self._device(host, "next_sentence_label")
         nsp_loss, nsp_cache = ops.cross_entropy_forward(
             nsp_logits, nsp_labels, denominators.get("next_sentence"),
             count=int((host_nsp != ops.IGNORE_INDEX).sum()))

@@ -1,6 +1,7 @@
 """Non-finite numbers stop a run at once, naming the 1-based step (the step just taken, as
 the log lines count) and the first bad tensor, before anything is saved: a diverged run
-never replaces a good checkpoint."""
+never replaces a good checkpoint. A batch too large for the memory is one line too."""
+import contextlib
 import math
 
 import numpy
@@ -38,3 +39,38 @@ def check_weights(model, step):
     if bad is not None:
         raise SystemExit(f"error: the weights are not finite after step {step} (first: {bad}); "
                          f"nothing was saved at this step. {ADVICE}")
+
+
+@contextlib.contextmanager
+def batch_fits(shape, batch_size, grad_accum, device):
+    """Around a step on a micro-batch of `shape` [B, T]: running out of memory (CuPy's
+    OutOfMemoryError on the GPU, NumPy's MemoryError on the CPU; both are MemoryErrors)
+    stops the run with one line naming the batch, its shape and the memory it needed."""
+    try:
+        yield
+    except MemoryError as e:
+        raise SystemExit(out_of_memory(e, shape, batch_size, grad_accum, device)) from None
+
+
+def out_of_memory(error, shape, batch_size, grad_accum, device):
+    """The line for `error`, from what it says: CuPy's the size it failed to allocate and
+    what was allocated before (_size, _total), NumPy's the array's size (_total_size)."""
+    size = getattr(error, "_size", None) or getattr(error, "_total_size", None)
+    held = getattr(error, "_total", None)
+    batch = f"--batch-size {batch_size}" + (f" in {grad_accum} micro-batches" if grad_accum > 1
+                                            else "")
+    where = "the GPU's" if device == "gpu" else "host"
+    if size is None:
+        needed = f"({type(error).__name__}: {error})"
+    elif held and held > 0:
+        needed = (f"it needs more than {gib(held + size)}: {gib(size)} more failed with "
+                  f"{gib(held)} in use")
+    else:
+        needed = f"allocating {gib(size)} failed"
+    return (f"error: a batch does not fit in {where} memory: {batch}, input_ids "
+            f"{list(shape)} per step; {needed}. Lower --batch-size or --max-seq-length, or "
+            f"raise --grad-accum")
+
+
+def gib(nbytes):
+    return f"{nbytes / 2 ** 30:.2f} GiB"

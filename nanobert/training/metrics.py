@@ -2,6 +2,7 @@
 on resume), the window of steps a log line reports (throughput, MFU), the training clock
 across resumed runs and the time left, and the loss curve."""
 import json
+import math
 import time
 
 from nanobert.backend import matmul_precision
@@ -82,6 +83,15 @@ class Window:
     def mfu(self):
         """Model FLOPs utilisation (None: no peak known)."""
         return self.flops / self.seconds / (self.peak * 1e12) if self.peak else None
+
+
+def percent(fraction):
+    """A fraction as a percentage for a log line: one decimal from 1% on, two significant
+    digits below (a small model's MFU is 0.042%, not 0.0%)."""
+    value = float(f"{100 * fraction:.2g}")
+    if value >= 1 or value <= 0:
+        return f"{100 * fraction:.1f}%"
+    return f"{value:.{1 - math.floor(math.log10(value))}f}%"
 
 
 def gpu_name():

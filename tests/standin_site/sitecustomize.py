@@ -17,5 +17,7 @@ if os.environ.get("NANOBERT_CUPY_STANDIN") == "1":
             c = cupy_standin.counts
             with open(path, "w") as f:
                 json.dump({"launches": c.launches, "syncs": c.syncs,
-                           "generators": c.generators, "sync_sites": dict(c.sync_sites)}, f)
+                           "generators": c.generators, "sync_sites": dict(c.sync_sites),
+                           "pageable_copies": c.pageable_copies,
+                           "pinned_copies": c.pinned_copies}, f)
     atexit.register(_write_counts)
