@@ -29,11 +29,14 @@ import numpy
 import bench.train_step as train_step
 from nanobert import backend
 from nanobert.model.config import BertConfig
+from nanobert.model.flops import gpu_peak_tflops, step_flops
+from nanobert.model.ops import IGNORE_INDEX
 
 PRESETS = {"base": (12, 768, 12), "mini": (4, 256, 4), "tiny": (2, 64, 2)}  # layers, hidden, heads
 PRECISIONS = {"tf32": ("float32", True), "float32": ("float32", False),
               "float16": ("float16", True)}       # name -> (dtype, TF32 for float32 matmuls)
 KINDS = ("matmul", "elementwise", "reduction", "copy")
+SHORT = {"matmul": "matmul", "elementwise": "eltwise", "reduction": "reduce", "copy": "copy"}
 TOP = 12                                            # largest kernels kept per run
 
 
@@ -53,11 +56,20 @@ def kernel_kind(name):
     return "elementwise"
 
 
-def event_type(name, on_device):
-    """A profiler event -> kernel / memcpy / memset (on the device) or runtime (a CUDA
-    runtime or driver call on the host: cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync)."""
+# kineto's activity types (torch.profiler's FunctionEvent.activity_type) -> what they count
+ACTIVITIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+              "cuda_runtime": "runtime", "cuda_driver": "runtime"}
+
+
+def event_type(name, on_device, activity=None):
+    """A profiler event -> kernel / memcpy / memset (on the device), runtime (a CUDA runtime
+    or driver call on the host: cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync) or None
+    (anything else: annotations, syncs, overhead). By kineto's activity type where torch
+    gives it, else by the device the event ran on and its name."""
+    if activity is not None:
+        return ACTIVITIES.get(activity)
     if not on_device:
-        return "runtime"
+        return "runtime" if name.startswith("cu") else None
     if name.startswith("Memcpy"):
         return "memcpy"
     if name.startswith("Memset"):
@@ -66,14 +78,17 @@ def event_type(name, on_device):
 
 
 def summarize(events, steps):
-    """events: (name, on_device, microseconds) of `steps` profiled steps -> per step: GPU
-    time, kernels, memcpys, memsets, runtime calls, time and count by kind, largest kernels."""
+    """events: (name, on_device, activity type or None, microseconds) of `steps` profiled
+    steps -> per step: GPU time (kernels, memcpys and memsets), kernels, memcpys, memsets,
+    runtime calls, time and count by kind, the largest kernels."""
     per = {"kernel": 0, "memcpy": 0, "memset": 0, "runtime": 0}
     kinds = {k: [0.0, 0] for k in KINDS}
     kernels = {}
     gpu_us = 0.0
-    for name, on_device, us in events:
-        what = event_type(name, on_device)
+    for name, on_device, activity, us in events:
+        what = event_type(name, on_device, activity)
+        if what is None:
+            continue
         per[what] += 1
         if what == "runtime":
             continue
@@ -95,12 +110,12 @@ def summarize(events, steps):
 
 
 def profiler_events(profile):
-    """torch.profiler's events -> (name, on_device, microseconds). Kernels, memcpys and
-    memsets are CUDA-device events (CUPTI's activity records, timed on the GPU); the runtime
-    and driver calls that issued them are CPU-side events of the same profile."""
+    """torch.profiler's events -> (name, on_device, activity type, microseconds). Kernels,
+    memcpys and memsets are CUDA-device events (CUPTI's activity records, timed on the GPU);
+    the runtime and driver calls that issued them are CPU-side events of the same profile."""
     from torch.autograd import DeviceType
-    return [(e.name, e.device_type == DeviceType.CUDA, e.time_range.elapsed_us())
-            for e in profile.events()]
+    return [(e.name, e.device_type == DeviceType.CUDA, getattr(e, "activity_type", None),
+             e.time_range.elapsed_us()) for e in profile.events()]
 
 
 def has_torch_cuda():
@@ -146,7 +161,8 @@ def measure(framework, preset, batch_size, seq_len, precision, steps):
         hosts.append(issued - start)
     record = {"framework": framework, "batch_size": batch_size, "precision": precision,
               "wall_ms": 1e3 * statistics.median(walls),
-              "host_ms": 1e3 * statistics.median(hosts)}
+              "host_ms": 1e3 * statistics.median(hosts),
+              "mfu": model_flop_utilisation(config, batch, statistics.median(walls), dtype)}
     if has_torch_cuda():
         from torch.profiler import ProfilerActivity, profile
         profiled = min(steps, 3)
@@ -158,6 +174,18 @@ def measure(framework, preset, batch_size, seq_len, precision, steps):
     else:
         record["gpu_ms"] = cupy_event_ms(step, steps)
     return record
+
+
+def model_flop_utilisation(config, batch, seconds, dtype):
+    """The step's matmul FLOPs (nanobert's count: the MLM head at masked positions only, the
+    same for torch) per second over the GPU's dense peak for the precision; None where the
+    peak is unknown."""
+    import cupy
+    B, T = batch["input_ids"].shape
+    flops = step_flops(config, B, T, int((batch["labels"] != IGNORE_INDEX).sum()))
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    peak = gpu_peak_tflops(name, backend.matmul_precision(dtype, "gpu"))
+    return flops / seconds / 1e12 / peak if peak else None
 
 
 def cupy_event_ms(step, steps):
@@ -225,8 +253,8 @@ def format_table(result):
     lines = [f"{result['gpu']}   cupy {result['cupy']}   torch {result['torch'] or '-'}   "
              f"{result['preset']} T={result['seq_len']}   {result['date']}",
              f"{'framework':<10}{'B':>5}{'precision':>10}{'wall ms':>9}{'host ms':>9}"
-             f"{'GPU ms':>8}{'kernels':>9}{'memcpy':>8}{'memset':>8}{'runtime':>9}"
-             + "".join(f"{k + ' ms':>14}" for k in KINDS)]
+             f"{'MFU %':>7}{'GPU ms':>8}{'kernels':>9}{'memcpy':>8}{'memset':>8}{'runtime':>9}"
+             + "".join(f"{SHORT[k] + ' ms':>12}" for k in KINDS)]
     for r in result["runs"]:
         head = f"{r['framework']:<10}{r['batch_size']:>5}{r['precision']:>10}"
         if "error" in r:
@@ -235,10 +263,11 @@ def format_table(result):
         kinds = r.get("by_kind") or {}
         lines.append(
             head + f"{_number(r['wall_ms']):>9}{_number(r['host_ms']):>9}"
+            f"{_number(None if r.get('mfu') is None else 100 * r['mfu']):>7}"
             f"{_number(r.get('gpu_ms')):>8}{_number(r.get('kernels'), 0):>9}"
             f"{_number(r.get('memcpys'), 0):>8}{_number(r.get('memsets'), 0):>8}"
             f"{_number(r.get('runtime_calls'), 0):>9}"
-            + "".join(f"{_number(kinds.get(k, {}).get('ms')):>14}" for k in KINDS))
+            + "".join(f"{_number(kinds.get(k, {}).get('ms')):>12}" for k in KINDS))
     for r in result["runs"]:
         if r.get("largest"):
             lines.append(f"largest kernels, {r['framework']} B={r['batch_size']} "
@@ -249,8 +278,10 @@ def format_table(result):
     if p:
         lines.append(f"parity, GPU vs NumPy, {p['config']}: loss {p['loss_rel']:.1e}, "
                      f"worst gradient {p['grad_worst_rel']:.1e} ({p['grad_worst_name']})")
-    lines.append("medians per step (forward, backward, clip, AdamW); kernels counted apart "
-                 "from memcpy/memset and from runtime/driver calls; '-': not measured")
+    lines.append("medians per step (forward, backward, clip, AdamW); host ms: the host's time "
+                 "to issue it; GPU ms: kernels,\nmemcpys and memsets by CUPTI (or CuPy events "
+                 "around the step without torch); kernels counted apart from\nmemcpy/memset "
+                 "and from the runtime/driver calls that issued them; '-': not measured")
     return "\n".join(lines)
 
 
@@ -315,7 +346,10 @@ def main(argv=None):
             for framework in frameworks:
                 result["runs"].append(run_worker(framework, args.preset, batch_size,
                                                  args.seq_len, precision, args.steps))
-                print(json.dumps(result["runs"][-1]), flush=True)
+                r = result["runs"][-1]
+                print(f"{framework} B={batch_size} {precision}: "
+                      + (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step"),
+                      flush=True)
     if not args.no_parity:
         result["parity"] = parity()
     print(format_table(result))

@@ -53,18 +53,27 @@ def test_flags_and_their_defaults():
             gpu_profile.parse_args(bad)
 
 
-def recorded_events():
-    """Two profiled steps: per step 3 kernels, a memcpy, a memset, 4 runtime calls."""
-    step = [("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", True, 400.0), ("cupy_sum", True, 300.0),
-            ("cupy_add", True, 100.0), ("Memcpy HtoD (Pageable -> Device)", True, 20.0),
-            ("Memset (Device)", True, 2.0), ("cudaLaunchKernel", False, 5.0),
-            ("cuLaunchKernel", False, 5.0), ("cuLaunchKernel", False, 5.0),
-            ("cudaMemcpyAsync", False, 30.0)]
+def recorded_events(activities=True):
+    """Two profiled steps: per step 3 kernels, a memcpy, a memset, 4 runtime/driver calls
+    and an annotation; with kineto's activity types (torch >= 2.6) or without them."""
+    step = [("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", True, "kernel", 400.0),
+            ("cupy_sum", True, "kernel", 300.0), ("cupy_add", True, "kernel", 100.0),
+            ("Memcpy HtoD (Pageable -> Device)", True, "gpu_memcpy", 20.0),
+            ("Memset (Device)", True, "gpu_memset", 2.0),
+            ("cudaLaunchKernel", False, "cuda_runtime", 5.0),
+            ("cuLaunchKernel", False, "cuda_driver", 5.0),
+            ("cuLaunchKernel", False, "cuda_driver", 5.0),
+            ("cudaMemcpyAsync", False, "cuda_runtime", 30.0),
+            ("ProfilerStep#1", False, "user_annotation", 900.0)]
+    if not activities:
+        step = [(name, on_device, None, us) for name, on_device, _, us in step
+                if not name.startswith("Profiler")]
     return step * 2
 
 
-def test_summary_counts_kernels_apart_from_copies_and_runtime_calls():
-    s = gpu_profile.summarize(recorded_events(), steps=2)
+@pytest.mark.parametrize("activities", [True, False])
+def test_summary_counts_kernels_apart_from_copies_and_runtime_calls(activities):
+    s = gpu_profile.summarize(recorded_events(activities), steps=2)
     assert (s["kernels"], s["memcpys"], s["memsets"], s["runtime_calls"]) == (3, 1, 1, 4)
     assert s["gpu_ms"] == pytest.approx(0.822)            # device events only
     assert s["by_kind"]["matmul"] == {"ms": pytest.approx(0.4), "count": 1}
@@ -75,7 +84,7 @@ def test_summary_counts_kernels_apart_from_copies_and_runtime_calls():
 
 def test_table_and_json_from_recorded_events():
     run = {"framework": "nanobert", "batch_size": 32, "precision": "tf32", "wall_ms": 40.7,
-           "host_ms": 32.4, **gpu_profile.summarize(recorded_events(), steps=2)}
+           "host_ms": 32.4, "mfu": 0.115, **gpu_profile.summarize(recorded_events(), steps=2)}
     result = {"gpu": "NVIDIA H200", "cupy": "14.2.0", "torch": None, "date": "2026-11-26",
               "preset": "base", "seq_len": 128, "steps": 2,
               "runs": [run, {"framework": "torch", "batch_size": 32, "precision": "tf32",
@@ -84,9 +93,23 @@ def test_table_and_json_from_recorded_events():
                          "grad_worst_rel": 4.2e-15, "grad_worst_name": "cls.bias"}}
     table = gpu_profile.format_table(result)
     row = next(line for line in table.splitlines() if line.startswith("nanobert"))
-    assert row.split()[:8] == ["nanobert", "32", "tf32", "40.7", "32.4", "0.8", "3", "1"]
+    assert row.split()[:9] == ["nanobert", "32", "tf32", "40.7", "32.4", "11.5", "0.8", "3",
+                               "1"]
     assert "failed: CUDA out of memory" in table and "worst gradient 4.2e-15" in table
     assert json.loads(json.dumps(result)) == result
+
+
+def test_profiler_events_read_torch_profiler_fields():
+    """The fields profiler_events reads exist on this torch's events (CPU ops here, which
+    summarize ignores: only kernels, copies and runtime calls count)."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        torch.ones(3) + 1
+    events = gpu_profile.profiler_events(p)
+    assert events and all(len(e) == 4 and not e[1] for e in events)
+    s = gpu_profile.summarize(events, steps=1)
+    assert (s["kernels"], s["runtime_calls"], s["gpu_ms"]) == (0, 0, 0.0)
 
 
 def test_without_a_gpu_it_refuses_in_one_line():
