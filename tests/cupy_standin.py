@@ -99,11 +99,6 @@ class Counts:
         self.syncs += 1
         self.sync_sites[what] += 1
 
-    def record(self, operations):
-        """operations: (kind, name) pairs, kind one of 'kernel', 'memset', 'copy'."""
-        for kind, name in operations:
-            {"kernel": self.launch, "memset": self.memset, "copy": self.copy}[kind](name)
-
 
 counts = Counts()
 
@@ -217,6 +212,7 @@ def _no_fusing(what):
 # (_cub_reduction.pyx: same axis rule, at least 128 elements per output, two passes for a
 # full reduction). Column sums of a C-order matrix (axis=0) take the generic kernel.
 
+# cub.pyx CUB_sum_support_dtype_with_half, CUB_support_dtype_with_half (a GPU with float16)
 CUB_SUM_DTYPES = {numpy.dtype(t) for t in (numpy.int64, numpy.uint64, numpy.float32,
                                             numpy.float64, numpy.complex64,
                                             numpy.complex128, numpy.float16)}
@@ -446,7 +442,12 @@ class ndarray:
 
 def _fill(a, value, what):
     """core.pyx ndarray.fill: a memset where the value is 0 and a is C-contiguous, else the
-    cupy_fill kernel."""
+    cupy_fill kernel. A device value is compared with 0 on the device and read back (a
+    sync) before either."""
+    if isinstance(value, ndarray):
+        counts.launch(f"{what}: value == 0")
+        counts.sync(f"{what} of a device value")
+        value = value._a[()]
     if value == 0 and a.flags.c_contiguous:
         counts.memset(what)
     else:
