@@ -980,7 +980,8 @@ class ElementwiseKernel:
 class ReductionKernel:
     """A sum: map_expr (a straight-line expression) run as NumPy over the broadcast
     inputs, summed over `axis` in the output's type; reduce_expr must be 'a + b', identity
-    '0' and post_map_expr 'out = a' (what the stand-in can run). One launch."""
+    '0' and post_map_expr 'out = a' (what the stand-in can run). One launch, two for a full
+    reduction of a single input through CUB's block reduction."""
 
     def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
                  name="reduce_kernel", reduce_type=None, reduce_dims=True, preamble="",
@@ -1006,7 +1007,13 @@ class ReductionKernel:
         with numpy.errstate(all="ignore"):
             mapped = numpy.broadcast_to(eval(self.map_expr, KERNEL_FUNCTIONS, namespace), shape)
             r = mapped.sum(axis=axis, keepdims=keepdims, dtype=dtype)
-        counts.launch(f"ReductionKernel:{self.name}")
+        # _reduction.pyx: CUB's block reduction takes one input only (two passes for a full
+        # reduction); with more, CuPy's generic kernel, one launch
+        single = len(args) == 1 and isinstance(args[0], ndarray)
+        launches = _generic_reduction(args[0]._a, self.name, _reduced_axes(mapped, axis)) \
+            if single else [self.name]
+        for _ in launches:
+            counts.launch(f"ReductionKernel:{self.name}")
         return ndarray(numpy.ascontiguousarray(r))
 
 # ---------------------------------------------------------------------------- cuda

@@ -144,6 +144,7 @@ def test_standin_counts_what_cupy14_launches(cupy):
     rng = cupy.random.default_rng(0)
     rows, cols = cupy.arange(4), cupy.arange(4)
     row_sums = cupy.empty(64, dtype=numpy.float32)
+    total = cupy.ReductionKernel("T x", "T s", "x", "a + b", "s = a", "0", "total")
     cases = {
         "asarray of a pageable NumPy array": (lambda: cupy.asarray(host), (0, 0, 1, 1)),
         "asarray of a 0-d zero": (lambda: cupy.asarray(numpy.float32(0)), (0, 1, 0, 0)),
@@ -165,6 +166,10 @@ def test_standin_counts_what_cupy14_launches(cupy):
         "full sum within one tile": (lambda: x[:4].sum(), (1, 0, 0, 0)),
         "row max": (lambda: x.max(axis=-1, keepdims=True), (1, 0, 0, 0)),
         "vdot (multiply, DeviceReduce, copy)": (lambda: cupy.vdot(x, x), (4, 0, 0, 0)),
+        "ReductionKernel of one input, full (CUB block, 2 passes)": (lambda: total(x),
+                                                                     (2, 0, 0, 0)),
+        "ReductionKernel of one input, 4 per row (generic)": (lambda: total(x[:, :4], axis=1),
+                                                              (1, 0, 0, 0)),
         "Generator.random": (lambda: rng.random((4, 4), dtype=numpy.float32), (1, 0, 0, 0)),
         "Generator.random(out=)": (lambda: rng.random((64, 256), dtype=numpy.float32,
                                                       out=x), (2, 0, 0, 0)),
