@@ -10,20 +10,29 @@ nothing about CUDA numerics, compilation of the kernels, or speed.
     with cupy_standin.installed() as cupy:    # sys.modules["cupy"] and ["cupyx..."] swapped
         cupy.counts.reset()
         ...                                   # nanobert on device="gpu"
-        cupy.counts.launches, cupy.counts.syncs
+        cupy.counts.launches, cupy.counts.syncs  # kernels + memsets + copies; host reads
 
-Counting rules (CuPy's own behaviour): every ufunc, reduction, copy, fill, random draw,
-fancy index and scatter is one launch; views (reshape, transpose, basic slicing, astype to
-the same dtype without copy) and empty allocations are none; a cupy.fuse'd function, an
-ElementwiseKernel or a ReductionKernel is one launch. A matmul is one GEMM plus the copies
-CuPy 14 makes around it (Matmul: operands cuBLAS cannot read as they lie, an out= it cannot
-write straight into); ufunc outputs are C-contiguous, as CuPy allocates them. A sync is any
-read of device data by the
-host: float(), int(), bool(), item(), tolist(), get(), asnumpy(), repr(), boolean-mask
-indexing (CuPy must learn the count), Device.synchronize(); and any host-to-device copy
-from pageable memory, Event.synchronize(), Stream.synchronize() (see 'pinned memory and
-streams': an async copy from pinned memory is no wait, but is checked for a source written
-while it was in flight).
+Counting rules: what CuPy 14.2's own source launches for each call the project makes (the
+rule beside each emulation cites the CuPy file it comes from), in three counters: kernels,
+memsets (cudaMemsetAsync) and copies (cudaMemcpyAsync, host <-> device or device <-> device);
+`launches` is their sum. An elementwise ufunc, a cupy.fuse'd function, an ElementwiseKernel,
+a cast (astype) and a contiguous copy are one kernel each; zeros / zeros_like are a memset;
+reductions are CUB's or CuPy's generic kernel (one or two, and a divide for mean); a
+Generator draw is one kernel (two for integers); a batched matmul of float16 casts its
+operands to float32 and its product back; fancy indexing with several index arrays
+prepares a flat index (a memset and a kernel per index array) first. Views (reshape,
+transpose, basic slicing, astype to the same dtype without copy) and empty allocations are
+nothing; ufunc outputs are C-contiguous, as CuPy allocates them. What cuBLAS or CUB do
+inside one call (a split-K GEMM's second kernel) is not visible in CuPy's source: counted
+as CuPy calls it, except CUB's DeviceReduce (two passes above one tile).
+A sync is any read of device data by the host: float(), int(), bool(), item(), tolist(),
+get(), asnumpy(), repr(), boolean-mask indexing (CuPy must learn the count),
+Device.synchronize(), Event.synchronize(), Stream.synchronize(). A host wait (host_waits) is
+a copy of a pageable NumPy array to the device (cupy.asarray / array, ndarray.set): CuPy
+stages it through a pinned buffer on the host first (cupy/_core/core.pyx, _array_default),
+and on the GPU the host was measured waiting there. An async copy from pinned memory is no
+wait, but is checked for a source written while it was in flight (see 'pinned memory and
+streams').
 
 ElementwiseKernel bodies are CUDA C; the stand-in runs straight-line bodies (declarations,
 assignments, arithmetic, sqrt, a top-level ternary) as NumPy, so the kernel's arithmetic is
@@ -32,8 +41,10 @@ checked here, its compilation is not (nor CUDA's own rounding: fma contraction, 
 import collections
 import contextlib
 import inspect
+import math
 import re
 import sys
+import time
 import types
 import weakref
 
@@ -47,24 +58,49 @@ from nanobert.model import special as nanobert_special
 
 
 class Counts:
+    """What the GPU is asked to do, as CuPy 14 would ask it: kernels, memsets and copies
+    (each with its own counter; launches is their sum), by name in `kernels`; syncs (the
+    host reads device data) and host waits (a pageable host-to-device copy)."""
+
     def __init__(self):
         self.reset()
 
     def reset(self):
-        self.launches = 0
+        self.kernel_launches = 0
+        self.memsets = 0
+        self.copies = 0
         self.syncs = 0
+        self.host_waits = 0
         self.host_to_device = 0
         self.pageable_copies = 0                 # host waits too (pinned memory below)
         self.pinned_copies = 0
         self.generators = 0
-        self.kernels = collections.Counter()     # name -> launches
+        self.kernels = collections.Counter()     # name -> kernels, memsets and copies of it
         self.sync_sites = collections.Counter()  # what synced -> count
 
+    @property
+    def launches(self):
+        return self.kernel_launches + self.memsets + self.copies
+
     def launch(self, name):
+        """One kernel."""
         if _state.fusing:
             return
-        self.launches += 1
+        self.kernel_launches += 1
         self.kernels[name] += 1
+
+    def memset(self, name):
+        self.memsets += 1
+        self.kernels[f"memset: {name}"] += 1
+
+    def copy(self, name):
+        """One cudaMemcpyAsync (not a copy kernel: those are kernels, cupy_copy)."""
+        self.copies += 1
+        self.kernels[f"memcpy: {name}"] += 1
+
+    def host_wait(self, what):
+        self.host_waits += 1
+        self.sync_sites[f"host wait: {what}"] += 1
 
     def sync(self, what):
         self.syncs += 1
@@ -173,6 +209,101 @@ def _no_fusing(what):
                            f"elementwise ufuncs and operators there")
 
 
+# ------------------------------------------------------------------------ reductions
+# cupy/_core/_routines_math.pyx (_ndarray_sum), _routines_statistics.pyx (_ndarray_max,
+# _ndarray_mean, _ndarray_argmax): with CUPY_ACCELERATORS' default 'cub'
+# (cupy/_core/_accelerator.pyx) a reduction first tries cupy/cuda/cub.pyx's cub_reduction:
+# a full reduction is CUB's DeviceReduce, one whose reduced axes are the array's innermost
+# (last axes of a C-order array, first of an F-order one) its DeviceSegmentedReduce; an
+# out= costs a copy kernel after either. Otherwise CuPy's generic reduction kernel
+# (cupy/_core/_reduction.pyx), which itself tries CUB's block reduction
+# (_cub_reduction.pyx: same axis rule, at least 128 elements per output, two passes for a
+# full reduction). Column sums of a C-order matrix (axis=0) take the generic kernel.
+
+# cub.pyx CUB_sum_support_dtype_with_half, CUB_support_dtype_with_half (a GPU with float16)
+CUB_SUM_DTYPES = {numpy.dtype(t) for t in (numpy.int64, numpy.uint64, numpy.float32,
+                                            numpy.float64, numpy.complex64,
+                                            numpy.complex128, numpy.float16)}
+CUB_DTYPES = CUB_SUM_DTYPES | {numpy.dtype(t) for t in (numpy.int8, numpy.uint8, numpy.int16,
+                                                         numpy.uint16, numpy.int32,
+                                                         numpy.uint32)}
+CUB_BLOCK_MINIMUM = 128     # _cub_reduction.pyx CUB_REDUCE_SIZE_THRESHOLD
+CUB_TILE = 256 * 16         # DeviceReduce: one kernel up to one tile (CUB's reduce policy)
+REDUCTIONS = {"sum", "prod", "max", "min", "mean", "argmax", "argmin", "all", "any"}
+
+
+def _reduced_axes(a, axis):
+    if axis is None:
+        return tuple(range(a.ndim))
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return tuple(sorted(int(x) % a.ndim for x in axes))
+
+
+def _innermost(a, axes):
+    """cub._cub_device_segmented_reduce_axis_compatible: the reduced axes are consecutive
+    and innermost in memory (C order is looked at first, as cub_reduction does)."""
+    if not axes or list(axes) != list(range(axes[0], axes[-1] + 1)):
+        return False
+    if a.flags.c_contiguous:
+        return axes[-1] == a.ndim - 1
+    if a.flags.f_contiguous:
+        return axes[0] == 0
+    return False
+
+
+def _cub_routine(a, op, axes, dtype):
+    """cub.cub_reduction -> its kernel names, or None where CuPy falls back."""
+    if a.size == 0 or not (a.flags.c_contiguous or a.flags.f_contiguous):
+        return None
+    supported = CUB_SUM_DTYPES if op in ("sum", "prod") and dtype is None else CUB_DTYPES
+    if (dtype is not None and numpy.dtype(dtype) != a.dtype) or a.dtype not in supported:
+        return None
+    if len(axes) == a.ndim:                                  # device_reduce
+        return ["cub DeviceReduce"] * (1 if a.size <= CUB_TILE else 2)
+    if op in ("argmax", "argmin") or not _innermost(a, axes):
+        return None
+    return ["cub DeviceSegmentedReduce"]
+
+
+def _generic_reduction(a, name, axes):
+    """_reduction.pyx _AbstractReductionKernel._call: CUB's block reduction or one kernel."""
+    per_output = math.prod(a.shape[i] for i in axes)
+    if a.size and _innermost(a, axes) and per_output >= CUB_BLOCK_MINIMUM:
+        return [f"cupy_{name} (CUB block)"] * (2 if len(axes) == a.ndim else 1)
+    return [f"cupy_{name}"]
+
+
+def _reduction_kernels(name, a, axis=None, dtype=None, out=None):
+    """The kernels CuPy 14 launches for a.<name>(axis, dtype, out) on the NumPy-held a."""
+    axes = _reduced_axes(a, axis)
+    if name == "mean":        # _ndarray_mean: a CUB sum then a divide, or cupy_mean
+        dtype_sum = numpy.float32 if dtype is None and a.dtype == numpy.float16 else dtype
+        cub = _cub_routine(a, "sum", axes, dtype_sum)
+        kernels = cub + ["true_divide"] if cub else _generic_reduction(a, name, axes)
+        if dtype is None and a.dtype == numpy.float16 and out is None:
+            kernels.append("astype (mean back to float16)")
+        return kernels
+    if name in ("all", "any"):
+        return _generic_reduction(a, name, axes)
+    cub = _cub_routine(a, name, axes, dtype)
+    if cub is None:
+        return _generic_reduction(a, name, axes)
+    if name in ("argmax", "argmin"):
+        cub.append("astype (CUB's key to int64)")
+    return cub + (["copy into out"] if out is not None else [])
+
+
+def _reduction_call(name, a, args, kwargs):
+    """The kernels of a.<name>(*args, **kwargs) (ndarray method or cupy function)."""
+    names = ("axis", "dtype", "out") if name not in ("max", "min", "argmax", "argmin") \
+        else ("axis", "out", "dtype")
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    out = bound.get("out")
+    return _reduction_kernels(name, a, bound.get("axis"), bound.get("dtype"),
+                              None if out is None else out)
+
+
 class _Data:
     def __init__(self, a):
         self.ptr = a.__array_interface__["data"][0]
@@ -263,14 +394,30 @@ class ndarray:
         if any(isinstance(p, numpy.ndarray) and p.dtype == bool for p in parts):
             counts.sync("boolean-mask indexing")
         if not _is_view(r, (self,)):
-            counts.launch("getitem (fancy)")
+            _flat_index("getitem", parts)
+            counts.launch("getitem (take)")
         return r
 
     def __setitem__(self, index, value):
+        """cupy/_core/_routines_indexing.pyx _scatter_op(op='update')."""
         _no_fusing("item assignment")
         idx = _unwrap(index, "item assignment")
+        target = self._a[idx] if not _index_arrays(idx) else None
+        parts = idx if isinstance(idx, tuple) else (idx,)
+        if target is None:                          # scatter through index arrays
+            _scatter_value(value, self.dtype, "setitem")
+            _flat_index("setitem", parts)
+            counts.launch("setitem (scatter_update)")
+        elif not isinstance(value, ndarray):
+            _fill(target, value, "setitem")
+        elif value.shape == target.shape and value.strides == target.strides \
+                and target.flags.c_contiguous and value.dtype == target.dtype:
+            if value._a.__array_interface__["data"][0] != \
+                    target.__array_interface__["data"][0]:
+                counts.copy("setitem (device to device)")
+        else:
+            counts.launch("setitem (cupy_copy)")
         self._a[idx] = _unwrap(value, "item assignment")
-        counts.launch("setitem")
 
     # -- methods: only those of cupy.ndarray, with its keywords
     def __getattr__(self, name):
@@ -288,12 +435,55 @@ class ndarray:
             r = method(*_unwrap(args, f"ndarray.{name}"),
                        **{k: _unwrap(v, f"ndarray.{name}") for k, v in kwargs.items()})
             r = _wrap(r, (self,))
-            if r is not self and not _is_view(r, (self,)):
-                counts.launch(f"ndarray.{name}")
+            if name in REDUCTIONS:
+                for kernel in _reduction_call(name, self._a, args, kwargs):
+                    counts.launch(f"ndarray.{name}: {kernel}")
+            elif name == "fill":
+                _fill(self._a, args[0] if args else kwargs["value"], "ndarray.fill")
+            elif r is not self and not _is_view(r, (self,)):
+                counts.launch(f"ndarray.{name}")       # astype, copy: cupy_copy, one kernel
             elif r is None:
                 counts.launch(f"ndarray.{name}")
             return r
         return call
+
+
+def _fill(a, value, what):
+    """core.pyx ndarray.fill: a memset where the value is 0 and a is C-contiguous, else the
+    cupy_fill kernel. A device value is compared with 0 on the device and read back (a
+    sync) before either."""
+    if isinstance(value, ndarray):
+        counts.launch(f"{what}: value == 0")
+        counts.sync(f"{what} of a device value")
+        value = value._a[()]
+    if value == 0 and a.flags.c_contiguous:
+        counts.memset(what)
+    else:
+        counts.launch(f"{what} (cupy_fill)")
+
+
+def _index_arrays(idx):
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    return [p for p in parts if isinstance(p, numpy.ndarray)]
+
+
+def _flat_index(what, parts):
+    """_prepare_multiple_array_indexing: with several index arrays CuPy zeroes a flat int64
+    index (a memset) and adds each array into it (a kernel each) before the take/scatter."""
+    arrays = [p for p in parts if isinstance(p, numpy.ndarray)]
+    if len(arrays) > 1:
+        counts.memset(f"{what}: flat index")
+        for _ in arrays:
+            counts.launch(f"{what}: cupy_prepare_array_indexing")
+
+
+def _scatter_value(value, dtype, what):
+    """_scatter_op_single: a host scalar becomes a 0-d device array (core.array: a fill), a
+    device value of another dtype is cast (astype)."""
+    if not isinstance(value, ndarray):
+        _fill(numpy.empty(()), value, f"{what}: 0-d value")
+    elif value.dtype != dtype:
+        counts.launch(f"{what}: astype of the value")
 
 
 def _operator(ufunc_name, reflected=False, inplace=False):
@@ -418,8 +608,8 @@ def _matmul_launches(a, b, out):
     ndim = max(a.ndim, b.ndim)
     result = numpy.promote_types(a.dtype, b.dtype)
     dtype = result
-    if ndim > 2 and result == numpy.float16 and min(a.ndim, b.ndim) < 2:
-        dtype = numpy.dtype(numpy.float32)          # float16 GEMMs need 2-D operands
+    if ndim > 2 and result == numpy.float16:
+        dtype = numpy.dtype(numpy.float32)   # batched: float16 computed in float32, cast back
     a = a.reshape(1, -1) if a.ndim == 1 else a
     b = b.reshape(-1, 1) if b.ndim == 1 else b
     launches, operands = [], []
@@ -457,10 +647,14 @@ class Matmul:
     - batched products (ndim > 2) call cuBLAS without trans flags: every operand that is
       not C-contiguous (a transposed view included) is copied first, and broadcast batch
       dims add three pointer-array kernels (_mat_ptrs, ndim - 2 launches each).
+    - batched float16 (`if dtype.char == 'e': dtype = numpy.dtype('f')`): both operands are
+      cast to float32 (ascontiguousarray(x, float32), a kernel each), the product cast
+      back to float16 (elementwise_copy).
     An out= whose dtype differs from an operand's leaves CuPy's fast path for the gufunc
     machinery, which the stand-in does not model: refused. Assumes a GPU of compute
-    capability >= 7.0 (float16 GEMMs stay float16); says nothing about cuBLAS numerics
-    (NumPy computes)."""
+    capability >= 7.0 (2-D float16 GEMMs stay float16); one GEMM is one kernel (whether
+    cuBLAS adds a split-K reduction kernel is its own choice); says nothing about cuBLAS
+    numerics (NumPy computes)."""
     __name__ = name = "matmul"
 
     def __call__(self, a, b, out=None, **kwargs):
@@ -496,6 +690,71 @@ SYNCING = {"flatnonzero", "nonzero", "argwhere", "unique", "extract"}   # output
 HOST_TO_DEVICE = {"asarray", "array", "asanyarray", "ascontiguousarray"}
 
 
+def _host_to_device(what, host):
+    """core.pyx _array_default: a 0-d host value is written by ndarray.fill (a memset for 0,
+    else a kernel); an array is one host-to-device copy, staged through a pinned buffer when
+    the NumPy array is pageable: a host wait; from pinned memory an async copy (cupyx's
+    pinned arrays, the section 'pinned memory and streams')."""
+    counts.host_to_device += 1
+    if host.ndim == 0:
+        _fill(host, host[()], f"{what} of a 0-d value")
+    elif host.flags.c_contiguous and is_pinned(host):
+        _async_copy(host, None, f"{what} of a pinned {host.shape} array")
+    else:
+        _pageable_copy(what)
+
+
+def _memset_rule(name, args, kwargs):
+    """cupy/_creation/basic.py zeros, zeros_like: a.data.memset_async(0, a.nbytes)."""
+    counts.memset(f"cupy.{name}")
+
+
+def _fill_rule(name, args, kwargs):
+    """cupy/_creation/basic.py ones, full and their _like: ndarray.fill."""
+    value = 1 if name.startswith("ones") else (args[1] if len(args) > 1
+                                                  else kwargs["fill_value"])
+    _fill(numpy.empty(0), value, f"cupy.{name}")
+
+
+def _where_rule(name, args, kwargs):
+    """cupy/_sorting/search.py where: _where_ufunc(condition.astype('?', copy=False), x, y)."""
+    if len(args) == 3:
+        if numpy.asarray(args[0]).dtype != numpy.bool_:
+            counts.launch("where: astype of the condition")
+        counts.launch("where")
+
+
+def _vdot_rule(name, args, kwargs):
+    """cupy/linalg/_product.py vdot -> _routines_linalg.pyx tensordot_core with n = m = 1:
+    with CUB on, (a.ravel() * b.ravel()).sum(out=c): a multiply (and its temporary of the
+    inputs' size), CUB's DeviceReduce, a copy into c."""
+    product = numpy.empty(args[0].size, args[0].dtype)
+    counts.launch("vdot: multiply")
+    for kernel in _reduction_kernels("sum", product, None, None, out=True):
+        counts.launch(f"vdot: {kernel}")
+
+
+def _concatenate_rule(name, args, kwargs):
+    """_routines_manipulation.pyx _concatenate: up to 8 arrays one cupy_copy each; more (of
+    one dtype, small) one kernel reading a pointer array copied from the host (and, unless
+    all are contiguous and alike, two more host arrays). stack = concatenate."""
+    arrays = list(args[0])
+    if len(arrays) > 8 and len({a.dtype for a in arrays}) == 1:
+        alike = all(a.flags.c_contiguous and a.shape == arrays[0].shape for a in arrays)
+        for _ in range(1 if alike else 3):
+            _host_to_device(f"cupy.{name} pointers", numpy.empty(len(arrays)))
+        counts.launch(f"{name} (one kernel)")
+    else:
+        for _ in arrays:
+            counts.launch(f"{name} (cupy_copy)")
+
+
+FUNCTION_RULES = {"zeros": _memset_rule, "zeros_like": _memset_rule, "ones": _fill_rule,
+                  "ones_like": _fill_rule, "full": _fill_rule, "full_like": _fill_rule,
+                  "where": _where_rule, "vdot": _vdot_rule,
+                  "concatenate": _concatenate_rule, "stack": _concatenate_rule}
+
+
 def _function(name):
     real = getattr(real_cupy, name)
     signature = _signature(real)
@@ -507,7 +766,11 @@ def _function(name):
         if np_fn is None:
             raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
         if name in HOST_TO_DEVICE and args and not isinstance(args[0], ndarray):
-            return _host_to_device(name, args[0], kwargs.get("dtype"))
+            source = args[0]
+            host = numpy.array(source, dtype=kwargs.get("dtype"), copy=True)
+            pinned = isinstance(source, numpy.ndarray) and source.dtype == host.dtype
+            _host_to_device(f"cupy.{name}", source if pinned else host)
+            return ndarray(host)
         uargs = _unwrap(args, f"cupy.{name}")
         if name in SYNCING:
             counts.sync(f"cupy.{name}")
@@ -521,7 +784,12 @@ def _function(name):
             v for a in args if isinstance(a, (list, tuple)) for v in a if isinstance(v, ndarray)]
         out = kwargs.get("out")
         result = out if out is not None else _wrap(r, flat_inputs)
-        if name not in NO_LAUNCH and not _is_view(result, flat_inputs) \
+        if name in FUNCTION_RULES:
+            FUNCTION_RULES[name](name, uargs, ukwargs)
+        elif name in REDUCTIONS:
+            for kernel in _reduction_call(name, uargs[0], uargs[1:], ukwargs):
+                counts.launch(f"{name}: {kernel}")
+        elif name not in NO_LAUNCH and not _is_view(result, flat_inputs) \
                 and not any(result is a for a in flat_inputs if out is None):
             counts.launch(name)
         elif name in ("asarray", "ascontiguousarray") and not _is_view(result, flat_inputs) \
@@ -535,6 +803,14 @@ def _function(name):
 
 
 REAL_GENERATOR = real_cupy.random.Generator
+
+
+# cupy/random/_generator_api.pyx: each distribution is one kernel (_launch_dist ->
+# cupy_distributions.cu execute_dist<<<...>>>); random(out=) draws into a temporary and copies
+# (elementwise_copy); integers adds `low` afterwards (cupy.add); uniform moves the draw to
+# [low, high) with three more kernels (low + (high - low) * y) after two 0-d fills.
+DRAW_KERNELS = {"integers": ("draw", "add low"),
+                "uniform": ("fill low", "fill high", "draw", "subtract", "multiply", "add")}
 
 
 class Generator:
@@ -554,7 +830,10 @@ class Generator:
             _check_call(f"cupy.random.Generator.{name}", signature, (self, *args), kwargs)
             out = kwargs.pop("out", None)
             r = method(*args, **kwargs)
-            counts.launch(f"Generator.{name}")
+            for kernel in DRAW_KERNELS.get(name, ("draw",)):
+                counts.launch(f"Generator.{name}: {kernel}")
+            if out is not None and name == "random":
+                counts.launch("Generator.random: copy into out")
             if out is not None:
                 out._a[...] = r
                 return out
@@ -713,7 +992,8 @@ class ElementwiseKernel:
 class ReductionKernel:
     """A sum: map_expr (a straight-line expression) run as NumPy over the broadcast
     inputs, summed over `axis` in the output's type; reduce_expr must be 'a + b', identity
-    '0' and post_map_expr 'out = a' (what the stand-in can run). One launch."""
+    '0' and post_map_expr 'out = a' (what the stand-in can run). One launch, two for a full
+    reduction of a single input through CUB's block reduction."""
 
     def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
                  name="reduce_kernel", reduce_type=None, reduce_dims=True, preamble="",
@@ -739,7 +1019,13 @@ class ReductionKernel:
         with numpy.errstate(all="ignore"):
             mapped = numpy.broadcast_to(eval(self.map_expr, KERNEL_FUNCTIONS, namespace), shape)
             r = mapped.sum(axis=axis, keepdims=keepdims, dtype=dtype)
-        counts.launch(f"ReductionKernel:{self.name}")
+        # _reduction.pyx: CUB's block reduction takes one input only (two passes for a full
+        # reduction); with more, CuPy's generic kernel, one launch
+        single = len(args) == 1 and isinstance(args[0], ndarray)
+        launches = _generic_reduction(args[0]._a, self.name, _reduced_axes(mapped, axis)) \
+            if single else [self.name]
+        for _ in launches:
+            counts.launch(f"ReductionKernel:{self.name}")
         return ndarray(numpy.ascontiguousarray(r))
 
 # ---------------------------------------------------------------------------- cuda
@@ -812,9 +1098,15 @@ cupyx_special.erf = Ufunc("erf", _ErfUfunc(), real_special.erf, type_table=True)
 
 def scatter_add(a, slices, value):
     _check_call("cupyx.scatter_add", _signature(real_cupyx.scatter_add), (a, slices, value), {})
-    numpy.add.at(_unwrap(a, "scatter_add"), _unwrap(slices, "scatter_add"),
-                 _unwrap(value, "scatter_add"))
-    counts.launch("cupyx.scatter_add")
+    idx = _unwrap(slices, "scatter_add")
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if _index_arrays(idx):                      # _scatter_op(op='add'), as setitem
+        _scatter_value(value, a.dtype, "cupyx.scatter_add")
+        _flat_index("cupyx.scatter_add", parts)
+        counts.launch("cupyx.scatter_add (scatter_add)")
+    else:
+        counts.launch("cupyx.scatter_add (add)")
+    numpy.add.at(_unwrap(a, "scatter_add"), idx, _unwrap(value, "scatter_add"))
 
 
 cupyx.scatter_add = scatter_add
@@ -905,27 +1197,15 @@ def _copies_land(copies=None):
 
 def _pageable_copy(what):
     counts.pageable_copies += 1
-    counts.sync(f"pageable host-to-device copy ({what})")
+    counts.copy(f"{what} (host to device)")
+    counts.host_wait(f"{what} from pageable memory")
 
 
 def _async_copy(source, stream, what):
     _check_in_flight()
     counts.pinned_copies += 1
+    counts.copy(f"{what} (host to device, async)")
     _IN_FLIGHT.append(_Copy(stream or get_current_stream(), source, what))
-
-
-def _host_to_device(name, source, dtype):
-    """cupy.asarray / array of host data (CuPy 14's _array_default)."""
-    counts.host_to_device += 1
-    result = ndarray(numpy.array(source, dtype=dtype, copy=True))
-    if result.ndim == 0:
-        return result                                  # a fill kernel's argument
-    if isinstance(source, numpy.ndarray) and source.dtype == result.dtype \
-            and source.flags.c_contiguous and is_pinned(source):
-        _async_copy(source, None, f"cupy.{name} of a pinned {source.shape} array")
-    else:
-        _pageable_copy(f"cupy.{name}")
-    return result
 
 
 def _set(self, arr, stream=None):
@@ -957,14 +1237,17 @@ ndarray.set = _set
 
 class Event:
     """cupy.cuda.Event: record() remembers the copies in flight on its stream, done and
-    synchronize() land them (synchronize also counts as a sync)."""
+    synchronize() land them (synchronize also counts as a sync). Its time is the host's
+    clock when recorded: kernels run at once here, so get_elapsed_time is host time."""
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self._copies = []
+        self._time = None
 
     def record(self, stream=None):
         stream = stream or get_current_stream()
         self._copies = [c for c in _IN_FLIGHT if c.stream is stream]
+        self._time = time.perf_counter()
 
     @property
     def done(self):
@@ -1014,11 +1297,19 @@ class Stream:
 Stream.null = Stream(null=True)
 
 
+def get_elapsed_time(start_event, end_event):
+    """cupy.cuda.get_elapsed_time: ms between two recorded events."""
+    if start_event._time is None or end_event._time is None:
+        raise StandinError("get_elapsed_time of an event never recorded (CUDA refuses it)")
+    return 1000.0 * (end_event._time - start_event._time)
+
+
 def get_current_stream(device_id=-1):
     return _CURRENT_STREAMS[-1] if _CURRENT_STREAMS else Stream.null
 
 
 cuda.Stream, cuda.Event, cuda.get_current_stream = Stream, Event, get_current_stream
+cuda.get_elapsed_time = get_elapsed_time
 cuda.memory = types.SimpleNamespace(OutOfMemoryError=real_cupy.cuda.memory.OutOfMemoryError)
 cupyx.empty_pinned, cupyx.zeros_pinned = _empty_pinned, _zeros_pinned
 cupyx.empty_like_pinned, cupyx.zeros_like_pinned = _empty_like_pinned, _zeros_like_pinned

@@ -35,7 +35,7 @@ def test_standin_counts_a_pageable_copy_as_a_host_wait_and_a_pinned_one_not(cupy
     assert (cupy.counts.pinned_copies, cupy.counts.pageable_copies, cupy.counts.syncs) == (1, 0, 0)
     device.set(host)                                   # pageable: CUDA may wait to stage it
     cupy.asarray(host)                                 # CuPy stages it: a pool that may grow
-    assert (cupy.counts.pageable_copies, cupy.counts.syncs) == (2, 2)
+    assert (cupy.counts.pageable_copies, cupy.counts.host_waits, cupy.counts.syncs) == (2, 2, 0)
     cupy.asarray(numpy.int64(3))                       # 0-d: a fill kernel's argument
     cupy.asarray(pinned)                               # pinned: async, no wait
     assert (cupy.counts.pageable_copies, cupy.counts.pinned_copies) == (2, 2)

@@ -16,7 +16,9 @@ if os.environ.get("NANOBERT_CUPY_STANDIN") == "1":
         if path:
             c = cupy_standin.counts
             with open(path, "w") as f:
-                json.dump({"launches": c.launches, "syncs": c.syncs,
+                json.dump({"launches": c.launches, "kernels": c.kernel_launches,
+                           "memsets": c.memsets, "copies": c.copies,
+                           "host_waits": c.host_waits, "syncs": c.syncs,
                            "generators": c.generators, "sync_sites": dict(c.sync_sites),
                            "pageable_copies": c.pageable_copies,
                            "pinned_copies": c.pinned_copies}, f)

@@ -1,0 +1,364 @@
+"""GPU profile of a BERT pretraining step: nanobert's CuPy path and, where torch has CUDA,
+transformers' BertForPreTraining on the same work (bench/train_step.py's step functions:
+forward, backward, clip to 1.0, AdamW), at each batch size and precision asked for.
+
+    python -m bench.gpu_profile                          # BERT-base, T=128, B=32,128, tf32,float16
+    python -m bench.gpu_profile --batch-sizes 32 --precisions tf32 --steps 5
+    python -m bench.gpu_profile --preset mini --no-torch --out runs/mini.json
+
+Per run (each in a fresh process): wall time per step (median, the host waiting for the GPU
+after each step) and the host's time to issue it; GPU kernel time per step by CUPTI
+(torch.profiler, which sees CuPy's kernels in the same process; without torch, CuPy events
+around the step: total only); kernels per step counted apart from memcpy / memset and from
+the runtime and driver calls that launched them; the split matmul / elementwise /
+reduction / copy; the largest kernels. Then the float64 parity line: loss and worst
+gradient of a small model on the GPU against the NumPy path. Prints a table, writes JSON.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy
+
+import bench.train_step as train_step
+from nanobert import backend
+from nanobert.model.config import BertConfig
+from nanobert.model.flops import gpu_peak_tflops, step_flops
+from nanobert.model.ops import IGNORE_INDEX
+
+PRESETS = {"base": (12, 768, 12), "mini": (4, 256, 4), "tiny": (2, 64, 2)}  # layers, hidden, heads
+PRECISIONS = {"tf32": ("float32", True), "float32": ("float32", False),
+              "float16": ("float16", True)}       # name -> (dtype, TF32 for float32 matmuls)
+KINDS = ("matmul", "elementwise", "reduction", "copy")
+SHORT = {"matmul": "matmul", "elementwise": "eltwise", "reduction": "reduce", "copy": "copy"}
+TOP = 12                                            # largest kernels kept per run
+
+
+def kernel_kind(name):
+    """A GPU kernel's name -> matmul / copy / reduction / elementwise. cuBLAS and CUTLASS
+    kernels (gemm, xmma, cutlass, sm80_/sm90_ tiles) are matmuls; CuPy's cupy_copy__* (casts
+    and contiguous copies) copies; CuPy's and CUB's sums, means, max and the project's row
+    sums reductions; every other kernel elementwise (ufuncs, fused and custom kernels)."""
+    n = name.lower()
+    if any(k in n for k in ("gemm", "xmma", "cutlass", "cublas", "gemv", "sm80_", "sm90_")):
+        return "matmul"
+    if "copy" in n or "memcpy" in n or "memset" in n:
+        return "copy"
+    if any(k in n for k in ("reduce", "sum", "mean", "cupy_max", "cupy_min", "argmax",
+                            "argmin")):
+        return "reduction"
+    return "elementwise"
+
+
+# kineto's activity types (torch.profiler's FunctionEvent.activity_type) -> what they count
+ACTIVITIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
+              "cuda_runtime": "runtime", "cuda_driver": "runtime"}
+
+
+def event_type(name, on_device, activity=None):
+    """A profiler event -> kernel / memcpy / memset (on the device), runtime (a CUDA runtime
+    or driver call on the host: cudaLaunchKernel, cuLaunchKernel, cudaMemcpyAsync) or None
+    (anything else: annotations, syncs, overhead). By kineto's activity type where torch
+    gives it, else by the device the event ran on and its name."""
+    if activity is not None:
+        return ACTIVITIES.get(activity)
+    if not on_device:
+        return "runtime" if name.startswith("cu") else None
+    if name.startswith("Memcpy"):
+        return "memcpy"
+    if name.startswith("Memset"):
+        return "memset"
+    return "kernel"
+
+
+def summarize(events, steps):
+    """events: (name, on_device, activity type or None, microseconds) of `steps` profiled
+    steps -> per step: GPU time (kernels, memcpys and memsets), kernels, memcpys, memsets,
+    runtime calls, time and count by kind, the largest kernels."""
+    per = {"kernel": 0, "memcpy": 0, "memset": 0, "runtime": 0}
+    kinds = {k: [0.0, 0] for k in KINDS}
+    kernels = {}
+    gpu_us = 0.0
+    for name, on_device, activity, us in events:
+        what = event_type(name, on_device, activity)
+        if what is None:
+            continue
+        per[what] += 1
+        if what == "runtime":
+            continue
+        gpu_us += us
+        kind = kernel_kind(name) if what == "kernel" else "copy"
+        kinds[kind][0] += us
+        kinds[kind][1] += 1
+        if what == "kernel":
+            total, count = kernels.get(name, (0.0, 0))
+            kernels[name] = (total + us, count + 1)
+    top = sorted(kernels.items(), key=lambda item: -item[1][0])[:TOP]
+    return {"gpu_ms": gpu_us / steps / 1e3, "kernels": per["kernel"] / steps,
+            "memcpys": per["memcpy"] / steps, "memsets": per["memset"] / steps,
+            "runtime_calls": per["runtime"] / steps,
+            "by_kind": {k: {"ms": ms / steps / 1e3, "count": n / steps}
+                        for k, (ms, n) in kinds.items()},
+            "largest": [{"name": name, "ms": ms / steps / 1e3, "calls": n / steps}
+                        for name, (ms, n) in top]}
+
+
+def profiler_events(profile):
+    """torch.profiler's events -> (name, on_device, activity type, microseconds). Kernels,
+    memcpys and memsets are CUDA-device events (CUPTI's activity records, timed on the GPU);
+    the runtime and driver calls that issued them are CPU-side events of the same profile."""
+    from torch.autograd import DeviceType
+    return [(e.name, e.device_type == DeviceType.CUDA, getattr(e, "activity_type", None),
+             e.time_range.elapsed_us()) for e in profile.events()]
+
+
+def has_torch_cuda():
+    if importlib.util.find_spec("torch") is None or \
+            importlib.util.find_spec("transformers") is None:
+        return False
+    import torch
+    return torch.cuda.is_available()
+
+
+def make_config(preset, seq_len):
+    layers, hidden, heads = PRESETS[preset]
+    return BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, intermediate_size=4 * hidden,
+                      max_position_embeddings=max(512, seq_len))
+
+
+def measure(framework, preset, batch_size, seq_len, precision, steps):
+    """One run in this process -> its record (see the module docstring)."""
+    dtype, tf32 = PRECISIONS[precision]
+    backend.set_tf32(tf32)
+    config = make_config(preset, seq_len)
+    batch = train_step.make_batch(config, batch_size, seq_len)
+    if framework == "torch":
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        step, _ = train_step.torch_step_fn(config, batch, "gpu", dtype)
+        synchronize = torch.cuda.synchronize
+    else:
+        cupy = backend.get_xp("gpu")
+        step, _ = train_step.nanobert_step_fn(config, batch, device="gpu", dtype=dtype)
+        synchronize = cupy.cuda.Device().synchronize
+    walls, hosts = [], []
+    for _ in range(2):
+        step()
+    synchronize()
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        issued = time.perf_counter()
+        synchronize()
+        walls.append(time.perf_counter() - start)
+        hosts.append(issued - start)
+    record = {"framework": framework, "batch_size": batch_size, "precision": precision,
+              "wall_ms": 1e3 * statistics.median(walls),
+              "host_ms": 1e3 * statistics.median(hosts),
+              "mfu": model_flop_utilisation(config, batch, statistics.median(walls), dtype)}
+    if has_torch_cuda():
+        from torch.profiler import ProfilerActivity, profile
+        profiled = min(steps, 3)
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(profiled):
+                step()
+            synchronize()
+        record.update(summarize(profiler_events(p), profiled))
+    else:
+        record["gpu_ms"] = cupy_event_ms(step, steps)
+    return record
+
+
+def model_flop_utilisation(config, batch, seconds, dtype):
+    """The step's matmul FLOPs (nanobert's count: the MLM head at masked positions only, the
+    same for torch) per second over the GPU's dense peak for the precision; None where the
+    peak is unknown."""
+    import cupy
+    B, T = batch["input_ids"].shape
+    flops = step_flops(config, B, T, int((batch["labels"] != IGNORE_INDEX).sum()))
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    peak = gpu_peak_tflops(name, backend.matmul_precision(dtype, "gpu"))
+    return flops / seconds / 1e12 / peak if peak else None
+
+
+def cupy_event_ms(step, steps):
+    """Median GPU time of a step between two CuPy events (kernels and gaps alike); on the
+    CPU stand-in, whose kernels run at once, the host's time."""
+    import cupy
+    if not hasattr(cupy.cuda, "Event"):
+        return None
+    times = []
+    for _ in range(steps):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def parity(config=None, B=4, T=32):
+    """float64, GPU vs NumPy, one forward + backward of a small BertForPreTraining in eval
+    mode (no dropout) -> loss and the worst gradient, relative to the NumPy path's."""
+    from nanobert.model.pretraining import BertForPreTraining
+    config = config or BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=512)
+    batch = train_step.make_batch(config, B, T)
+    results = []
+    for device in ("cpu", "gpu"):
+        model = BertForPreTraining(config, seed=0, dtype=numpy.float64, device=device).eval()
+        loss, grads = model.loss_and_grads(batch)
+        results.append((float(loss), {k: backend.to_host(g) for k, g in grads.items()}))
+    (loss_cpu, grads_cpu), (loss_gpu, grads_gpu) = results
+    worst, worst_name = 0.0, None
+    for name, expected in grads_cpu.items():
+        if name.endswith("attention.self.key.bias"):      # true gradient 0: noise on both sides
+            continue
+        scale = numpy.abs(expected).max() or 1.0
+        error = float(numpy.abs(grads_gpu[name] - expected).max() / scale)
+        if error > worst:
+            worst, worst_name = error, name
+    return {"config": f"L{config.num_hidden_layers} H{config.hidden_size} B{B} T{T} float64",
+            "loss_rel": abs(loss_gpu - loss_cpu) / abs(loss_cpu),
+            "grad_worst_rel": worst, "grad_worst_name": worst_name}
+
+
+def run_worker(framework, preset, batch_size, seq_len, precision, steps):
+    """A run in a fresh process -> its record, or one with the error's last line."""
+    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--preset",
+            preset, "--batch-sizes", str(batch_size), "--seq-len", str(seq_len),
+            "--precisions", precision, "--steps", str(steps)]
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"framework": framework, "batch_size": batch_size, "precision": precision,
+                "error": last}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _number(value, digits=1):
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def format_table(result):
+    """The JSON record -> the printed report."""
+    lines = [f"{result['gpu']}   cupy {result['cupy']}   torch {result['torch'] or '-'}   "
+             f"{result['preset']} T={result['seq_len']}   {result['date']}",
+             f"{'framework':<10}{'B':>5}{'precision':>10}{'wall ms':>9}{'host ms':>9}"
+             f"{'MFU %':>7}{'GPU ms':>8}{'kernels':>9}{'memcpy':>8}{'memset':>8}{'runtime':>9}"
+             + "".join(f"{SHORT[k] + ' ms':>12}" for k in KINDS)]
+    for r in result["runs"]:
+        head = f"{r['framework']:<10}{r['batch_size']:>5}{r['precision']:>10}"
+        if "error" in r:
+            lines.append(f"{head}   failed: {r['error']}")
+            continue
+        kinds = r.get("by_kind") or {}
+        lines.append(
+            head + f"{_number(r['wall_ms']):>9}{_number(r['host_ms']):>9}"
+            f"{_number(None if r.get('mfu') is None else 100 * r['mfu']):>7}"
+            f"{_number(r.get('gpu_ms')):>8}{_number(r.get('kernels'), 0):>9}"
+            f"{_number(r.get('memcpys'), 0):>8}{_number(r.get('memsets'), 0):>8}"
+            f"{_number(r.get('runtime_calls'), 0):>9}"
+            + "".join(f"{_number(kinds.get(k, {}).get('ms')):>12}" for k in KINDS))
+    for r in result["runs"]:
+        if r.get("largest"):
+            lines.append(f"largest kernels, {r['framework']} B={r['batch_size']} "
+                         f"{r['precision']} (ms per step, calls per step):")
+            lines += [f"  {k['ms']:8.2f} {k['calls']:7.1f}  {k['name'][:96]}"
+                      for k in r["largest"]]
+    p = result.get("parity")
+    if p:
+        lines.append(f"parity, GPU vs NumPy, {p['config']}: loss {p['loss_rel']:.1e}, "
+                     f"worst gradient {p['grad_worst_rel']:.1e} ({p['grad_worst_name']})")
+    lines.append("medians per step (forward, backward, clip, AdamW); host ms: the host's time "
+                 "to issue it; GPU ms: kernels,\nmemcpys and memsets by CUPTI (or CuPy events "
+                 "around the step without torch); kernels counted apart from\nmemcpy/memset "
+                 "and from the runtime/driver calls that issued them; '-': not measured")
+    return "\n".join(lines)
+
+
+def csv_list(kind, allowed=None):
+    def parse(text):
+        items = [kind(t) for t in text.split(",") if t]
+        bad = [t for t in items if allowed is not None and t not in allowed]
+        if not items or bad:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected a comma-separated list"
+                + (f" of {', '.join(allowed)}" if allowed else ""))
+        return items
+    return parse
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=csv_list(int), default=[32, 128],
+                        help="comma-separated (default 32,128)")
+    parser.add_argument("--precisions", type=csv_list(str, PRECISIONS),
+                        default=["tf32", "float16"],
+                        help="comma-separated of tf32, float32, float16 (default tf32,float16)")
+    parser.add_argument("--preset", choices=PRESETS, default="base",
+                        help="model size (default base: L12 H768)")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per run (median)")
+    parser.add_argument("--no-torch", action="store_true", help="profile nanobert only")
+    parser.add_argument("--no-parity", action="store_true", help="skip the float64 parity line")
+    parser.add_argument("--out", default=None,
+                        help="JSON path (default runs/gpu_profile-<date>.json)")
+    parser.add_argument("--worker", choices=("nanobert", "torch"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.seq_len < 1 or min(args.batch_sizes) < 1:
+        parser.error("--steps, --seq-len and --batch-sizes must be positive")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not backend.gpu_available():
+        sys.exit("bench.gpu_profile: no GPU here (CuPy cannot see a CUDA device); run it "
+                 "where `python -c \"import cupy; cupy.cuda.runtime.getDeviceCount()\"` works")
+    if args.worker:
+        print(json.dumps(measure(args.worker, args.preset, args.batch_sizes[0], args.seq_len,
+                                 args.precisions[0], args.steps)))
+        return
+    cupy = backend.get_xp("gpu")
+    frameworks = ["nanobert"] + (["torch"] if not args.no_torch and has_torch_cuda() else [])
+    if "torch" not in frameworks and not args.no_torch:
+        print("torch with CUDA or transformers is missing: profiling nanobert alone")
+    torch_version = None
+    if "torch" in frameworks:
+        import torch
+        torch_version = torch.__version__
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    result = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+              "cupy": cupy.__version__, "torch": torch_version, "date": date,
+              "preset": args.preset, "seq_len": args.seq_len, "steps": args.steps, "runs": []}
+    for batch_size in args.batch_sizes:
+        for precision in args.precisions:
+            for framework in frameworks:
+                result["runs"].append(run_worker(framework, args.preset, batch_size,
+                                                 args.seq_len, precision, args.steps))
+                r = result["runs"][-1]
+                print(f"{framework} B={batch_size} {precision}: "
+                      + (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step"),
+                      flush=True)
+    if not args.no_parity:
+        result["parity"] = parity()
+    print(format_table(result))
+    out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
