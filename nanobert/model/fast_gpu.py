@@ -18,7 +18,7 @@ import math
 
 import numpy
 
-from ..backend import array_module
+from ..backend import array_module, tf32_enabled
 from . import kernels, ops
 from .ops import AttentionCache
 
@@ -28,6 +28,106 @@ HALF = numpy.dtype(numpy.float16)
 def float32_if_half(x):
     """float16 -> a float32 copy (statistics in float32); any other array as it is."""
     return x.astype(numpy.float32) if x.dtype == HALF else x
+
+
+# ------------------------------------------------------------------------ cuBLAS directly
+# CuPy 14's batched matmul (ndim > 2) calls cuBLAS in plain FP32 whatever the TF32 setting,
+# casts float16 operands up to float32 (3 cast kernels a product) and copies every operand
+# that is not C-contiguous; its 2-D path honours TF32. gemm() below calls
+# gemmStridedBatchedEx itself: tensor cores for float16 (float32 accumulation) and for
+# float32 when TF32 is on, transposes as cuBLAS's op flags, any row stride. float64 keeps
+# CUBLAS_COMPUTE_64F: the same math as NumPy's.
+
+
+def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
+    """out[s] = op(a[s]) @ op(b[s]) for stacks [S..., rows, cols] of row-major matrices (op
+    a transpose when asked), one cuBLAS call: each matrix's elements in a row adjacent, rows
+    any distance apart (a view of wider rows is read in place), and the stack's matrices
+    equally spaced. out may be float32 for float16 operands (the sum rounded once, into a
+    float32 gradient buffer); exact: float32 never in TF32 (sums that must keep float32's
+    precision). cuBLAS is column-major: the row-major out = A B is its out^T = B^T A^T, so B
+    goes first. Host cost: one cuBLAS call, no CuPy array checks (cupy.matmul's ~140 us)."""
+    xp = array_module(out)
+    from cupy_backends.cuda.libs import cublas
+    (count, stride_a), (_, stride_b), (_, stride_c) = (
+        _stack_layout(x, count=out.size // (out.shape[-2] * out.shape[-1])) for x in (a, b, out))
+    M, N = out.shape[-2:]
+    K = a.shape[-2] if transpose_a else a.shape[-1]
+    if (a.shape[-1] if transpose_a else a.shape[-2]) != M or \
+            (b.shape[-2] if transpose_b else b.shape[-1]) != N or \
+            (b.shape[-1] if transpose_b else b.shape[-2]) != K:
+        raise ValueError(f"gemm: op(a) {a.shape} @ op(b) {b.shape} -> out {out.shape} do not fit "
+                         f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
+    if a.dtype != b.dtype or out.dtype not in (a.dtype, numpy.dtype(numpy.float32)):
+        raise ValueError(f"gemm: operands {a.dtype}, {b.dtype} into out {out.dtype}")
+    if a.dtype == numpy.float64:
+        compute, scalar = cublas.CUBLAS_COMPUTE_64F, numpy.float64
+    elif a.dtype == numpy.float32 and tf32_enabled() and not exact:
+        compute, scalar = cublas.CUBLAS_COMPUTE_32F_FAST_TF32, numpy.float32
+    else:                                   # float16 operands: tensor cores, float32 sums
+        compute, scalar = cublas.CUBLAS_COMPUTE_32F, numpy.float32
+    one, zero = numpy.ones((), scalar), numpy.zeros((), scalar)   # host scalars, alive here
+    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+    cublas.gemmStridedBatchedEx(
+        xp.cuda.device.get_cublas_handle(), op[transpose_b], op[transpose_a], N, M, K,
+        one.ctypes.data,
+        b.data.ptr, _CUDA_TYPE[b.dtype.char], _row_stride(b), stride_b,
+        a.data.ptr, _CUDA_TYPE[a.dtype.char], _row_stride(a), stride_a,
+        zero.ctypes.data,
+        out.data.ptr, _CUDA_TYPE[out.dtype.char], _row_stride(out), stride_c,
+        count, compute, cublas.CUBLAS_GEMM_DEFAULT)
+    return out
+
+
+# cudaDataType_t (CUDA's library_types.h, as cupy.cuda.runtime.CUDA_R_*)
+_CUDA_TYPE = {"e": 2, "f": 0, "d": 1}
+
+
+def _row_stride(x):
+    """The distance between a matrix's rows in elements (cuBLAS's leading dimension); its
+    elements must be adjacent (one row: any distance will do)."""
+    if x.shape[-2] == 1 and x.strides[-1] == x.itemsize:
+        return x.shape[-1]
+    if x.strides[-1] != x.itemsize or x.strides[-2] % x.itemsize \
+            or x.strides[-2] // x.itemsize < x.shape[-1]:
+        raise ValueError(f"gemm: a matrix of shape {x.shape[-2:]} with strides {x.strides[-2:]}: "
+                         f"cuBLAS needs adjacent elements in a row, rows at least a row apart")
+    return x.strides[-2] // x.itemsize
+
+
+def _stack_layout(x, count):
+    """-> (count, stride in elements between consecutive matrices) of a stack [S..., r, c]
+    whose matrices are equally spaced (or one matrix: stride 0); broadcasting is refused."""
+    batch = [(n, s) for n, s in zip(x.shape[:-2], x.strides[:-2]) if n != 1]
+    total = math.prod(n for n, _ in batch)
+    if total != count:
+        raise ValueError(f"gemm: a stack of {total} matrices {x.shape} beside {count}")
+    for (_, outer), (n, inner) in zip(batch, batch[1:]):
+        if outer != n * inner:
+            raise ValueError(f"gemm: stack {x.shape} with strides {x.strides}: its matrices "
+                             f"are not equally spaced")
+    return count, (batch[-1][1] // x.itemsize if batch else 0)
+
+
+# One ones-vector per dtype, grown as needed: column sums are products with it.
+_ONES = {}
+
+
+def column_sum(x, out=None, dtype=None):
+    """x [N, H] summed over its rows -> [H] (into out if given; float16 x into a float32
+    out), as ones [1, N] @ x: cuBLAS reads x at full bandwidth. CuPy's x.sum(axis=0) cannot
+    use CUB for a reduced axis that is not the last and launches ~24 blocks for 768 sums:
+    360 us a call on an H200 at B=128 (105 calls, 37.6 ms of a 129 ms step; torch: 3.1 ms).
+    Never TF32: a gradient keeps float32's precision; float64 stays float64."""
+    xp = array_module(x)
+    N, H = x.shape
+    if out is None:
+        out = xp.empty(H, dtype=dtype or x.dtype)
+    key = (xp, x.dtype)
+    if key not in _ONES or _ONES[key].size < N:
+        _ONES[key] = xp.ones(max(N, 2 * _ONES[key].size if key in _ONES else N), x.dtype)
+    gemm(_ONES[key][None, :N], x, out.reshape(1, H), exact=True)
+    return out
 
 
 def matmul(a, b, out=None):
@@ -57,7 +157,6 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
     """ops.linear_backward: dweight and dbias computed straight into the given buffers (no
     temporary); float16 gradients summed into the float32 buffers."""
     x2, weight, x_shape = cache
-    xp = array_module(dout)
     if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
         dout = dout.astype(weight.dtype)
     dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
@@ -65,7 +164,7 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
     dweight = matmul(dout2.T, x2, out=dweight)
     # float16 gradients are summed in (and written to) the float32 buffer's dtype
     dtype = dbias.dtype if dbias is not None and dbias.dtype != dout2.dtype else None
-    dbias = xp.sum(dout2, axis=0, dtype=dtype, out=dbias)
+    dbias = column_sum(dout2, out=dbias, dtype=dtype)
     return dx, dweight, dbias
 
 # ----------------------------------------------------------------------------- layernorm
@@ -95,8 +194,8 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     dout = float32_if_half(dout)
     H = xhat.shape[-1]
     dxhat, dout_xhat = kernels.fused(xp, kernels.layernorm_products)(dout, gamma, xhat)
-    dgamma = xp.sum(dout_xhat.reshape(-1, H), axis=0, out=dgamma)
-    dbeta = xp.sum(dout.reshape(-1, H), axis=0, out=dbeta)
+    dgamma = column_sum(dout_xhat.reshape(-1, H), out=dgamma)
+    dbeta = column_sum(dout.reshape(-1, H), out=dbeta)
     dx = kernels.fused(xp, kernels.layernorm_dx)(
         dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
         (dxhat * xhat).mean(axis=-1, keepdims=True), rstd)
@@ -187,11 +286,11 @@ def _uniform(x, rng):
 
 
 def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
-    """ops.self_attention_forward on CuPy, whose batched matmuls copy any operand or out=
-    that is not C-contiguous: one kernel (kernels.attention_heads) adds the projection's
-    bias, scales q and writes q, k^T and v as contiguous heads, so that no matmul copies;
-    the context leaves [B, A, T, D] through one transposing copy. Same math as the NumPy
-    path in the same order; cache.k is a [B, A, T, D] view of the contiguous k^T."""
+    """ops.self_attention_forward: one kernel (kernels.attention_heads) adds the
+    projection's bias, scales q and writes q, k and v as contiguous heads [B, A, T, D] (the
+    stacked projection's heads are not equally spaced, so cuBLAS cannot read them in place);
+    the products are gemm calls (k^T an op flag, no copy); the context leaves [B, A, T, D]
+    through one transposing copy. Same math as the NumPy path in the same order."""
     xp = array_module(x)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
@@ -199,15 +298,13 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     qkv = matmul(x2, w_qkv.T)                              # [N, 3H], no bias yet
     projected = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
     bias = b_qkv.reshape(3, A, 1, D)
-    q, v = xp.empty((B, A, T, D), dtype=x.dtype), xp.empty((B, A, T, D), dtype=x.dtype)
-    k_t = xp.empty((B, A, D, T), dtype=x.dtype)
-    k = k_t.transpose(0, 1, 3, 2)                          # [B, A, T, D], a view
+    q, k, v = (xp.empty((B, A, T, D), dtype=x.dtype) for _ in range(3))
     kernels.attention_heads(xp)(*projected, *bias, 1.0 / math.sqrt(D), q, k, v)
-    scores = matmul(q, k_t)                                # [B, A, T, T]
+    scores = gemm(q, k, xp.empty((B, A, T, T), x.dtype), transpose_b=True)  # q k^T
     scores += mask_bias
     probs, softmax_cache = softmax_forward(scores, overwrite_x=True)
     probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
-    context = matmul(probs_dropped, v)                     # [B, A, T, D]
+    context = gemm(probs_dropped, v, xp.empty((B, A, T, D), x.dtype))
     context = xp.ascontiguousarray(context.transpose(0, 2, 1, 3)).reshape(B, T, H)
     cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, softmax_cache, probs_dropped,
                            dropout_cache, A)
@@ -215,50 +312,42 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
 
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
-    """ops.self_attention_backward on CuPy with contiguous matmul operands only: each
-    product that would need a transposed operand is computed transposed instead (dv^T,
-    dprobs^T, dq^T), dscores comes out of its kernel keys-first, and one kernel
-    (kernels.attention_grads) scales dq and writes dq, dk, dv into [B, T, 3H], the stacked
-    projection's layout. One copy: dcontext^T per head."""
+    """ops.self_attention_backward: the products are gemm calls with transposes as op flags;
+    one kernel (kernels.attention_grads) scales dq and writes dq, dk, dv into [B, T, 3H],
+    the stacked projection's layout. One copy: dcontext into contiguous heads."""
     xp = array_module(dcontext)
     B, T, H = dcontext.shape
     A = cache.num_heads
     D = H // A
-    dcontext_t = xp.ascontiguousarray(dcontext.reshape(B, T, A, D).transpose(0, 2, 3, 1))
-    dv_t = matmul(dcontext_t, cache.probs_dropped)         # [B, A, D, T] = dv^T
-    dprobs_t = matmul(cache.v, dcontext_t)                 # [B, A, T, T] = dprobs^T
-    dscores_t = _dropout_softmax_backward_t(dprobs_t, cache)   # [B, A, T, T] = dscores^T
-    dk = matmul(dscores_t, cache.q)                        # [B, A, T, D]
-    dq_t = matmul(cache.k.transpose(0, 1, 3, 2), dscores_t)    # [B, A, D, T] = dq^T / scale
-    dqkv = xp.empty((B, T, 3 * H), dtype=dcontext.dtype)
+    dtype = dcontext.dtype
+    dcontext = xp.ascontiguousarray(dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3))
+    dv = gemm(cache.probs_dropped, dcontext, xp.empty((B, A, T, D), dtype), transpose_a=True)
+    dprobs = gemm(dcontext, cache.v, xp.empty((B, A, T, T), dtype), transpose_b=True)
+    dscores = _dropout_softmax_backward(dprobs, cache)     # [B, A, T, T]
+    dq = gemm(dscores, cache.k, xp.empty((B, A, T, D), dtype))  # dq / scale
+    dk = gemm(dscores, cache.q, xp.empty((B, A, T, D), dtype), transpose_a=True)
+    dqkv = xp.empty((B, T, 3 * H), dtype=dtype)
     places = dqkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
-    kernels.attention_grads(xp)(dq_t.transpose(0, 1, 3, 2), dk, dv_t.transpose(0, 1, 3, 2),
-                                1.0 / math.sqrt(D), *places)
+    kernels.attention_grads(xp)(dq, dk, dv, 1.0 / math.sqrt(D), *places)
     return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
 
 
-def _dropout_softmax_backward_t(dprobs_t, cache):
-    """dropout_backward then softmax_backward of the attention probabilities, given and
-    returning them transposed (keys first, [B, A, Tk, Tq]) for the matmuls that follow:
+def _dropout_softmax_backward(dprobs, cache):
+    """dropout_backward then softmax_backward of the attention probabilities [B, A, T, T]:
     two kernels, the row sum and the elementwise rest. float16: dropout in float16,
     softmax in float32, as the reference."""
-    xp = array_module(dprobs_t)
-    dtype = dprobs_t.dtype
-    y, mask = cache.probs, cache.dropout_mask              # [B, A, Tq, Tk]
+    xp = array_module(dprobs)
+    dtype = dprobs.dtype
+    y, mask = cache.probs, cache.dropout_mask
     if dtype == HALF:
         if mask is not None:
-            dprobs_t = dprobs_t * mask.transpose(0, 1, 3, 2)
-        dprobs_t, y, mask = dprobs_t.astype(numpy.float32), y.astype(numpy.float32), None
-    keys_first = (0, 1, 3, 2)
+            dprobs = dprobs * mask
+        dprobs, y, mask = dprobs.astype(numpy.float32), y.astype(numpy.float32), None
     if mask is None:
-        mask = mask_t = y.dtype.type(1)
-    else:
-        mask_t = mask.transpose(keys_first)
-    row_sum = kernels.softmax_row_sum(xp)(dprobs_t.transpose(keys_first), mask, y, axis=3,
-                                          keepdims=True)  # [B, A, Tq, 1]
-    dscores_t = kernels.fused(xp, kernels.dropout_softmax_dx)(
-        dprobs_t, mask_t, y.transpose(keys_first), row_sum.transpose(keys_first))
-    return dscores_t.astype(dtype, copy=False)
+        mask = y.dtype.type(1)
+    row_sum = kernels.softmax_row_sum(xp)(dprobs, mask, y, axis=3, keepdims=True)
+    dscores = kernels.fused(xp, kernels.dropout_softmax_dx)(dprobs, mask, y, row_sum)
+    return dscores.astype(dtype, copy=False)
 
 # ----------------------------------------------------------------------------- inference
 # The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy
