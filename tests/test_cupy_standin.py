@@ -228,13 +228,12 @@ def attention_on(xp, dtype, dropout, seed=5, B=2, T=5, A=2, D=3):
 @pytest.mark.parametrize("dtype, tol", [(numpy.float64, 1e-12), (numpy.float32, 1e-5),
                                         (numpy.float16, 1e-2)])
 def test_device_attention_gives_the_numpy_numbers_without_a_copy(dtype, tol, dropout):
-    """The CuPy path of self-attention (contiguous heads, its 6 batched products as direct
-    cuBLAS calls with transposes as op flags, emulated by the stand-in from the call's raw
-    arguments) against the NumPy path: same context, cache and gradients; the 3 products of
-    the projection stay cupy.matmul calls without a copy kernel, and the bias gradient is
-    one more cuBLAS call (a ones-vector product). float16: the stand-in's 2-D matmuls are
-    NumPy's float16 loop, the NumPy path's a float32 BLAS call rounded, hence the looser
-    bound."""
+    """The CuPy path of self-attention (contiguous heads, its 6 batched products, the 3 of
+    the projection and the bias gradient's ones-vector product as direct cuBLAS calls with
+    transposes as op flags, emulated by the stand-in from the call's raw arguments) against
+    the NumPy path: same context, cache and gradients, and no cupy.matmul or copy kernel
+    around them. float16: the stand-in's float16 products are float32 sums rounded once,
+    the NumPy path's too, in another order: the looser bound."""
     expected = attention_on(numpy, dtype, dropout)
     with cupy_standin.installed() as cupy:
         cupy.counts.reset()
@@ -247,9 +246,9 @@ def test_device_attention_gives_the_numpy_numbers_without_a_copy(dtype, tol, dro
                      tol, name + " cache")
     for a, e in zip(actual[2], expected[2]):
         assert_close(a, e, tol, name + " gradients")
-    assert kernels.get("matmul") == 3, kernels
-    assert kernels.get("cublas.gemmStridedBatchedEx") == 6 + 1, kernels
-    assert not [k for k in kernels if k.startswith("matmul: ")], kernels
+    assert kernels.get("cublas.gemmStridedBatchedEx") == 6 + 3 + 1, kernels
+    # float16 weight gradient: its float16 product cast into the float32 buffer (a setitem)
+    assert not [k for k in kernels if k.startswith("matmul")], kernels
 
 
 def float16_steps(device, steps=3):

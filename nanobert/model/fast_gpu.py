@@ -131,16 +131,32 @@ def column_sum(x, out=None, dtype=None):
 
 
 def matmul(a, b, out=None):
-    """a @ b (into out if given). float16 gives a float16 product, also when `out` is a
-    float32 weight gradient (cuBLAS writes its inputs' dtype; the gradient is then cast into
-    the float32 buffer, as apex's O2 does). Operands and out= cost a copy kernel each unless
-    laid out for cuBLAS: 2-D ones C- or F-contiguous, batched ones (and any out=)
-    C-contiguous (CuPy's _core.matmul; counted by tests/cupy_standin.py)."""
+    """a @ b (into out if given). Matrices whose rows or columns are adjacent (a transpose
+    is an op flag) go to gemm: one cuBLAS call without cupy.matmul's checks. float16 gives
+    a float16 product, also when `out` is a float32 weight gradient (then cast into it, as
+    apex's O2 does and the NumPy path: a float16 overflow there is what the loss scaler
+    must see; gemm could write the float32 sum directly, which would hide it)."""
     xp = array_module(a)
-    if a.dtype != HALF or out is None or out.dtype == a.dtype:
-        return xp.matmul(a, b, out=out)
-    out[...] = xp.matmul(a, b)
-    return out
+    if out is not None and out.dtype != a.dtype:           # float16 product, float32 buffer
+        out[...] = matmul(a, b)
+        return out
+    if a.ndim == b.ndim == 2 and (out is None or out.strides[-1] == out.itemsize):
+        (a_rows, transpose_a), (b_rows, transpose_b) = _as_rows(a), _as_rows(b)
+        if a_rows is not None and b_rows is not None:
+            if out is None:
+                out = xp.empty((a.shape[0], b.shape[1]), a.dtype)
+            return gemm(a_rows, b_rows, out, transpose_a, transpose_b)
+    return xp.matmul(a, b, out=out)
+
+
+def _as_rows(x):
+    """-> (a matrix with adjacent elements in each row, whether it is x's transpose), or
+    (None, False) when neither x nor x.T has them."""
+    if x.strides[-1] == x.itemsize:
+        return x, False
+    if x.strides[-2] == x.itemsize:
+        return x.T, True
+    return None, False
 
 # -------------------------------------------------------------------------------- linear
 
