@@ -157,3 +157,35 @@ def test_column_sum_is_the_sum_over_rows(cupy, compute_types, dtype, out_dtype):
     assert cupy.counts.launches == 1 and again.dtype == out_dtype
     assert_close(again.get(), x[:100].astype(out_dtype).sum(axis=0), 300 * 1e-7
                  if out_dtype != numpy.float64 else 1e-13, "column_sum of fewer rows")
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float16])
+def test_layernorm_reads_float16_without_casts_and_gives_the_numpy_numbers(cupy, dtype):
+    """fast_gpu.layernorm_forward/_backward against fast_cpu's (which casts float16 up
+    first): float64 within 1e-12 (measured 0); float16 outputs within one float16 rounding,
+    float32 statistics and parameter gradients within 1e-5 (sums in another order); the
+    only cast kernels are gamma's, the output's and dx's (no float32 copy of x, beta, dout)."""
+    from nanobert.model import fast_cpu
+    rng = numpy.random.default_rng(4)
+    x, dout = (rng.standard_normal((3, 5, 16)).astype(dtype) for _ in range(2))
+    gamma, beta = (rng.standard_normal(16).astype(dtype) for _ in range(2))
+    master = numpy.float64 if dtype == numpy.float64 else numpy.float32
+    grads = [numpy.zeros(16, master) for _ in range(2)]
+    out, cache = fast_cpu.layernorm_forward(x, gamma, beta, 1e-12)
+    dx, dgamma, dbeta = fast_cpu.layernorm_backward(dout, cache, *grads)
+    put = cupy.asarray
+    cupy.counts.reset()
+    out_d, cache_d = fast_gpu.layernorm_forward(put(x), put(gamma), put(beta), 1e-12)
+    dx_d, dgamma_d, dbeta_d = fast_gpu.layernorm_backward(
+        put(dout), cache_d, *(cupy.zeros(16, master) for _ in range(2)))
+    casts = cupy.counts.kernels["ndarray.astype"]
+    assert casts == (3 if dtype == numpy.float16 else 0), dict(cupy.counts.kernels)
+    loose = 1e-12 if dtype == numpy.float64 else 1e-5
+    for what, a, e, tol in (("out", out_d, out, 2 ** -10 if dtype == numpy.float16 else loose),
+                            ("dx", dx_d, dx, 2 ** -10 if dtype == numpy.float16 else loose),
+                            ("xhat", cache_d[0], cache[0], loose),
+                            ("rstd", cache_d[2], cache[2], loose),
+                            ("dgamma", dgamma_d, dgamma, loose), ("dbeta", dbeta_d, dbeta, loose)):
+        assert a.dtype == e.dtype, (what, a.dtype, e.dtype)
+        assert_close(a.get().astype(float), e.astype(float), tol,
+                     f"stand-in vs NumPy layernorm {numpy.dtype(dtype).name} {what}")

@@ -54,8 +54,11 @@ def center_square(x, mean):
 
 
 def layernorm_products(dout, gamma, xhat):
-    """-> dxhat = dout * gamma, and dout * xhat (the gain's gradient summands), in one pass."""
-    return dout * gamma, dout * xhat
+    """-> dxhat = dout * gamma, dout * xhat (the gain's gradient summands) and dxhat * xhat
+    (the summands of dx's projection), in one pass: a third output costs a write, a separate
+    product kernel a launch and a read of two [N, H] arrays."""
+    dxhat = dout * gamma
+    return dxhat, dout * xhat, dxhat * xhat
 
 
 def layernorm_rstd(var, eps):
