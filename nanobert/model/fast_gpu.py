@@ -6,9 +6,10 @@ each function has the signature, the cache and the results of its reference twin
 
 What costs time on a GPU (../shared/GPU-MEASURED.md, an H200): each CuPy call costs ~10 us of
 host time whatever its size, so a step should make few of them (fused kernels); the host must
-never wait (losses stay on the device as 0-d arrays, read when the caller logs); CuPy's
-batched matmul copies any operand or out= that is not C-contiguous, so attention keeps its
-heads in buffers laid out for the products.
+never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
+products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
+ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
+fraction of the bandwidth. Estimated effects are in the comments; none is measured yet.
 
 Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
 dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter

@@ -1,11 +1,12 @@
-"""CuPy's half of the fast layer (fast.py): fused elementwise kernels, so that a step launches
-~1,000 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size).
+"""The kernels of the fast layer's CuPy path (fast_gpu.py): fused elementwise kernels, so that a
+step launches ~1,000 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time,
+whatever its size). fast_gpu.gemm calls cuBLAS itself; every other CuPy kernel is here.
 
 Each function here is the arithmetic of a few lines of an op in ops.py (the reference, whose
-math it restates; NumPy gains nothing from fusion, fast.py works in place there instead),
+math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place there instead),
 written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
 kernel. Only ufuncs and operators appear inside, no reductions, no indexing: reductions
-(row means, sums) stay separate CuPy calls in fast.py, but for one sum written as a
+(row means, sums) stay separate CuPy calls in fast_gpu.py, but for one sum written as a
 ReductionKernel (softmax_row_sum). Kernels that must write into strided views (attention's
 head layouts) or branch per element (AdamW) are ElementwiseKernels with CUDA C bodies. On
 NumPy nothing here is used.
@@ -107,10 +108,11 @@ def softmax_dx(dout, y, row_sum):
 # ------------------------------------------------------------------------ self-attention
 # CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
 # (a head view of the [B, T, 3, A, D] projection, a transposed k) costs a copy kernel, and
-# so does an out= that is not C-contiguous. fast.py's device attention therefore keeps its
-# heads in contiguous buffers laid out for the matmuls (q [B, A, T, D], k^T [B, A, D, T],
-# v [B, A, T, D]) and moves data between them and the projection's layout in the kernels
-# below, which do the elementwise work due at that point anyway.
+# so does an out= that is not C-contiguous; fast_gpu.gemm (cuBLAS directly) reads any row
+# stride but needs equally spaced matrices, which the heads of the [B, T, 3, A, D] projection
+# are not. fast_gpu's attention therefore keeps its heads in contiguous buffers
+# (q, k, v [B, A, T, D]) and moves data between them and the projection's layout in the
+# kernels below, which do the elementwise work due at that point anyway.
 
 ATTENTION_HEADS_IN = "T q_in, T k_in, T v_in, T q_bias, T k_bias, T v_bias, T scale"
 ATTENTION_HEADS_OUT = "T q, T k, T v"
@@ -133,7 +135,7 @@ dv = dv_in;
 
 def attention_heads(xp):
     """(q, k, v views of the projection [B, A, T, D], their biases [A, 1, D], 1/sqrt(D),
-    q, k, v outputs) -> one kernel; the outputs may be views (k: of a contiguous k^T)."""
+    q, k, v outputs, contiguous [B, A, T, D]) -> one kernel."""
     return _kernel(xp, "nanobert_attention_heads", ATTENTION_HEADS_IN, ATTENTION_HEADS_OUT,
                    ATTENTION_HEADS_BODY)
 
