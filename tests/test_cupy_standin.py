@@ -174,12 +174,13 @@ def test_tf32_on_by_default_and_a_flag_turns_it_off(cupy, monkeypatch):
 # ------------------------------------------------------------------------------ budgets
 
 
-@pytest.mark.parametrize("dtype, budget", [(numpy.float32, 970), (numpy.float16, 1230)])
+@pytest.mark.parametrize("dtype, budget", [(numpy.float32, 960), (numpy.float16, 1015)])
 def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
     """BERT-base, a training step that does not log: 0 device-to-host syncs, forward +
-    backward within its launch budget (float32 964, float16 1,224 when written; float16
-    adds the casts to and from float32 around softmax, GELU and the losses, LayerNorm's
-    output and dx; the products and column sums are one cuBLAS call each),
+    backward within its launch budget (float32 952, float16 1,010 when written; float16
+    adds the float16 weight gradients' casts into their float32 buffers and a few casts
+    around the losses; LayerNorm, GELU and softmax read and write float16 in their kernels;
+    the products and column sums are one cuBLAS call each),
     clipping + AdamW <= 20. Counts on the stand-in, whose matmuls copy what CuPy 14's
     copy; they depend on the layer count, not on B, T or H: a small batch keeps the CPU
     time down. Nothing here measures GPU time."""

@@ -188,41 +188,42 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
 
 
 def layernorm_forward(x, gamma, beta, eps):
-    """ops.layernorm_forward in three fused kernels and two means; float16 input:
-    statistics and the cache in float32, the output in float16. x is read as float16 by
-    the mean (float32 sums) and the first kernel (float32 arithmetic, as CuPy promotes
-    float16 beside float32): no float32 copy of x, nor of beta (2 cast kernels fewer, 52 a
-    BERT-base step); gamma is cast (an [H] array) because the backward multiplies dout by it
-    and float16 * float16 would round in float16."""
+    """ops.layernorm_forward in three kernels and two means; float16 input: statistics and
+    xhat in float32, the output in float16, and no cast kernel: x is read as float16 by the
+    mean (float32 sums) and by center_square (float32 arithmetic, as CuPy promotes float16
+    beside float32), gamma and beta by layernorm_apply, which writes the float16 output (4
+    cast kernels a LayerNorm fewer than casting x, gamma, beta up and the output down). The
+    cache keeps gamma as given (float16 in a float16 run)."""
     xp = array_module(x)
     dtype = x.dtype
-    gamma = float32_if_half(gamma)
-    mean = x.mean(axis=-1, keepdims=True, dtype=gamma.dtype)
+    stats = numpy.float32 if dtype == HALF else dtype
+    mean = x.mean(axis=-1, keepdims=True, dtype=stats)
     xhat, squares = kernels.fused(xp, kernels.center_square)(x, mean)
     var = squares.mean(axis=-1, keepdims=True)
     # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
     rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
-    out, xhat = kernels.fused(xp, kernels.layernorm_apply)(xhat, rstd, gamma, beta)
-    return out.astype(dtype, copy=False), (xhat, gamma, rstd)
+    out = xp.empty(x.shape, dtype)                         # written in x's dtype by the kernel
+    xhat = kernels.layernorm_apply(xp)(xhat, rstd, gamma, beta, xhat, out)[0]
+    return out, (xhat, gamma, rstd)
 
 
 def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
-    """ops.layernorm_backward in two fused kernels (the first also makes dxhat * xhat for
-    the second's mean: no separate product kernel); dgamma and dbeta summed straight into
-    the given buffers; float16 dout read as float16 (float32 arithmetic beside the float32
-    cache, dbeta summed in float32 by cuBLAS): no cast kernel but dx's."""
+    """ops.layernorm_backward in two kernels (the first also makes dxhat * xhat for the
+    second's mean: no separate product kernel); dgamma and dbeta summed straight into the
+    given buffers (column_sum); float16 dout and gamma read as float16 into float32
+    arithmetic, dbeta summed in float32 by cuBLAS, dx written as float16: no cast kernel."""
     xp = array_module(dout)
     xhat, gamma, rstd = cache
     dtype = dout.dtype
     H = xhat.shape[-1]
-    dxhat, dout_xhat, dxhat_xhat = kernels.fused(xp, kernels.layernorm_products)(dout, gamma,
-                                                                                 xhat)
+    dxhat, dout_xhat, dxhat_xhat = kernels.layernorm_products(xp)(
+        dout, gamma, xhat, *(xp.empty(xhat.shape, xhat.dtype) for _ in range(3)))
     dgamma = column_sum(dout_xhat.reshape(-1, H), out=dgamma)
     dbeta = column_sum(dout.reshape(-1, H), out=dbeta, dtype=xhat.dtype)
-    dx = kernels.fused(xp, kernels.layernorm_dx)(
+    dx = kernels.layernorm_dx(xp)(
         dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
-        dxhat_xhat.mean(axis=-1, keepdims=True), rstd)
-    return dx.astype(dtype, copy=False), dgamma, dbeta
+        dxhat_xhat.mean(axis=-1, keepdims=True), rstd, xp.empty(xhat.shape, dtype))
+    return dx, dgamma, dbeta
 
 # ---------------------------------------------------------------------------------- gelu
 
@@ -232,36 +233,54 @@ def gelu_forward(x, kind="gelu"):
     float16), the output cast back."""
     xp = array_module(x)
     dtype = x.dtype
-    x = float32_if_half(x)
     if kind != "gelu":
-        out, cache = ops.gelu_forward(x, kind)
+        out, cache = ops.gelu_forward(float32_if_half(x), kind)
         return out.astype(dtype, copy=False), cache
+    if dtype == HALF:                                      # no float32 copy of x: cached as is
+        cdf, out = xp.empty(x.shape, numpy.float32), xp.empty(x.shape, dtype)
+        return kernels.gelu_half(xp)(x, cdf, out)[1], (x, cdf, kind)
     out, cdf = kernels.fused(xp, kernels.gelu)(x)
-    return out.astype(dtype, copy=False), (x, cdf, kind)
+    return out, (x, cdf, kind)
 
 
 def gelu_backward(dout, cache):
     """ops.gelu_backward: "gelu" in one fused kernel; float16 dout computed in float32."""
+    xp = array_module(dout)
     x, saved, kind = cache
+    if kind == "gelu" and dout.dtype == HALF:
+        return kernels.gelu_backward_half(xp)(dout, x, saved, xp.empty(x.shape, HALF))
     if dout.dtype == HALF:
         return gelu_backward(dout.astype(numpy.float32), cache).astype(HALF)
     if kind != "gelu":
         return ops.gelu_backward(dout, cache)
-    return kernels.fused(array_module(dout), kernels.gelu_backward)(dout, x, saved)
+    return kernels.fused(xp, kernels.gelu_backward)(dout, x, saved)
 
 # ------------------------------------------------------------------------------- softmax
 
 
 def softmax_forward(x, overwrite_x=False):
-    """ops.softmax_forward: one fused kernel for the exp; float16 computed in float32, the
-    probabilities returned in float16. overwrite_x is NumPy's (fast_cpu), ignored here."""
+    """ops.softmax_forward: the exp in one kernel, the normalisation in place; float16 read
+    as float16 and computed in float32 in the kernels, the probabilities written as
+    float16 (no cast kernel). overwrite_x is NumPy's (fast_cpu), ignored here."""
     xp = array_module(x)
-    dtype = x.dtype
-    x = float32_if_half(x)
-    y = kernels.fused(xp, kernels.exp_shifted)(x, x.max(axis=-1, keepdims=True))
-    y /= y.sum(axis=-1, keepdims=True)
-    y = y.astype(dtype, copy=False)
+    e = _exp_shifted(x)
+    if x.dtype == HALF:
+        y = kernels.softmax_normalize_half(xp)(e, e.sum(axis=-1, keepdims=True),
+                                               xp.empty(x.shape, HALF))
+    else:
+        y = e
+        y /= y.sum(axis=-1, keepdims=True)
     return y, y
+
+
+def _exp_shifted(x):
+    """exp(x - its row max) [..., T]: float32 for float16 x (the row max of float16 values
+    is exact), else x's dtype."""
+    xp = array_module(x)
+    row_max = x.max(axis=-1, keepdims=True)
+    if x.dtype == HALF:
+        return kernels.softmax_exp_half(xp)(x, row_max, xp.empty(x.shape, numpy.float32))
+    return kernels.fused(xp, kernels.exp_shifted)(x, row_max)
 
 
 def softmax_backward(dout, y):
@@ -325,13 +344,29 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     kernels.attention_heads(xp)(*projected, *bias, 1.0 / math.sqrt(D), q, k, v)
     scores = gemm(q, k, xp.empty((B, A, T, T), x.dtype), transpose_b=True)  # q k^T
     scores += mask_bias
-    probs, softmax_cache = softmax_forward(scores, overwrite_x=True)
-    probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
+    probs, probs_dropped, dropout_cache = _attention_probs(scores, dropout_p, rng, training)
     context = gemm(probs_dropped, v, xp.empty((B, A, T, D), x.dtype))
     context = xp.ascontiguousarray(context.transpose(0, 2, 1, 3)).reshape(B, T, H)
-    cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, softmax_cache, probs_dropped,
+    cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, probs, probs_dropped,
                            dropout_cache, A)
     return context, cache
+
+
+def _attention_probs(scores, dropout_p, rng, training):
+    """softmax_forward then dropout_forward of the scores [B, A, T, T] -> (probs,
+    probs_dropped, dropout mask or None): with dropout, the softmax's normalisation and the
+    dropout in one kernel (kernels.softmax_dropout)."""
+    if not training or dropout_p == 0.0:
+        probs = softmax_forward(scores)[0]
+        return probs, probs, None
+    xp = array_module(scores)
+    e = _exp_shifted(scores)
+    uniform = _uniform(scores, rng)
+    probs, dropped, mask = (xp.empty(scores.shape, scores.dtype) for _ in range(3))
+    kernels.softmax_dropout(xp)(e, e.sum(axis=-1, keepdims=True), uniform,
+                                uniform.dtype.type(dropout_p),
+                                scores.dtype.type(1.0 / (1.0 - dropout_p)), probs, dropped, mask)
+    return probs, dropped, mask
 
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
@@ -360,17 +395,14 @@ def _dropout_softmax_backward(dprobs, cache):
     two kernels, the row sum and the elementwise rest. float16: dropout in float16,
     softmax in float32, as the reference."""
     xp = array_module(dprobs)
-    dtype = dprobs.dtype
-    y, mask = cache.probs, cache.dropout_mask
-    if dtype == HALF:
-        if mask is not None:
-            dprobs = dprobs * mask
-        dprobs, y, mask = dprobs.astype(numpy.float32), y.astype(numpy.float32), None
-    if mask is None:
-        mask = y.dtype.type(1)
+    y = cache.probs
+    mask = y.dtype.type(1) if cache.dropout_mask is None else cache.dropout_mask
+    if dprobs.dtype == HALF:                 # read as float16, float32 math: no cast kernels
+        row_sum = kernels.softmax_row_sum_half(xp)(dprobs, mask, y, axis=3, keepdims=True)
+        return kernels.dropout_softmax_dx_half(xp)(dprobs, mask, y, row_sum,
+                                                   xp.empty(y.shape, HALF))
     row_sum = kernels.softmax_row_sum(xp)(dprobs, mask, y, axis=3, keepdims=True)
-    dscores = kernels.fused(xp, kernels.dropout_softmax_dx)(dprobs, mask, y, row_sum)
-    return dscores.astype(dtype, copy=False)
+    return kernels.fused(xp, kernels.dropout_softmax_dx)(dprobs, mask, y, row_sum)
 
 # ----------------------------------------------------------------------------- inference
 # The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy

@@ -54,29 +54,65 @@ def center_square(x, mean):
     return centered, centered * centered
 
 
-def layernorm_products(dout, gamma, xhat):
-    """-> dxhat = dout * gamma, dout * xhat (the gain's gradient summands) and dxhat * xhat
-    (the summands of dx's projection), in one pass: a third output costs a write, a separate
-    product kernel a launch and a read of two [N, H] arrays."""
-    dxhat = dout * gamma
-    return dxhat, dout * xhat, dxhat * xhat
-
-
 def layernorm_rstd(var, eps):
     """1 / sqrt(var + eps), [..., 1]."""
     import cupy
     return 1.0 / cupy.sqrt(var + eps)
 
+# The rest of LayerNorm as ElementwiseKernels typed so that one kernel serves every dtype
+# without a cast kernel: T is the statistics' dtype (float32 in a float16 run, else the
+# run's own); G, B, D and O may be float16 (gamma, beta, dout and the output of a float16
+# run), read into T in registers (`T g = gamma;`) or rounded once on store.
 
-def layernorm_apply(centered, rstd, gamma, beta):
-    """-> out = xhat * gamma + beta, xhat = centered * rstd (what the backward keeps)."""
-    xhat = centered * rstd
-    return xhat * gamma + beta, xhat
+LAYERNORM_APPLY_IN = "T centered, T rstd, G gamma, B beta"
+LAYERNORM_APPLY_OUT = "T xhat, O out"
+# out = xhat * gamma + beta, xhat = centered * rstd (what the backward keeps)
+LAYERNORM_APPLY_BODY = """
+xhat = centered * rstd;
+T g = gamma;
+T b = beta;
+out = xhat * g + b;
+"""
+
+LAYERNORM_PRODUCTS_IN = "D dout, G gamma, T xhat"
+LAYERNORM_PRODUCTS_OUT = "T dxhat, T dout_xhat, T dxhat_xhat"
+# dxhat = dout * gamma, dout * xhat (the gain's gradient summands) and dxhat * xhat (the
+# summands of dx's projection) in one pass: a third output costs a write, a separate product
+# kernel a launch and a read of two [N, H] arrays
+LAYERNORM_PRODUCTS_BODY = """
+T d = dout;
+T g = gamma;
+T dx = d * g;
+dxhat = dx;
+dout_xhat = d * xhat;
+dxhat_xhat = dx * xhat;
+"""
+
+LAYERNORM_DX_IN = "T dxhat, T xhat, T mean_dxhat, T mean_dxhat_xhat, T rstd"
+LAYERNORM_DX_OUT = "O dx"
+# ops.layernorm_backward: (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd, dx
+# rounded once on store into the activations' dtype
+LAYERNORM_DX_BODY = """
+dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd;
+"""
 
 
-def layernorm_dx(dxhat, xhat, mean_dxhat, mean_dxhat_xhat, rstd):
-    """ops.layernorm_backward: (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd."""
-    return (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd
+def layernorm_apply(xp):
+    """(centered, rstd, gamma, beta, xhat, out) -> one kernel."""
+    return _kernel(xp, "nanobert_layernorm_apply", LAYERNORM_APPLY_IN, LAYERNORM_APPLY_OUT,
+                   LAYERNORM_APPLY_BODY)
+
+
+def layernorm_products(xp):
+    """(dout, gamma, xhat, dxhat, dout_xhat, dxhat_xhat) -> one kernel."""
+    return _kernel(xp, "nanobert_layernorm_products", LAYERNORM_PRODUCTS_IN,
+                   LAYERNORM_PRODUCTS_OUT, LAYERNORM_PRODUCTS_BODY)
+
+
+def layernorm_dx(xp):
+    """(dxhat, xhat, mean(dxhat), mean(dxhat * xhat), rstd, dx) -> one kernel."""
+    return _kernel(xp, "nanobert_layernorm_dx", LAYERNORM_DX_IN, LAYERNORM_DX_OUT,
+                   LAYERNORM_DX_BODY)
 
 # ---------------------------------------------------------------------------------- gelu
 
@@ -104,6 +140,126 @@ def exp_shifted(x, row_max):
 def softmax_dx(dout, y, row_sum):
     """ops.softmax_backward: dout * y - y * sum(dout * y)."""
     return dout * y - y * row_sum
+
+# ----------------------------------------------------------- float16 without cast kernels
+# Mixed precision computes LayerNorm, GELU and softmax in float32 on float16 activations.
+# Materialising the float32 copies cost 542 cast kernels and 44 ms of a B=128 step on an
+# H200 (GPU-MEASURED.md). These kernels instead convert in registers on load (`float v = x;`)
+# and on store (a float16 output parameter): the same arithmetic as the cast-then-compute
+# sequence, one pass over memory instead of three (LayerNorm's above, typed for any dtype).
+
+GELU_HALF_IN = "float16 x"
+GELU_HALF_OUT = "float cdf, float16 y"
+# gelu in float32 on a float16 x: Phi(x) kept in float32 for the backward, x Phi(x) rounded
+# to float16 (the cache keeps x as it came, float16, not a float32 copy)
+GELU_HALF_BODY = """
+float v = x;
+float c = (erff(v * 0.70710678118654752f) + 1.0f) * 0.5f;
+cdf = c;
+y = v * c;
+"""
+
+GELU_BACKWARD_HALF_IN = "float16 dout, float16 x, float cdf"
+GELU_BACKWARD_HALF_OUT = "float16 dx"
+# gelu_backward in float32: (Phi(x) + x phi(x)) dout, 1/sqrt(2 pi) = 0.3989...
+GELU_BACKWARD_HALF_BODY = """
+float v = x;
+float g = dout;
+dx = (expf(v * v * -0.5f) * v * 0.39894228040143268f + cdf) * g;
+"""
+
+SOFTMAX_EXP_HALF_IN = "float16 x, float16 row_max"
+SOFTMAX_EXP_HALF_OUT = "float e"
+# exp_shifted in float32 on float16 scores (the row max of float16 values is exact)
+SOFTMAX_EXP_HALF_BODY = """
+float v = x;
+float m = row_max;
+e = expf(v - m);
+"""
+
+SOFTMAX_NORMALIZE_IN = "float e, float row_sum"
+SOFTMAX_NORMALIZE_OUT = "float16 y"
+# the probabilities, divided in float32 and rounded once to float16
+SOFTMAX_NORMALIZE_BODY = """
+y = e / row_sum;
+"""
+
+
+SOFTMAX_ROW_SUM_HALF_MAP = "float(dout * mask) * float(y)"
+# softmax_row_sum on float16: dropout's product rounded to float16 as the reference's (a
+# float16 * float16 in CuPy's float16 type), then the product with y and the sum in float32
+
+
+DROPOUT_SOFTMAX_DX_HALF_IN = "float16 dout, float16 mask, float16 y, float row_sum"
+DROPOUT_SOFTMAX_DX_HALF_OUT = "float16 dx"
+# dropout_softmax_dx on float16: g = dout * mask in float16 (the reference's dropout), the
+# softmax backward in float32, dx rounded once; no float32 copies of dprobs and y, and no
+# separate dropout kernel (4 launches fewer a layer)
+DROPOUT_SOFTMAX_DX_HALF_BODY = """
+float16 g = dout * mask;
+float gf = g;
+float yf = y;
+dx = gf * yf - yf * row_sum;
+"""
+
+
+def softmax_row_sum_half(xp):
+    key = (xp, "nanobert_softmax_row_sum_half")
+    if key not in _KERNELS:
+        _KERNELS[key] = xp.ReductionKernel("float16 dout, float16 mask, float16 y",
+                                           "float32 row_sum", SOFTMAX_ROW_SUM_HALF_MAP,
+                                           "a + b", "row_sum = a", "0",
+                                           "nanobert_softmax_row_sum_half")
+    return _KERNELS[key]
+
+
+def dropout_softmax_dx_half(xp):
+    return _kernel(xp, "nanobert_dropout_softmax_dx_half", DROPOUT_SOFTMAX_DX_HALF_IN,
+                   DROPOUT_SOFTMAX_DX_HALF_OUT, DROPOUT_SOFTMAX_DX_HALF_BODY)
+
+
+SOFTMAX_DROPOUT_IN = "E e, E row_sum, U uniform, U p, T scale"
+SOFTMAX_DROPOUT_OUT = "T y, T dropped, T mask"
+# The attention probabilities and their dropout in one pass over [B, A, T, T] (one launch
+# and one read and write of the largest activation fewer than softmax's divide then dropout):
+# y = e / sum rounded to T (the probabilities' dtype), mask = (uniform >= p) * scale, y * mask
+# in T, as the two kernels computed them. Mixed float16 and float arithmetic is kept apart
+# (each line one type): CuPy's float16 converts both ways.
+SOFTMAX_DROPOUT_BODY = """
+T yt = e / row_sum;
+U s = scale;
+U keep = uniform >= p;
+U kept = keep * s;
+T m = kept;
+y = yt;
+mask = m;
+dropped = yt * m;
+"""
+
+
+def softmax_dropout(xp):
+    """(exp_shifted, its row sums, uniforms, p, scale, y, dropped, mask) -> one kernel."""
+    return _kernel(xp, "nanobert_softmax_dropout", SOFTMAX_DROPOUT_IN, SOFTMAX_DROPOUT_OUT,
+                   SOFTMAX_DROPOUT_BODY)
+
+
+def gelu_half(xp):
+    return _kernel(xp, "nanobert_gelu_half", GELU_HALF_IN, GELU_HALF_OUT, GELU_HALF_BODY)
+
+
+def gelu_backward_half(xp):
+    return _kernel(xp, "nanobert_gelu_backward_half", GELU_BACKWARD_HALF_IN,
+                   GELU_BACKWARD_HALF_OUT, GELU_BACKWARD_HALF_BODY)
+
+
+def softmax_exp_half(xp):
+    return _kernel(xp, "nanobert_softmax_exp_half", SOFTMAX_EXP_HALF_IN, SOFTMAX_EXP_HALF_OUT,
+                   SOFTMAX_EXP_HALF_BODY)
+
+
+def softmax_normalize_half(xp):
+    return _kernel(xp, "nanobert_softmax_normalize_half", SOFTMAX_NORMALIZE_IN,
+                   SOFTMAX_NORMALIZE_OUT, SOFTMAX_NORMALIZE_BODY)
 
 # ------------------------------------------------------------------------ self-attention
 # CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
