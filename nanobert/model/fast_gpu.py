@@ -198,12 +198,12 @@ def layernorm_forward(x, gamma, beta, eps):
     dtype = x.dtype
     stats = numpy.float32 if dtype == HALF else dtype
     mean = x.mean(axis=-1, keepdims=True, dtype=stats)
-    xhat, squares = kernels.fused(xp, kernels.center_square)(x, mean)
+    centered, squares = kernels.fused(xp, kernels.center_square)(x, mean)
     var = squares.mean(axis=-1, keepdims=True)
     # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
     rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
-    out = xp.empty(x.shape, dtype)                         # written in x's dtype by the kernel
-    xhat = kernels.layernorm_apply(xp)(xhat, rstd, gamma, beta, xhat, out)[0]
+    xhat, out = xp.empty(x.shape, stats), xp.empty(x.shape, dtype)   # out: x's dtype
+    kernels.layernorm_apply(xp)(centered, rstd, gamma, beta, xhat, out)
     return out, (xhat, gamma, rstd)
 
 

@@ -31,6 +31,13 @@ def fused(xp, fn):
         _FUSED[key] = xp.fuse(kernel_name="nanobert_" + fn.__name__)(fn)
     return _FUSED[key]
 
+def _elementwise(name, in_params, out_params, body):
+    """-> xp -> the ElementwiseKernel "nanobert_<name>", built once per namespace."""
+    def kernel(xp):
+        return _kernel(xp, "nanobert_" + name, in_params, out_params, body)
+    kernel.__name__ = name
+    return kernel
+
 # ------------------------------------------------------------------------------ dropout
 
 
@@ -96,23 +103,16 @@ LAYERNORM_DX_BODY = """
 dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd;
 """
 
+# (centered, rstd, gamma, beta, xhat, out) -> one kernel.
+layernorm_apply = _elementwise("layernorm_apply", LAYERNORM_APPLY_IN,
+                               LAYERNORM_APPLY_OUT, LAYERNORM_APPLY_BODY)
 
-def layernorm_apply(xp):
-    """(centered, rstd, gamma, beta, xhat, out) -> one kernel."""
-    return _kernel(xp, "nanobert_layernorm_apply", LAYERNORM_APPLY_IN, LAYERNORM_APPLY_OUT,
-                   LAYERNORM_APPLY_BODY)
+# (dout, gamma, xhat, dxhat, dout_xhat, dxhat_xhat) -> one kernel.
+layernorm_products = _elementwise("layernorm_products", LAYERNORM_PRODUCTS_IN,
+                                  LAYERNORM_PRODUCTS_OUT, LAYERNORM_PRODUCTS_BODY)
 
-
-def layernorm_products(xp):
-    """(dout, gamma, xhat, dxhat, dout_xhat, dxhat_xhat) -> one kernel."""
-    return _kernel(xp, "nanobert_layernorm_products", LAYERNORM_PRODUCTS_IN,
-                   LAYERNORM_PRODUCTS_OUT, LAYERNORM_PRODUCTS_BODY)
-
-
-def layernorm_dx(xp):
-    """(dxhat, xhat, mean(dxhat), mean(dxhat * xhat), rstd, dx) -> one kernel."""
-    return _kernel(xp, "nanobert_layernorm_dx", LAYERNORM_DX_IN, LAYERNORM_DX_OUT,
-                   LAYERNORM_DX_BODY)
+# (dxhat, xhat, mean(dxhat), mean(dxhat * xhat), rstd, dx) -> one kernel.
+layernorm_dx = _elementwise("layernorm_dx", LAYERNORM_DX_IN, LAYERNORM_DX_OUT, LAYERNORM_DX_BODY)
 
 # ---------------------------------------------------------------------------------- gelu
 
@@ -212,10 +212,8 @@ def softmax_row_sum_half(xp):
                                            "nanobert_softmax_row_sum_half")
     return _KERNELS[key]
 
-
-def dropout_softmax_dx_half(xp):
-    return _kernel(xp, "nanobert_dropout_softmax_dx_half", DROPOUT_SOFTMAX_DX_HALF_IN,
-                   DROPOUT_SOFTMAX_DX_HALF_OUT, DROPOUT_SOFTMAX_DX_HALF_BODY)
+dropout_softmax_dx_half = _elementwise("dropout_softmax_dx_half", DROPOUT_SOFTMAX_DX_HALF_IN,
+                                       DROPOUT_SOFTMAX_DX_HALF_OUT, DROPOUT_SOFTMAX_DX_HALF_BODY)
 
 
 SOFTMAX_DROPOUT_IN = "E e, E row_sum, U uniform, U p, T scale"
@@ -236,30 +234,20 @@ mask = m;
 dropped = yt * m;
 """
 
+# (exp_shifted, its row sums, uniforms, p, scale, y, dropped, mask) -> one kernel.
+softmax_dropout = _elementwise("softmax_dropout", SOFTMAX_DROPOUT_IN,
+                               SOFTMAX_DROPOUT_OUT, SOFTMAX_DROPOUT_BODY)
 
-def softmax_dropout(xp):
-    """(exp_shifted, its row sums, uniforms, p, scale, y, dropped, mask) -> one kernel."""
-    return _kernel(xp, "nanobert_softmax_dropout", SOFTMAX_DROPOUT_IN, SOFTMAX_DROPOUT_OUT,
-                   SOFTMAX_DROPOUT_BODY)
+gelu_half = _elementwise("gelu_half", GELU_HALF_IN, GELU_HALF_OUT, GELU_HALF_BODY)
 
+gelu_backward_half = _elementwise("gelu_backward_half", GELU_BACKWARD_HALF_IN,
+                                  GELU_BACKWARD_HALF_OUT, GELU_BACKWARD_HALF_BODY)
 
-def gelu_half(xp):
-    return _kernel(xp, "nanobert_gelu_half", GELU_HALF_IN, GELU_HALF_OUT, GELU_HALF_BODY)
+softmax_exp_half = _elementwise("softmax_exp_half", SOFTMAX_EXP_HALF_IN,
+                                SOFTMAX_EXP_HALF_OUT, SOFTMAX_EXP_HALF_BODY)
 
-
-def gelu_backward_half(xp):
-    return _kernel(xp, "nanobert_gelu_backward_half", GELU_BACKWARD_HALF_IN,
-                   GELU_BACKWARD_HALF_OUT, GELU_BACKWARD_HALF_BODY)
-
-
-def softmax_exp_half(xp):
-    return _kernel(xp, "nanobert_softmax_exp_half", SOFTMAX_EXP_HALF_IN, SOFTMAX_EXP_HALF_OUT,
-                   SOFTMAX_EXP_HALF_BODY)
-
-
-def softmax_normalize_half(xp):
-    return _kernel(xp, "nanobert_softmax_normalize_half", SOFTMAX_NORMALIZE_IN,
-                   SOFTMAX_NORMALIZE_OUT, SOFTMAX_NORMALIZE_BODY)
+softmax_normalize_half = _elementwise("softmax_normalize_half", SOFTMAX_NORMALIZE_IN,
+                                      SOFTMAX_NORMALIZE_OUT, SOFTMAX_NORMALIZE_BODY)
 
 # ------------------------------------------------------------------------ self-attention
 # CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
