@@ -100,6 +100,10 @@ def test_gemm_refuses_what_cublas_cannot_read(cupy):
                       cupy.empty((2, 2, 5, 4), numpy.float32))
     with pytest.raises(ValueError, match="do not fit"):
         fast_gpu.gemm(x, x, cupy.empty((2, 4, 5), numpy.float32))
+    empty = fast_gpu.gemm(cupy.ones((0, 3), numpy.float32), cupy.ones((3, 2), numpy.float32),
+                          cupy.empty((0, 2), numpy.float32))
+    assert empty.shape == (0, 2)                           # no rows (a batch with no mask)
+    assert (fast_gpu.column_sum(cupy.ones((0, 3), numpy.float32)).get() == 0).all()
     with pytest.raises(ValueError, match="a stack of 1"):
         fast_gpu.gemm(x[0], x, cupy.empty((2, 4, 4), numpy.float32))   # no broadcasting
 

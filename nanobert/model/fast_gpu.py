@@ -50,8 +50,6 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
     goes first. Host cost: one cuBLAS call, no CuPy array checks (cupy.matmul's ~140 us)."""
     xp = array_module(out)
     from cupy_backends.cuda.libs import cublas
-    (count, stride_a), (_, stride_b), (_, stride_c) = (
-        _stack_layout(x, count=out.size // (out.shape[-2] * out.shape[-1])) for x in (a, b, out))
     M, N = out.shape[-2:]
     K = a.shape[-2] if transpose_a else a.shape[-1]
     if (a.shape[-1] if transpose_a else a.shape[-2]) != M or \
@@ -61,6 +59,11 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
                          f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
     if a.dtype != b.dtype or out.dtype not in (a.dtype, numpy.dtype(numpy.float32)):
         raise ValueError(f"gemm: operands {a.dtype}, {b.dtype} into out {out.dtype}")
+    if out.size == 0 or K == 0:                            # nothing to sum: cuBLAS is not asked
+        out.fill(0)
+        return out
+    (count, stride_a), (_, stride_b), (_, stride_c) = (
+        _stack_layout(x, count=out.size // (M * N)) for x in (a, b, out))
     if a.dtype == numpy.float64:
         compute, scalar = cublas.CUBLAS_COMPUTE_64F, numpy.float64
     elif a.dtype == numpy.float32 and tf32_enabled() and not exact:

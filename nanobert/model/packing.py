@@ -67,7 +67,7 @@ def unpack(x, packing):
 # mask bias. Rows run one per block over the thread pool; every row's arithmetic is the
 # same whatever thread runs it, so the results are bitwise the same for any thread count.
 # The row's probabilities live in one flat buffer of A * sum(L^2) elements, row after row,
-# keys first ([A, L keys, L queries], the transpose of fast.py's): the softmax then reduces
+# keys first ([A, L keys, L queries], the transpose of fast_cpu.py's): the softmax then reduces
 # over the middle axis, which NumPy runs as whole-row vector operations, ~1.5x faster than
 # its reductions along the last axis; the matmuls take the transposes as they are.
 # NumPy float32 / float64 only: the model packs neither CuPy nor float16 activations.
