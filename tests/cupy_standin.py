@@ -40,6 +40,7 @@ checked here, its compilation is not (nor CUDA's own rounding: fma contraction, 
 """
 import collections
 import contextlib
+import ctypes
 import inspect
 import math
 import re
@@ -1328,3 +1329,133 @@ def installed():
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+
+# ============================================================================================
+# cuBLAS called directly (nanobert/model/fast_gpu.py's gemm): cupy_backends' low-level
+# gemmStridedBatchedEx and the handle it needs, emulated. The call gets raw addresses, sizes,
+# leading dimensions, strides and type codes, as cuBLAS does; the stand-in resolves each
+# address to the live stand-in array that holds it, checks that the column-major matrices
+# the arguments describe lie inside it with its dtype, reads them there (NumPy strided
+# views of the same memory) and writes C in place. So a test proves the arguments describe
+# the arrays meant, not cuBLAS's numerics: the product is NumPy's (float16 operands:
+# a float32 product rounded once, as tensor cores round; TF32's 10-bit operand rounding is
+# NOT emulated). One launch per call.
+# ============================================================================================
+
+from cupy_backends.cuda.api import runtime as real_runtime  # noqa: E402
+
+_LIVE = weakref.WeakValueDictionary()          # id of a root NumPy array -> the array
+_ndarray_init = ndarray.__init__
+
+
+def _tracked_init(self, a, base=None):
+    _ndarray_init(self, a, base)
+    root = _root(a)
+    _LIVE[id(root)] = root
+
+
+ndarray.__init__ = _tracked_init
+
+CUDA_DTYPES = {real_runtime.CUDA_R_16F: numpy.dtype(numpy.float16),
+               real_runtime.CUDA_R_32F: numpy.dtype(numpy.float32),
+               real_runtime.CUDA_R_64F: numpy.dtype(numpy.float64)}
+
+
+class _Cublas(types.ModuleType):
+    """cupy_backends.cuda.libs.cublas: the constants of cuBLAS's headers (as cublas.pxd
+    declares them) and gemmStridedBatchedEx."""
+    CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+    CUBLAS_GEMM_DEFAULT, CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
+    CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_PEDANTIC = 68, 69
+    CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 77, 70
+    HANDLE = 0x5eed
+
+    def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda,
+                             strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC,
+                             batchCount, computeType, algo):
+        _no_fusing("cublas.gemmStridedBatchedEx")
+        if handle != self.HANDLE:
+            raise StandinError(f"gemmStridedBatchedEx: handle {handle!r} is not "
+                               f"cupy.cuda.device.get_cublas_handle()'s")
+        if algo not in (self.CUBLAS_GEMM_DEFAULT, self.CUBLAS_GEMM_DEFAULT_TENSOR_OP):
+            raise StandinError(f"gemmStridedBatchedEx: algo {algo}")
+        types_ = [CUDA_DTYPES.get(t) for t in (Atype, Btype, Ctype)]
+        if any(t is None for t in types_) or types_[0] != types_[1]:
+            raise StandinError(f"gemmStridedBatchedEx: types {Atype}, {Btype}, {Ctype}")
+        scalar = {self.CUBLAS_COMPUTE_64F: numpy.float64, self.CUBLAS_COMPUTE_32F: numpy.float32,
+                  self.CUBLAS_COMPUTE_32F_PEDANTIC: numpy.float32,
+                  self.CUBLAS_COMPUTE_32F_FAST_TF32: numpy.float32}.get(computeType)
+        # cuBLAS's table: 64F takes float64 only; 32F float32 or float16 operands (C float16
+        # or float32 for float16 operands); FAST_TF32 float32 only
+        allowed = {self.CUBLAS_COMPUTE_64F: {("d", "d")},
+                   self.CUBLAS_COMPUTE_32F: {("f", "f"), ("e", "e"), ("e", "f")},
+                   self.CUBLAS_COMPUTE_32F_PEDANTIC: {("f", "f"), ("e", "e"), ("e", "f")},
+                   self.CUBLAS_COMPUTE_32F_FAST_TF32: {("f", "f")}}.get(computeType, set())
+        if (types_[0].char, types_[2].char) not in allowed:
+            raise StandinError(f"gemmStridedBatchedEx: compute type {computeType} with "
+                               f"operands {types_[0]} into {types_[2]}")
+        rows_a, cols_a = (m, k) if transa == self.CUBLAS_OP_N else (k, m)
+        rows_b, cols_b = (k, n) if transb == self.CUBLAS_OP_N else (n, k)
+        if transa not in (0, 1) or transb not in (0, 1):
+            raise StandinError(f"gemmStridedBatchedEx: op {transa}, {transb}")
+        a = _column_major(A, types_[0], rows_a, cols_a, lda, strideA, batchCount, "A")
+        b = _column_major(B, types_[1], rows_b, cols_b, ldb, strideB, batchCount, "B")
+        c = _column_major(C, types_[2], m, n, ldc, strideC, batchCount, "C")
+        if numpy.shares_memory(c, a) or numpy.shares_memory(c, b):
+            raise StandinError("gemmStridedBatchedEx: C overlaps an operand")
+        alpha_, beta_ = (ctypes.cast(p, ctypes.POINTER(numpy.ctypeslib.as_ctypes_type(scalar)))[0]
+                         for p in (alpha, beta))
+        op_a = a if transa == self.CUBLAS_OP_N else a.transpose(0, 2, 1)
+        op_b = b if transb == self.CUBLAS_OP_N else b.transpose(0, 2, 1)
+        product = numpy.matmul(op_a.astype(scalar), op_b.astype(scalar))
+        with numpy.errstate(all="ignore"):
+            result = scalar(alpha_) * product
+            if beta_ != 0:
+                result += scalar(beta_) * c.astype(scalar)
+            c[...] = result
+        counts.launch("cublas.gemmStridedBatchedEx")
+
+
+def _column_major(address, dtype, rows, cols, ld, stride, count, what):
+    """The `count` column-major [rows, cols] matrices (leading dimension ld, `stride` elements
+    apart) at `address`, as a strided NumPy view of the live stand-in array holding them."""
+    if ld < max(1, rows) or (count > 1 and stride < 0):
+        raise StandinError(f"gemmStridedBatchedEx {what}: ld {ld} < rows {rows}")
+    size = dtype.itemsize
+    last = (count - 1) * stride + (cols - 1) * ld + rows            # elements spanned
+    for root in list(_LIVE.values()):
+        start = root.__array_interface__["data"][0]
+        if start <= address and address + last * size <= start + root.nbytes:
+            if root.dtype != dtype or (address - start) % size:
+                raise StandinError(f"gemmStridedBatchedEx {what}: the array at this address "
+                                   f"is {root.dtype}, the call says {dtype}")
+            flat = root.ravel(order="K")                          # a view: roots are dense
+            offset = (address - start) // size
+            return numpy.lib.stride_tricks.as_strided(
+                flat[offset:], shape=(count, rows, cols),
+                strides=(stride * size, size, ld * size))
+    raise StandinError(f"gemmStridedBatchedEx {what}: no live device array holds {count} "
+                       f"[{rows}, {cols}] matrices (ld {ld}, stride {stride}) at {address:#x}")
+
+
+cublas = _Cublas("cupy_backends.cuda.libs.cublas")
+cuda.device = types.SimpleNamespace(get_cublas_handle=lambda: _Cublas.HANDLE)
+cupy_backends = types.ModuleType("cupy_backends")
+cupy_backends.cuda = types.ModuleType("cupy_backends.cuda")
+cupy_backends.cuda.libs = types.ModuleType("cupy_backends.cuda.libs")
+cupy_backends.cuda.libs.cublas = cublas
+MODULES.update({"cupy_backends": cupy_backends, "cupy_backends.cuda": cupy_backends.cuda,
+                "cupy_backends.cuda.libs": cupy_backends.cuda.libs,
+                "cupy_backends.cuda.libs.cublas": cublas})
+
+
+def _erff(v):
+    """CUDA's erff on float32: nanobert's own erf (1.3 ulp) in float32, as cupyx's erf
+    stands in above (CUDA's own rounding is not checked)."""
+    return nanobert_special.erf(numpy.ascontiguousarray(v, numpy.float32), numpy)
+
+
+# float32 math functions of kernel bodies (fast_gpu's float16 kernels)
+KERNEL_FUNCTIONS.update(erff=_erff, expf=lambda v: numpy.exp(numpy.asarray(v, numpy.float32)))
+# C++'s functional cast float(v) (a float16 read as float32 in a map expression)
+KERNEL_FUNCTIONS.update(float=lambda v: numpy.asarray(v).astype(numpy.float32))

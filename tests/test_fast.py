@@ -14,8 +14,8 @@ otherwise:
   2 eps of that scale, elementwise (measured over 20,000 draws: 1.0 eps in float32 and
   float64). Relative to the largest gradient it would be no bound at all: where every
   counted row is saturated the gradients are themselves rounding-sized (0.94 measured).
-- matmuls past fast.POOLED_MATMUL_MNK run as row or column blocks on the thread pool: within the
-  rounding of a K-term sum (test_pooled_matmul_is_the_product_within_rounding); the linear
+- matmuls past fast_cpu.POOLED_MATMUL_MNK run as row or column blocks on the thread pool: within
+  the rounding of a K-term sum (test_pooled_matmul_is_the_product_within_rounding); the linear
   tests draw smaller shapes, so there the product is one BLAS call, bitwise.
 - float32 losses: the fast loss is float(sum) / n in float64 (device_loss: a Python float),
   the reference's sum / n rounded to float32: one float32 rounding, bound 2^-23 relative
@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import record
-from nanobert.model import bert, fast, ops, pretraining, threads
+from nanobert.model import bert, fast, fast_cpu, ops, pretraining, threads
 from nanobert.model.config import BertConfig
 from nanobert.model.pretraining import BertForPreTraining
 from nanobert.model.special import erf
@@ -238,12 +238,12 @@ def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
     call gives the same bits. Smaller products are one numpy.matmul call, bitwise."""
     monkeypatch.setenv("NANOBERT_THREADS", "3")
     blocks = []
-    in_row_blocks = fast.in_row_blocks
+    in_row_blocks = fast_cpu.in_row_blocks
 
     def counted(kernel, *args, **kwargs):
         blocks.append(kernel)
         in_row_blocks(kernel, *args, **kwargs)
-    monkeypatch.setattr(fast, "in_row_blocks", counted)
+    monkeypatch.setattr(fast_cpu, "in_row_blocks", counted)
     rng = numpy.random.default_rng(5)
     M, K, N = 301, 67, 45
     x, w = rng.standard_normal((M, K)).astype(dtype), rng.standard_normal((N, K)).astype(dtype)
@@ -252,7 +252,7 @@ def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
     eps = numpy.finfo(dtype).eps
     for name, a, b, out in (("x @ w.T", x, w.T, None), ("dout.T @ x", dout.T, x, None),
                             ("dout.T @ x into a strided out", dout.T, x, wide[:, ::2])):
-        assert a.shape[0] * a.shape[1] * b.shape[1] > fast.POOLED_MATMUL_MNK
+        assert a.shape[0] * a.shape[1] * b.shape[1] > fast_cpu.POOLED_MATMUL_MNK
         product = fast.matmul(a, b, out=out)
         assert out is None or product is out
         magnitude = numpy.abs(a).astype(float) @ numpy.abs(b)       # sum_k |a_ik| |b_kj|
@@ -261,8 +261,9 @@ def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
                err)
         assert err <= 2 * a.shape[1], f"{name}: {err:.1f} eps > 2 K eps"
         same(fast.matmul(a, b), product, f"{name}, called again")
-    assert fast._rows_matmul_block in blocks, "x @ w.T (M > N) did not run in row blocks"
-    assert fast._columns_matmul_block in blocks, "dout.T @ x (M < N) did not run in column blocks"
+    assert fast_cpu._rows_matmul_block in blocks, "x @ w.T (M > N) did not run in row blocks"
+    assert fast_cpu._columns_matmul_block in blocks, \
+        "dout.T @ x (M < N) did not run in column blocks"
     blocks.clear()
     small = x[:8, :8] @ w[:8, :8].T
     same(fast.matmul(x[:8, :8], w[:8, :8].T), small, "a small product")
@@ -272,7 +273,7 @@ def test_pooled_matmul_is_the_product_within_rounding(monkeypatch, dtype):
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
     """Arrays large enough to be split over the thread pool (threads.MIN_PARALLEL, and two
-    fast.LAYERNORM_BLOCKs), with 3 threads, bitwise equal to one thread (rows are never
+    fast_cpu.LAYERNORM_BLOCKs), with 3 threads, bitwise equal to one thread (rows are never
     cut, so each row's reductions keep their order) and to the reference (but float32 GELU
     and LayerNorm, within their bounds above)."""
     rng = numpy.random.default_rng(2)
@@ -296,7 +297,7 @@ def test_threaded_passes_equal_one_thread_and_the_reference(monkeypatch, dtype):
                 "softmax": y, "softmax dx": fast.softmax_backward(scores, y_cache),
                 "stacked matmul": fast.matmul(q, k.transpose(0, 1, 3, 2))}
 
-    assert x.size >= 2 * fast.LAYERNORM_BLOCK and scores.size >= 2 * threads.MIN_PARALLEL
+    assert x.size >= 2 * fast_cpu.LAYERNORM_BLOCK and scores.size >= 2 * threads.MIN_PARALLEL
     monkeypatch.setenv("NANOBERT_THREADS", "1")
     alone = run()
     monkeypatch.setenv("NANOBERT_THREADS", "3")
@@ -333,11 +334,11 @@ def test_linear_forward_adds_the_bias_in_each_block_to_the_same_bits(monkeypatch
     x = rng.standard_normal((rows, 67)).astype(numpy.float32)
     weight = rng.standard_normal((45 if rows > 45 else 1000, 67)).astype(numpy.float32)
     bias = rng.standard_normal(weight.shape[0]).astype(numpy.float32)
-    expected = fast.pooled_matmul(x, weight.T)
+    expected = fast_cpu.pooled_matmul(x, weight.T)
     expected += bias
     out, cache = fast.linear_forward(x, weight, bias)
     same(out, expected, f"linear_forward on {rows} rows")
-    assert (rows * 67 * weight.shape[0] > fast.POOLED_MATMUL_MNK) == (rows > 3)
+    assert (rows * 67 * weight.shape[0] > fast_cpu.POOLED_MATMUL_MNK) == (rows > 3)
 
 
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
@@ -348,7 +349,7 @@ def test_add_and_norm_at_inference_is_layernorm_of_the_sum(monkeypatch, dtype):
     rng = numpy.random.default_rng(9)
     y, x = (rng.standard_normal((2, 2500, 384)).astype(dtype) for _ in range(2))
     gamma, beta = rng.standard_normal(384).astype(dtype), rng.standard_normal(384).astype(dtype)
-    assert y.size > 3 * fast.LAYERNORM_BLOCK
+    assert y.size > 3 * fast_cpu.LAYERNORM_BLOCK
     expected = fast.layernorm_forward(y + x, gamma, beta, 1e-12)[0]
     x_before = x.copy()
     out = fast.layernorm_inference(y, gamma, beta, 1e-12, residual=x)
@@ -456,26 +457,26 @@ def test_dropout_keeps_the_elements_of_a_uniform_draw_at_least_p(n, dtype, p, bi
 @pytest.mark.parametrize("dtype", [numpy.float32, numpy.float64])
 def test_a_large_keep_mask_drawn_in_shares_on_threads_is_the_sequential_draw(monkeypatch,
                                                                             dtype):
-    """A mask of 3 x fast.KEEP_MASK_WORDS raw words and more: each of 3 threads draws its share from
-    a copy of the generator advanced to the share's start: the mask equals one thread's
+    """A mask of 3 x fast_cpu.KEEP_MASK_WORDS raw words and more: each of 3 threads draws its
+    share from a copy of the generator advanced to the share's start: the mask equals one thread's
     sequential draw, and the generator ends in the same state, the half word that a float32
     draw before it left buffered included, so the draws after it are the same too. From a
     fresh generator it is rng.random(shape, dtype) >= p (an odd float32 size: the last half
     word unused)."""
-    shape = (3, 2 * fast.KEEP_MASK_WORDS + 1)              # 3 shares of raw words, odd
+    shape = (3, 2 * fast_cpu.KEEP_MASK_WORDS + 1)              # 3 shares of raw words, odd
     results = []
     for count in ("3", "1"):
         monkeypatch.setenv("NANOBERT_THREADS", count)
         rng = numpy.random.default_rng(7)
         rng.random(1, dtype=numpy.float32)                 # buffers the other half word
-        keep = fast._keep_mask(shape, 0.1, rng, numpy.dtype(dtype))
+        keep = fast_cpu._keep_mask(shape, 0.1, rng, numpy.dtype(dtype))
         results.append((keep, rng.bit_generator.state, rng.random(3, dtype=numpy.float32)))
     (threaded, state, after), (alone, state_alone, after_alone) = results
     assert state["has_uint32"] == 1 and state == state_alone
     same(after, after_alone, "the draws after the mask")
     same(threaded, alone, "keep mask, 3 threads vs 1")
     monkeypatch.setenv("NANOBERT_THREADS", "3")
-    threaded = fast._keep_mask(shape, 0.1, numpy.random.default_rng(8), numpy.dtype(dtype))
+    threaded = fast_cpu._keep_mask(shape, 0.1, numpy.random.default_rng(8), numpy.dtype(dtype))
     uniform = numpy.random.default_rng(8).random(shape, dtype=dtype)
     same(threaded, uniform >= uniform.dtype.type(0.1), "keep mask vs rng.random >= p")
 

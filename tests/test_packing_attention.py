@@ -21,7 +21,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from conftest import record
-from nanobert.model import fast, packing, threads
+from nanobert.model import fast, fast_cpu, packing, threads
 from nanobert.model.packing import Packing, pack, packing_of, unpack
 from nanobert.testing import check_gradients, rel_error
 
@@ -157,8 +157,8 @@ def test_packed_attention_bitwise_the_same_for_1_and_2_threads(monkeypatch, dtyp
     """Forward (dropout drawn), backward and inference: 24 rows, enough that both threads
     take rows (a mutation that draws the dropout in the workers failed here 6 runs of 6).
     The Q, K, V projection runs as one BLAS call: a pooled matmul's bits depend on the
-    thread count (fast.pooled_matmul; test_fast bounds it)."""
-    monkeypatch.setattr(fast, "POOLED_MATMUL_MNK", float("inf"))
+    thread count (fast_cpu.pooled_matmul; test_fast bounds it)."""
+    monkeypatch.setattr(fast_cpu, "POOLED_MATMUL_MNK", float("inf"))
     rng = numpy.random.default_rng(8)
     B, T, H, A = 24, 96, 64, 4
     mask = (numpy.arange(T) < rng.integers(30, T + 1, size=B)[:, None]).astype(numpy.int64)

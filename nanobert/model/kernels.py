@@ -1,11 +1,12 @@
-"""CuPy's half of the fast layer (fast.py): fused elementwise kernels, so that a step launches
-~1,000 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size).
+"""The kernels of the fast layer's CuPy path (fast_gpu.py): fused elementwise kernels, so that a
+step launches ~1,000 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time,
+whatever its size). fast_gpu.gemm calls cuBLAS itself; every other CuPy kernel is here.
 
 Each function here is the arithmetic of a few lines of an op in ops.py (the reference, whose
-math it restates; NumPy gains nothing from fusion, fast.py works in place there instead),
+math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place there instead),
 written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
 kernel. Only ufuncs and operators appear inside, no reductions, no indexing: reductions
-(row means, sums) stay separate CuPy calls in fast.py, but for one sum written as a
+(row means, sums) stay separate CuPy calls in fast_gpu.py, but for one sum written as a
 ReductionKernel (softmax_row_sum). Kernels that must write into strided views (attention's
 head layouts) or branch per element (AdamW) are ElementwiseKernels with CUDA C bodies. On
 NumPy nothing here is used.
@@ -30,6 +31,13 @@ def fused(xp, fn):
         _FUSED[key] = xp.fuse(kernel_name="nanobert_" + fn.__name__)(fn)
     return _FUSED[key]
 
+def _elementwise(name, in_params, out_params, body):
+    """-> xp -> the ElementwiseKernel "nanobert_<name>", built once per namespace."""
+    def kernel(xp):
+        return _kernel(xp, "nanobert_" + name, in_params, out_params, body)
+    kernel.__name__ = name
+    return kernel
+
 # ------------------------------------------------------------------------------ dropout
 
 
@@ -53,26 +61,58 @@ def center_square(x, mean):
     return centered, centered * centered
 
 
-def layernorm_products(dout, gamma, xhat):
-    """-> dxhat = dout * gamma, and dout * xhat (the gain's gradient summands), in one pass."""
-    return dout * gamma, dout * xhat
-
-
 def layernorm_rstd(var, eps):
     """1 / sqrt(var + eps), [..., 1]."""
     import cupy
     return 1.0 / cupy.sqrt(var + eps)
 
+# The rest of LayerNorm as ElementwiseKernels typed so that one kernel serves every dtype
+# without a cast kernel: T is the statistics' dtype (float32 in a float16 run, else the
+# run's own); G, B, D and O may be float16 (gamma, beta, dout and the output of a float16
+# run), read into T in registers (`T g = gamma;`) or rounded once on store.
 
-def layernorm_apply(centered, rstd, gamma, beta):
-    """-> out = xhat * gamma + beta, xhat = centered * rstd (what the backward keeps)."""
-    xhat = centered * rstd
-    return xhat * gamma + beta, xhat
+LAYERNORM_APPLY_IN = "T centered, T rstd, G gamma, B beta"
+LAYERNORM_APPLY_OUT = "T xhat, O out"
+# out = xhat * gamma + beta, xhat = centered * rstd (what the backward keeps)
+LAYERNORM_APPLY_BODY = """
+xhat = centered * rstd;
+T g = gamma;
+T b = beta;
+out = xhat * g + b;
+"""
 
+LAYERNORM_PRODUCTS_IN = "D dout, G gamma, T xhat"
+LAYERNORM_PRODUCTS_OUT = "T dxhat, T dout_xhat, T dxhat_xhat"
+# dxhat = dout * gamma, dout * xhat (the gain's gradient summands) and dxhat * xhat (the
+# summands of dx's projection) in one pass: a third output costs a write, a separate product
+# kernel a launch and a read of two [N, H] arrays
+LAYERNORM_PRODUCTS_BODY = """
+T d = dout;
+T g = gamma;
+T dx = d * g;
+dxhat = dx;
+dout_xhat = d * xhat;
+dxhat_xhat = dx * xhat;
+"""
 
-def layernorm_dx(dxhat, xhat, mean_dxhat, mean_dxhat_xhat, rstd):
-    """ops.layernorm_backward: (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd."""
-    return (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd
+LAYERNORM_DX_IN = "T dxhat, T xhat, T mean_dxhat, T mean_dxhat_xhat, T rstd"
+LAYERNORM_DX_OUT = "O dx"
+# ops.layernorm_backward: (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd, dx
+# rounded once on store into the activations' dtype
+LAYERNORM_DX_BODY = """
+dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd;
+"""
+
+# (centered, rstd, gamma, beta, xhat, out) -> one kernel.
+layernorm_apply = _elementwise("layernorm_apply", LAYERNORM_APPLY_IN,
+                               LAYERNORM_APPLY_OUT, LAYERNORM_APPLY_BODY)
+
+# (dout, gamma, xhat, dxhat, dout_xhat, dxhat_xhat) -> one kernel.
+layernorm_products = _elementwise("layernorm_products", LAYERNORM_PRODUCTS_IN,
+                                  LAYERNORM_PRODUCTS_OUT, LAYERNORM_PRODUCTS_BODY)
+
+# (dxhat, xhat, mean(dxhat), mean(dxhat * xhat), rstd, dx) -> one kernel.
+layernorm_dx = _elementwise("layernorm_dx", LAYERNORM_DX_IN, LAYERNORM_DX_OUT, LAYERNORM_DX_BODY)
 
 # ---------------------------------------------------------------------------------- gelu
 
@@ -101,13 +141,122 @@ def softmax_dx(dout, y, row_sum):
     """ops.softmax_backward: dout * y - y * sum(dout * y)."""
     return dout * y - y * row_sum
 
+# ----------------------------------------------------------- float16 without cast kernels
+# Mixed precision computes LayerNorm, GELU and softmax in float32 on float16 activations.
+# Materialising the float32 copies cost 542 cast kernels and 44 ms of a B=128 step on an
+# H200 (GPU-MEASURED.md). These kernels instead convert in registers on load (`float v = x;`)
+# and on store (a float16 output parameter): the same arithmetic as the cast-then-compute
+# sequence, one pass over memory instead of three (LayerNorm's above, typed for any dtype).
+
+GELU_HALF_IN = "float16 x"
+GELU_HALF_OUT = "float cdf, float16 y"
+# gelu in float32 on a float16 x: Phi(x) kept in float32 for the backward, x Phi(x) rounded
+# to float16 (the cache keeps x as it came, float16, not a float32 copy)
+GELU_HALF_BODY = """
+float v = x;
+float c = (erff(v * 0.70710678118654752f) + 1.0f) * 0.5f;
+cdf = c;
+y = v * c;
+"""
+
+GELU_BACKWARD_HALF_IN = "float16 dout, float16 x, float cdf"
+GELU_BACKWARD_HALF_OUT = "float16 dx"
+# gelu_backward in float32: (Phi(x) + x phi(x)) dout, 1/sqrt(2 pi) = 0.3989...
+GELU_BACKWARD_HALF_BODY = """
+float v = x;
+float g = dout;
+dx = (expf(v * v * -0.5f) * v * 0.39894228040143268f + cdf) * g;
+"""
+
+SOFTMAX_EXP_HALF_IN = "float16 x, float16 row_max"
+SOFTMAX_EXP_HALF_OUT = "float e"
+# exp_shifted in float32 on float16 scores (the row max of float16 values is exact)
+SOFTMAX_EXP_HALF_BODY = """
+float v = x;
+float m = row_max;
+e = expf(v - m);
+"""
+
+SOFTMAX_NORMALIZE_IN = "float e, float row_sum"
+SOFTMAX_NORMALIZE_OUT = "float16 y"
+# the probabilities, divided in float32 and rounded once to float16
+SOFTMAX_NORMALIZE_BODY = """
+y = e / row_sum;
+"""
+
+
+SOFTMAX_ROW_SUM_HALF_MAP = "float(dout * mask) * float(y)"
+# softmax_row_sum on float16: dropout's product rounded to float16 as the reference's (a
+# float16 * float16 in CuPy's float16 type), then the product with y and the sum in float32
+
+
+DROPOUT_SOFTMAX_DX_HALF_IN = "float16 dout, float16 mask, float16 y, float row_sum"
+DROPOUT_SOFTMAX_DX_HALF_OUT = "float16 dx"
+# dropout_softmax_dx on float16: g = dout * mask in float16 (the reference's dropout), the
+# softmax backward in float32, dx rounded once; no float32 copies of dprobs and y, and no
+# separate dropout kernel (4 launches fewer a layer)
+DROPOUT_SOFTMAX_DX_HALF_BODY = """
+float16 g = dout * mask;
+float gf = g;
+float yf = y;
+dx = gf * yf - yf * row_sum;
+"""
+
+
+def softmax_row_sum_half(xp):
+    key = (xp, "nanobert_softmax_row_sum_half")
+    if key not in _KERNELS:
+        _KERNELS[key] = xp.ReductionKernel("float16 dout, float16 mask, float16 y",
+                                           "float32 row_sum", SOFTMAX_ROW_SUM_HALF_MAP,
+                                           "a + b", "row_sum = a", "0",
+                                           "nanobert_softmax_row_sum_half")
+    return _KERNELS[key]
+
+dropout_softmax_dx_half = _elementwise("dropout_softmax_dx_half", DROPOUT_SOFTMAX_DX_HALF_IN,
+                                       DROPOUT_SOFTMAX_DX_HALF_OUT, DROPOUT_SOFTMAX_DX_HALF_BODY)
+
+
+SOFTMAX_DROPOUT_IN = "E e, E row_sum, U uniform, U p, T scale"
+SOFTMAX_DROPOUT_OUT = "T y, T dropped, T mask"
+# The attention probabilities and their dropout in one pass over [B, A, T, T] (one launch
+# and one read and write of the largest activation fewer than softmax's divide then dropout):
+# y = e / sum rounded to T (the probabilities' dtype), mask = (uniform >= p) * scale, y * mask
+# in T, as the two kernels computed them. Mixed float16 and float arithmetic is kept apart
+# (each line one type): CuPy's float16 converts both ways.
+SOFTMAX_DROPOUT_BODY = """
+T yt = e / row_sum;
+U s = scale;
+U keep = uniform >= p;
+U kept = keep * s;
+T m = kept;
+y = yt;
+mask = m;
+dropped = yt * m;
+"""
+
+# (exp_shifted, its row sums, uniforms, p, scale, y, dropped, mask) -> one kernel.
+softmax_dropout = _elementwise("softmax_dropout", SOFTMAX_DROPOUT_IN,
+                               SOFTMAX_DROPOUT_OUT, SOFTMAX_DROPOUT_BODY)
+
+gelu_half = _elementwise("gelu_half", GELU_HALF_IN, GELU_HALF_OUT, GELU_HALF_BODY)
+
+gelu_backward_half = _elementwise("gelu_backward_half", GELU_BACKWARD_HALF_IN,
+                                  GELU_BACKWARD_HALF_OUT, GELU_BACKWARD_HALF_BODY)
+
+softmax_exp_half = _elementwise("softmax_exp_half", SOFTMAX_EXP_HALF_IN,
+                                SOFTMAX_EXP_HALF_OUT, SOFTMAX_EXP_HALF_BODY)
+
+softmax_normalize_half = _elementwise("softmax_normalize_half", SOFTMAX_NORMALIZE_IN,
+                                      SOFTMAX_NORMALIZE_OUT, SOFTMAX_NORMALIZE_BODY)
+
 # ------------------------------------------------------------------------ self-attention
 # CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
 # (a head view of the [B, T, 3, A, D] projection, a transposed k) costs a copy kernel, and
-# so does an out= that is not C-contiguous. fast.py's device attention therefore keeps its
-# heads in contiguous buffers laid out for the matmuls (q [B, A, T, D], k^T [B, A, D, T],
-# v [B, A, T, D]) and moves data between them and the projection's layout in the kernels
-# below, which do the elementwise work due at that point anyway.
+# so does an out= that is not C-contiguous; fast_gpu.gemm (cuBLAS directly) reads any row
+# stride but needs equally spaced matrices, which the heads of the [B, T, 3, A, D] projection
+# are not. fast_gpu's attention therefore keeps its heads in contiguous buffers
+# (q, k, v [B, A, T, D]) and moves data between them and the projection's layout in the
+# kernels below, which do the elementwise work due at that point anyway.
 
 ATTENTION_HEADS_IN = "T q_in, T k_in, T v_in, T q_bias, T k_bias, T v_bias, T scale"
 ATTENTION_HEADS_OUT = "T q, T k, T v"
@@ -130,7 +279,7 @@ dv = dv_in;
 
 def attention_heads(xp):
     """(q, k, v views of the projection [B, A, T, D], their biases [A, 1, D], 1/sqrt(D),
-    q, k, v outputs) -> one kernel; the outputs may be views (k: of a contiguous k^T)."""
+    q, k, v outputs, contiguous [B, A, T, D]) -> one kernel."""
     return _kernel(xp, "nanobert_attention_heads", ATTENTION_HEADS_IN, ATTENTION_HEADS_OUT,
                    ATTENTION_HEADS_BODY)
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy
 
-from . import fast
+from . import fast, fast_cpu
 from .threads import in_row_blocks
 
 
@@ -67,7 +67,7 @@ def unpack(x, packing):
 # mask bias. Rows run one per block over the thread pool; every row's arithmetic is the
 # same whatever thread runs it, so the results are bitwise the same for any thread count.
 # The row's probabilities live in one flat buffer of A * sum(L^2) elements, row after row,
-# keys first ([A, L keys, L queries], the transpose of fast.py's): the softmax then reduces
+# keys first ([A, L keys, L queries], the transpose of fast_cpu.py's): the softmax then reduces
 # over the middle axis, which NumPy runs as whole-row vector operations, ~1.5x faster than
 # its reductions along the last axis; the matmuls take the transposes as they are.
 # NumPy float32 / float64 only: the model packs neither CuPy nor float16 activations.
@@ -112,12 +112,12 @@ def self_attention_forward(x, w_qkv, b_qkv, packing, num_heads, dropout_p, rng, 
     _check_packed(x, packing, num_heads, "self_attention_forward")
     N, H = x.shape
     A = num_heads
-    q, k, v, qkv_cache = fast.scaled_heads(x, w_qkv, b_qkv, A)      # [A, N, D]
+    q, k, v, qkv_cache = fast_cpu.scaled_heads(x, w_qkv, b_qkv, A)      # [A, N, D]
     offsets, size = probability_offsets(packing, A)
     probs = numpy.empty(size, x.dtype)
     dropout = None
     if training and dropout_p != 0.0:
-        keep = fast._keep_mask((size,), dropout_p, rng, x.dtype)
+        keep = fast_cpu._keep_mask((size,), dropout_p, rng, x.dtype)
         scale = x.dtype.type(1.0 / (1.0 - dropout_p))
         dropout = (keep, numpy.empty(size, x.dtype), numpy.empty(size, x.dtype), scale)
     context = numpy.empty((N, H), x.dtype)
@@ -148,7 +148,7 @@ def self_attention_inference(x, w_qkv, b_qkv, packing, num_heads):
     """fast.self_attention_forward's context in eval mode, without a cache: x [N, H] ->
     context [N, H]. Each row's probabilities in a scratch [A, L, L] of its own."""
     _check_packed(x, packing, num_heads, "self_attention_inference")
-    q, k, v, _ = fast.scaled_heads(x, w_qkv, b_qkv, num_heads)     # [A, N, D]
+    q, k, v, _ = fast_cpu.scaled_heads(x, w_qkv, b_qkv, num_heads)     # [A, N, D]
     context = numpy.empty(x.shape, x.dtype)
     offsets = numpy.zeros_like(packing.starts)              # unused: no flat buffer
     in_row_blocks(_attention_rows, (packing.starts, packing.lengths, offsets),

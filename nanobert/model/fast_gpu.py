@@ -1,0 +1,426 @@
+"""The fast layer on CuPy (GPU): fused kernels (kernels.py) in place of NumPy's in-place
+sequences. fast.py routes each op here for CuPy arrays (fast_cpu.py holds the NumPy twin);
+each function has the signature, the cache and the results of its reference twin in ops.py
+(read the math there), proven equal to it on the CPU stand-in of CuPy
+(tests/test_cupy_standin.py: arithmetic and launch counts, not CUDA's rounding or speed).
+
+What costs time on a GPU (../shared/GPU-MEASURED.md, an H200): each CuPy call costs ~10 us of
+host time whatever its size, so a step should make few of them (fused kernels); the host must
+never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
+products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
+ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
+fraction of the bandwidth. Estimated effects are in the comments; none is measured yet.
+
+Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
+dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter
+gradients summed into float32 buffers.
+"""
+import math
+
+import numpy
+
+from ..backend import array_module, tf32_enabled
+from . import kernels, ops
+from .ops import AttentionCache
+
+HALF = numpy.dtype(numpy.float16)
+
+
+def float32_if_half(x):
+    """float16 -> a float32 copy (statistics in float32); any other array as it is."""
+    return x.astype(numpy.float32) if x.dtype == HALF else x
+
+
+# ------------------------------------------------------------------------ cuBLAS directly
+# CuPy 14's batched matmul (ndim > 2) calls cuBLAS in plain FP32 whatever the TF32 setting,
+# casts float16 operands up to float32 (3 cast kernels a product) and copies every operand
+# that is not C-contiguous; its 2-D path honours TF32. gemm() below calls
+# gemmStridedBatchedEx itself: tensor cores for float16 (float32 accumulation) and for
+# float32 when TF32 is on, transposes as cuBLAS's op flags, any row stride. float64 keeps
+# CUBLAS_COMPUTE_64F: the same math as NumPy's.
+
+
+def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
+    """out[s] = op(a[s]) @ op(b[s]) for stacks [S..., rows, cols] of row-major matrices (op
+    a transpose when asked), one cuBLAS call: each matrix's elements in a row adjacent, rows
+    any distance apart (a view of wider rows is read in place), and the stack's matrices
+    equally spaced. out may be float32 for float16 operands (the sum rounded once, into a
+    float32 gradient buffer); exact: float32 never in TF32 (sums that must keep float32's
+    precision). cuBLAS is column-major: the row-major out = A B is its out^T = B^T A^T, so B
+    goes first. Host cost: one cuBLAS call, no CuPy array checks (cupy.matmul's ~140 us)."""
+    xp = array_module(out)
+    from cupy_backends.cuda.libs import cublas
+    M, N = out.shape[-2:]
+    K = a.shape[-2] if transpose_a else a.shape[-1]
+    if (a.shape[-1] if transpose_a else a.shape[-2]) != M or \
+            (b.shape[-2] if transpose_b else b.shape[-1]) != N or \
+            (b.shape[-1] if transpose_b else b.shape[-2]) != K:
+        raise ValueError(f"gemm: op(a) {a.shape} @ op(b) {b.shape} -> out {out.shape} do not fit "
+                         f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
+    if a.dtype != b.dtype or out.dtype not in (a.dtype, numpy.dtype(numpy.float32)):
+        raise ValueError(f"gemm: operands {a.dtype}, {b.dtype} into out {out.dtype}")
+    if out.size == 0 or K == 0:                            # nothing to sum: cuBLAS is not asked
+        out.fill(0)
+        return out
+    (count, stride_a), (_, stride_b), (_, stride_c) = (
+        _stack_layout(x, count=out.size // (M * N)) for x in (a, b, out))
+    if a.dtype == numpy.float64:
+        compute, scalar = cublas.CUBLAS_COMPUTE_64F, numpy.float64
+    elif a.dtype == numpy.float32 and tf32_enabled() and not exact:
+        compute, scalar = cublas.CUBLAS_COMPUTE_32F_FAST_TF32, numpy.float32
+    else:                                   # float16 operands: tensor cores, float32 sums
+        compute, scalar = cublas.CUBLAS_COMPUTE_32F, numpy.float32
+    one, zero = numpy.ones((), scalar), numpy.zeros((), scalar)   # host scalars, alive here
+    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+    cublas.gemmStridedBatchedEx(
+        xp.cuda.device.get_cublas_handle(), op[transpose_b], op[transpose_a], N, M, K,
+        one.ctypes.data,
+        b.data.ptr, _CUDA_TYPE[b.dtype.char], _row_stride(b), stride_b,
+        a.data.ptr, _CUDA_TYPE[a.dtype.char], _row_stride(a), stride_a,
+        zero.ctypes.data,
+        out.data.ptr, _CUDA_TYPE[out.dtype.char], _row_stride(out), stride_c,
+        count, compute, cublas.CUBLAS_GEMM_DEFAULT)
+    return out
+
+
+# cudaDataType_t (CUDA's library_types.h, as cupy.cuda.runtime.CUDA_R_*)
+_CUDA_TYPE = {"e": 2, "f": 0, "d": 1}
+
+
+def _row_stride(x):
+    """The distance between a matrix's rows in elements (cuBLAS's leading dimension); its
+    elements must be adjacent (one row: any distance will do)."""
+    if x.shape[-2] == 1 and x.strides[-1] == x.itemsize:
+        return x.shape[-1]
+    if x.strides[-1] != x.itemsize or x.strides[-2] % x.itemsize \
+            or x.strides[-2] // x.itemsize < x.shape[-1]:
+        raise ValueError(f"gemm: a matrix of shape {x.shape[-2:]} with strides {x.strides[-2:]}: "
+                         f"cuBLAS needs adjacent elements in a row, rows at least a row apart")
+    return x.strides[-2] // x.itemsize
+
+
+def _stack_layout(x, count):
+    """-> (count, stride in elements between consecutive matrices) of a stack [S..., r, c]
+    whose matrices are equally spaced (or one matrix: stride 0); broadcasting is refused."""
+    batch = [(n, s) for n, s in zip(x.shape[:-2], x.strides[:-2]) if n != 1]
+    total = math.prod(n for n, _ in batch)
+    if total != count:
+        raise ValueError(f"gemm: a stack of {total} matrices {x.shape} beside {count}")
+    for (_, outer), (n, inner) in zip(batch, batch[1:]):
+        if outer != n * inner:
+            raise ValueError(f"gemm: stack {x.shape} with strides {x.strides}: its matrices "
+                             f"are not equally spaced")
+    return count, (batch[-1][1] // x.itemsize if batch else 0)
+
+
+# One ones-vector per dtype, grown as needed: column sums are products with it.
+_ONES = {}
+
+
+def column_sum(x, out=None, dtype=None):
+    """x [N, H] summed over its rows -> [H] (into out if given; float16 x into a float32
+    out), as ones [1, N] @ x: cuBLAS reads x at full bandwidth. CuPy's x.sum(axis=0) cannot
+    use CUB for a reduced axis that is not the last and launches ~24 blocks for 768 sums:
+    360 us a call on an H200 at B=128 (105 calls, 37.6 ms of a 129 ms step; torch: 3.1 ms).
+    Never TF32: a gradient keeps float32's precision; float64 stays float64."""
+    xp = array_module(x)
+    N, H = x.shape
+    if out is None:
+        out = xp.empty(H, dtype=dtype or x.dtype)
+    key = (xp, x.dtype)
+    if key not in _ONES or _ONES[key].size < N:
+        _ONES[key] = xp.ones(max(N, 2 * _ONES[key].size if key in _ONES else N), x.dtype)
+    gemm(_ONES[key][None, :N], x, out.reshape(1, H), exact=True)
+    return out
+
+
+def matmul(a, b, out=None):
+    """a @ b (into out if given). Matrices whose rows or columns are adjacent (a transpose
+    is an op flag) go to gemm: one cuBLAS call without cupy.matmul's checks. float16 gives
+    a float16 product, also when `out` is a float32 weight gradient (then cast into it, as
+    apex's O2 does and the NumPy path: a float16 overflow there is what the loss scaler
+    must see; gemm could write the float32 sum directly, which would hide it)."""
+    xp = array_module(a)
+    if out is not None and out.dtype != a.dtype:           # float16 product, float32 buffer
+        out[...] = matmul(a, b)
+        return out
+    if a.ndim == b.ndim == 2 and (out is None or out.strides[-1] == out.itemsize):
+        (a_rows, transpose_a), (b_rows, transpose_b) = _as_rows(a), _as_rows(b)
+        if a_rows is not None and b_rows is not None:
+            if out is None:
+                out = xp.empty((a.shape[0], b.shape[1]), a.dtype)
+            return gemm(a_rows, b_rows, out, transpose_a, transpose_b)
+    return xp.matmul(a, b, out=out)
+
+
+def _as_rows(x):
+    """-> (a matrix with adjacent elements in each row, whether it is x's transpose), or
+    (None, False) when neither x nor x.T has them."""
+    if x.strides[-1] == x.itemsize:
+        return x, False
+    if x.strides[-2] == x.itemsize:
+        return x.T, True
+    return None, False
+
+# -------------------------------------------------------------------------------- linear
+
+
+def linear_forward(x, weight, bias):
+    """ops.linear_forward: the bias added in place."""
+    x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
+    out = matmul(x2, weight.T)                             # [N, out]
+    out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
+
+
+def linear_backward(dout, cache, dweight=None, dbias=None):
+    """ops.linear_backward: dweight and dbias computed straight into the given buffers (no
+    temporary); float16 gradients summed into the float32 buffers."""
+    x2, weight, x_shape = cache
+    if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
+        dout = dout.astype(weight.dtype)
+    dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
+    dx = matmul(dout2, weight).reshape(x_shape)
+    dweight = matmul(dout2.T, x2, out=dweight)
+    # float16 gradients are summed in (and written to) the float32 buffer's dtype
+    dtype = dbias.dtype if dbias is not None and dbias.dtype != dout2.dtype else None
+    dbias = column_sum(dout2, out=dbias, dtype=dtype)
+    return dx, dweight, dbias
+
+# ----------------------------------------------------------------------------- layernorm
+
+
+def layernorm_forward(x, gamma, beta, eps):
+    """ops.layernorm_forward in three kernels and two means; float16 input: statistics and
+    xhat in float32, the output in float16, and no cast kernel: x is read as float16 by the
+    mean (float32 sums) and by center_square (float32 arithmetic, as CuPy promotes float16
+    beside float32), gamma and beta by layernorm_apply, which writes the float16 output (4
+    cast kernels a LayerNorm fewer than casting x, gamma, beta up and the output down). The
+    cache keeps gamma as given (float16 in a float16 run)."""
+    xp = array_module(x)
+    dtype = x.dtype
+    stats = numpy.float32 if dtype == HALF else dtype
+    mean = x.mean(axis=-1, keepdims=True, dtype=stats)
+    centered, squares = kernels.fused(xp, kernels.center_square)(x, mean)
+    var = squares.mean(axis=-1, keepdims=True)
+    # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
+    rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
+    xhat, out = xp.empty(x.shape, stats), xp.empty(x.shape, dtype)   # out: x's dtype
+    kernels.layernorm_apply(xp)(centered, rstd, gamma, beta, xhat, out)
+    return out, (xhat, gamma, rstd)
+
+
+def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
+    """ops.layernorm_backward in two kernels (the first also makes dxhat * xhat for the
+    second's mean: no separate product kernel); dgamma and dbeta summed straight into the
+    given buffers (column_sum); float16 dout and gamma read as float16 into float32
+    arithmetic, dbeta summed in float32 by cuBLAS, dx written as float16: no cast kernel."""
+    xp = array_module(dout)
+    xhat, gamma, rstd = cache
+    dtype = dout.dtype
+    H = xhat.shape[-1]
+    dxhat, dout_xhat, dxhat_xhat = kernels.layernorm_products(xp)(
+        dout, gamma, xhat, *(xp.empty(xhat.shape, xhat.dtype) for _ in range(3)))
+    dgamma = column_sum(dout_xhat.reshape(-1, H), out=dgamma)
+    dbeta = column_sum(dout.reshape(-1, H), out=dbeta, dtype=xhat.dtype)
+    dx = kernels.layernorm_dx(xp)(
+        dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
+        dxhat_xhat.mean(axis=-1, keepdims=True), rstd, xp.empty(xhat.shape, dtype))
+    return dx, dgamma, dbeta
+
+# ---------------------------------------------------------------------------------- gelu
+
+
+def gelu_forward(x, kind="gelu"):
+    """ops.gelu_forward: "gelu" in one fused kernel; float16 computed in float32 (erf has no
+    float16), the output cast back."""
+    xp = array_module(x)
+    dtype = x.dtype
+    if kind != "gelu":
+        out, cache = ops.gelu_forward(float32_if_half(x), kind)
+        return out.astype(dtype, copy=False), cache
+    if dtype == HALF:                                      # no float32 copy of x: cached as is
+        cdf, out = xp.empty(x.shape, numpy.float32), xp.empty(x.shape, dtype)
+        return kernels.gelu_half(xp)(x, cdf, out)[1], (x, cdf, kind)
+    out, cdf = kernels.fused(xp, kernels.gelu)(x)
+    return out, (x, cdf, kind)
+
+
+def gelu_backward(dout, cache):
+    """ops.gelu_backward: "gelu" in one fused kernel; float16 dout computed in float32."""
+    xp = array_module(dout)
+    x, saved, kind = cache
+    if kind == "gelu" and dout.dtype == HALF:
+        return kernels.gelu_backward_half(xp)(dout, x, saved, xp.empty(x.shape, HALF))
+    if dout.dtype == HALF:
+        return gelu_backward(dout.astype(numpy.float32), cache).astype(HALF)
+    if kind != "gelu":
+        return ops.gelu_backward(dout, cache)
+    return kernels.fused(xp, kernels.gelu_backward)(dout, x, saved)
+
+# ------------------------------------------------------------------------------- softmax
+
+
+def softmax_forward(x, overwrite_x=False):
+    """ops.softmax_forward: the exp in one kernel, the normalisation in place; float16 read
+    as float16 and computed in float32 in the kernels, the probabilities written as
+    float16 (no cast kernel). overwrite_x is NumPy's (fast_cpu), ignored here."""
+    xp = array_module(x)
+    e = _exp_shifted(x)
+    if x.dtype == HALF:
+        y = kernels.softmax_normalize_half(xp)(e, e.sum(axis=-1, keepdims=True),
+                                               xp.empty(x.shape, HALF))
+    else:
+        y = e
+        y /= y.sum(axis=-1, keepdims=True)
+    return y, y
+
+
+def _exp_shifted(x):
+    """exp(x - its row max) [..., T]: float32 for float16 x (the row max of float16 values
+    is exact), else x's dtype."""
+    xp = array_module(x)
+    row_max = x.max(axis=-1, keepdims=True)
+    if x.dtype == HALF:
+        return kernels.softmax_exp_half(xp)(x, row_max, xp.empty(x.shape, numpy.float32))
+    return kernels.fused(xp, kernels.exp_shifted)(x, row_max)
+
+
+def softmax_backward(dout, y):
+    """ops.softmax_backward: one fused kernel after the row sum; float16 computed in
+    float32."""
+    xp = array_module(dout)
+    dtype = dout.dtype
+    dout, y = float32_if_half(dout), float32_if_half(y)
+    row_sum = (dout * y).sum(axis=-1, keepdims=True)
+    return kernels.fused(xp, kernels.softmax_dx)(dout, y, row_sum).astype(dtype, copy=False)
+
+# ------------------------------------------------------------------------------- dropout
+
+
+def dropout_forward(x, p, rng, training):
+    """ops.dropout_forward: one fused kernel after the uniform draw."""
+    if not training or p == 0.0:
+        return x, None
+    xp = array_module(x)
+    scale, uniform = x.dtype.type(1.0 / (1.0 - p)), _uniform(x, rng)
+    # p in the uniforms' dtype: CuPy 13 would compare a Python float in float64
+    return kernels.fused(xp, kernels.dropout)(x, uniform, uniform.dtype.type(p), scale)
+
+
+def dropout_add_forward(x, residual, p, rng, training):
+    """ops.dropout_add_forward: dropout and add in one fused kernel. `residual` is not
+    modified."""
+    if not training or p == 0.0:
+        out, mask = dropout_forward(x, p, rng, training)
+        out += residual
+        return out, mask
+    xp = array_module(x)
+    scale, uniform = x.dtype.type(1.0 / (1.0 - p)), _uniform(x, rng)
+    return kernels.fused(xp, kernels.dropout_add)(x, uniform, residual, uniform.dtype.type(p),
+                                                  scale)
+
+
+def _uniform(x, rng):
+    """A uniform draw shaped like x, float32 for float16 x (Generators draw no float16),
+    which the fused kernels compare with p."""
+    dtype = numpy.float32 if x.dtype == HALF else x.dtype
+    return rng.random(x.shape, dtype=dtype)
+
+# ---------------------------------------------------------------------- self-attention
+
+
+def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
+    """ops.self_attention_forward: one kernel (kernels.attention_heads) adds the
+    projection's bias, scales q and writes q, k and v as contiguous heads [B, A, T, D] (the
+    stacked projection's heads are not equally spaced, so cuBLAS cannot read them in place);
+    the products are gemm calls (k^T an op flag, no copy); the context leaves [B, A, T, D]
+    through one transposing copy. Same math as the NumPy path in the same order."""
+    xp = array_module(x)
+    B, T, H = x.shape
+    A, D = num_heads, H // num_heads
+    x2 = x.reshape(-1, H)                                  # [N, H]
+    qkv = matmul(x2, w_qkv.T)                              # [N, 3H], no bias yet
+    projected = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
+    bias = b_qkv.reshape(3, A, 1, D)
+    q, k, v = (xp.empty((B, A, T, D), dtype=x.dtype) for _ in range(3))
+    kernels.attention_heads(xp)(*projected, *bias, 1.0 / math.sqrt(D), q, k, v)
+    scores = gemm(q, k, xp.empty((B, A, T, T), x.dtype), transpose_b=True)  # q k^T
+    scores += mask_bias
+    probs, probs_dropped, dropout_cache = _attention_probs(scores, dropout_p, rng, training)
+    context = gemm(probs_dropped, v, xp.empty((B, A, T, D), x.dtype))
+    context = xp.ascontiguousarray(context.transpose(0, 2, 1, 3)).reshape(B, T, H)
+    cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, probs, probs_dropped,
+                           dropout_cache, A)
+    return context, cache
+
+
+def _attention_probs(scores, dropout_p, rng, training):
+    """softmax_forward then dropout_forward of the scores [B, A, T, T] -> (probs,
+    probs_dropped, dropout mask or None): with dropout, the softmax's normalisation and the
+    dropout in one kernel (kernels.softmax_dropout)."""
+    if not training or dropout_p == 0.0:
+        probs = softmax_forward(scores)[0]
+        return probs, probs, None
+    xp = array_module(scores)
+    e = _exp_shifted(scores)
+    uniform = _uniform(scores, rng)
+    probs, dropped, mask = (xp.empty(scores.shape, scores.dtype) for _ in range(3))
+    kernels.softmax_dropout(xp)(e, e.sum(axis=-1, keepdims=True), uniform,
+                                uniform.dtype.type(dropout_p),
+                                scores.dtype.type(1.0 / (1.0 - dropout_p)), probs, dropped, mask)
+    return probs, dropped, mask
+
+
+def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
+    """ops.self_attention_backward: the products are gemm calls with transposes as op flags;
+    one kernel (kernels.attention_grads) scales dq and writes dq, dk, dv into [B, T, 3H],
+    the stacked projection's layout. One copy: dcontext into contiguous heads."""
+    xp = array_module(dcontext)
+    B, T, H = dcontext.shape
+    A = cache.num_heads
+    D = H // A
+    dtype = dcontext.dtype
+    dcontext = xp.ascontiguousarray(dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3))
+    dv = gemm(cache.probs_dropped, dcontext, xp.empty((B, A, T, D), dtype), transpose_a=True)
+    dprobs = gemm(dcontext, cache.v, xp.empty((B, A, T, T), dtype), transpose_b=True)
+    dscores = _dropout_softmax_backward(dprobs, cache)     # [B, A, T, T]
+    dq = gemm(dscores, cache.k, xp.empty((B, A, T, D), dtype))  # dq / scale
+    dk = gemm(dscores, cache.q, xp.empty((B, A, T, D), dtype), transpose_a=True)
+    dqkv = xp.empty((B, T, 3 * H), dtype=dtype)
+    places = dqkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
+    kernels.attention_grads(xp)(dq, dk, dv, 1.0 / math.sqrt(D), *places)
+    return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
+
+
+def _dropout_softmax_backward(dprobs, cache):
+    """dropout_backward then softmax_backward of the attention probabilities [B, A, T, T]:
+    two kernels, the row sum and the elementwise rest. float16: dropout in float16,
+    softmax in float32, as the reference."""
+    xp = array_module(dprobs)
+    y = cache.probs
+    mask = y.dtype.type(1) if cache.dropout_mask is None else cache.dropout_mask
+    if dprobs.dtype == HALF:                 # read as float16, float32 math: no cast kernels
+        row_sum = kernels.softmax_row_sum_half(xp)(dprobs, mask, y, axis=3, keepdims=True)
+        return kernels.dropout_softmax_dx_half(xp)(dprobs, mask, y, row_sum,
+                                                   xp.empty(y.shape, HALF))
+    row_sum = kernels.softmax_row_sum(xp)(dprobs, mask, y, axis=3, keepdims=True)
+    return kernels.fused(xp, kernels.dropout_softmax_dx)(dprobs, mask, y, row_sum)
+
+# ----------------------------------------------------------------------------- inference
+# The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy
+# allocates from its pool, and the kernels are the same).
+
+
+def layernorm_inference(x, gamma, beta, eps, residual=None):
+    return layernorm_forward(x if residual is None else x + residual, gamma, beta, eps)[0]
+
+
+def gelu_inference(x, kind="gelu"):
+    return gelu_forward(x, kind)[0]
+
+
+def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
+    context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None,
+                                            False)
+    return context, cache.probs if output_attentions else None
