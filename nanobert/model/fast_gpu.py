@@ -4,7 +4,7 @@ each function has the signature, the cache and the results of its reference twin
 (read the math there), proven equal to it on the CPU stand-in of CuPy
 (tests/test_cupy_standin.py: arithmetic and launch counts, not CUDA's rounding or speed).
 
-What costs time on a GPU (../shared/GPU-MEASURED.md, an H200): each CuPy call costs ~10 us of
+What costs time on a GPU (docs/gpu.md, measured on an H200): each CuPy call costs ~10 us of
 host time whatever its size, so a step should make few of them (fused kernels); the host must
 never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
 products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
