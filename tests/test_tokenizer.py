@@ -425,7 +425,8 @@ def test_call_shapes_padding_and_errors():
     out = tok([("a b", "c"), ("d", "e f g")], padding=True)
     assert [len(x) for x in out["input_ids"]] == [7, 7]
     assert tok(["a", "b c"], ["x", "y"])["token_type_ids"] == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1]]
-    assert tok("a", "b", add_special_tokens=False)["token_type_ids"] == [0, 0]   # as HF
+    # B is segment 1 without [SEP] too, as transformers' Rust tokenizer (its Python one: 0)
+    assert tok("a", "b", add_special_tokens=False)["token_type_ids"] == [0, 1]
     with pytest.raises(ValueError, match="padding='longest'"):
         tok(["a", "b c d"], return_tensors="np")
     with pytest.raises(ValueError, match="needs max_length"):

@@ -486,6 +486,10 @@ class BertTokenizer:
         if options["return_tensors"] not in (None, "np"):
             raise ValueError(f"return_tensors must be None or 'np', got "
                              f"{options['return_tensors']!r}")
+        multiple = options["pad_to_multiple_of"]
+        if strategy and pad_to and multiple and max_length is not None and max_length % multiple:
+            raise ValueError(f"truncation to max_length={max_length} and padding to a multiple "
+                             f"of {multiple} contradict each other (as transformers refuses)")
         padding_side = _side("padding_side", options["padding_side"] or self.padding_side)
         split = options["is_split_into_words"]
         overflow = options["return_overflowing_tokens"]
@@ -510,7 +514,6 @@ class BertTokenizer:
         if pad_to is not None:
             width = max_length if pad_to == "max_length" else max(
                 (len(r.input_ids) for r in rows), default=0)
-            multiple = options["pad_to_multiple_of"]
             if multiple:
                 width = -(-width // multiple) * multiple
             for row in rows:
@@ -530,8 +533,8 @@ class BertTokenizer:
             out["overflow_to_sample_mapping"] = sample
         if options["return_tensors"] == "np":
             out = {key: _array(key, value) for key, value in out.items()}
-        elif not batched and not overflow:
-            out = {key: value[0] for key, value in out.items()}
+        elif not batched and not overflow:      # as transformers: "length" stays a list
+            out = {key: value if key == "length" else value[0] for key, value in out.items()}
         recompute = None if detailed else \
             lambda: self._encode(text, text_pair, options, detailed=True)
         return BatchEncoding(out, rows, recompute, self)
@@ -617,7 +620,7 @@ class BertTokenizer:
                     ([] if seq_b is None else seq_b.offsets + zero)
         else:
             input_ids = seq_a.ids + ([] if seq_b is None else seq_b.ids)
-            token_type_ids = [0] * len(input_ids)          # as HF: no segment B without [SEP]
+            token_type_ids = [0] * n_a + [1] * n_b      # as transformers' Rust tokenizer
             special = [0] * len(input_ids)
             sequence_ids = [0] * n_a + [1] * n_b
             if detailed:
@@ -718,13 +721,14 @@ class BertTokenizer:
             width = max_length if pad_to == "max_length" else max(map(len, data["input_ids"]))
             if pad_to_multiple_of:
                 width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+            if return_attention_mask is False:
+                del fill["attention_mask"]              # as transformers: left as it is
             for key, value in fill.items():
                 if key in data:
                     data[key] = [_pad_list(list(row), width, value, side) for row in data[key]]
-        if return_attention_mask is False:
-            data.pop("attention_mask", None)
-        if return_tensors == "np":
-            return BatchEncoding({k: _array(k, v) for k, v in data.items()}, None, None, self)
+        if return_tensors == "np":                   # one row: [T] arrays, as transformers
+            data = {k: _array(k, v) if batched else _array(k, v)[0] for k, v in data.items()}
+            return BatchEncoding(data, None, None, self)
         if not batched:
             data = {k: v[0] for k, v in data.items()}
         return BatchEncoding(data, None, None, self)
