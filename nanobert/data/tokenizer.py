@@ -60,9 +60,11 @@ class BatchEncoding(dict):
     each token came from, None for [CLS], [SEP] and padding), sequence_ids(i) (0 for text A,
     1 for B, None for the rest) and tokens(i)."""
 
-    def __init__(self, data, rows=None, recompute=None, tokenizer=None):
+    def __init__(self, data, columns=None, recompute=None, tokenizer=None):
         super().__init__(data)
-        self._rows, self._recompute, self._tokenizer = rows, recompute, tokenizer
+        # every per-token list of every row (_Row's fields), padded: "word_ids" is None
+        # where the call took the lean path
+        self._columns, self._recompute, self._tokenizer = columns, recompute, tokenizer
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -72,24 +74,26 @@ class BatchEncoding(dict):
         except KeyError:
             raise AttributeError(f"BatchEncoding has no key {name!r}") from None
 
-    def _row(self, batch_index):
-        if not self._rows or self._rows[0].word_ids is None:
+    def _row(self, key, batch_index):
+        words = self._columns.get("word_ids") if self._columns else None
+        if not words or words[0] is None:
             if self._recompute is None:
                 raise ValueError("word_ids / sequence_ids / tokens need an encoding that "
                                  "BertTokenizer.__call__ made from text")
-            self._rows = self._recompute()._rows     # the same call, on the detailed path
-        if not -len(self._rows) <= batch_index < len(self._rows):
-            raise ValueError(f"batch_index {batch_index} is outside the {len(self._rows)} rows")
-        return self._rows[batch_index]
+            self._columns = self._recompute()._columns   # the same call, on the detailed path
+        rows = self._columns[key]
+        if not -len(rows) <= batch_index < len(rows):
+            raise ValueError(f"batch_index {batch_index} is outside the {len(rows)} rows")
+        return list(rows[batch_index])
 
     def word_ids(self, batch_index=0):
-        return list(self._row(batch_index).word_ids)
+        return self._row("word_ids", batch_index)
 
     def sequence_ids(self, batch_index=0):
-        return list(self._row(batch_index).sequence_ids)
+        return self._row("sequence_ids", batch_index)
 
     def tokens(self, batch_index=0):
-        return self._tokenizer.convert_ids_to_tokens(self._row(batch_index).input_ids)
+        return self._tokenizer.convert_ids_to_tokens(self._row("input_ids", batch_index))
 
 
 class _Seq:
@@ -494,13 +498,21 @@ class BertTokenizer:
         split = options["is_split_into_words"]
         overflow = options["return_overflowing_tokens"]
         detailed = detailed or split or overflow or options["return_offsets_mapping"]
-        batched, items = _batch_items(text, text_pair, split)
-        if (not detailed and batched and text_pair is None and options["add_special_tokens"]
-                and (strategy is None or max_length is None)
-                and all(type(t) is str for t in text)):
-            # The common case, kept lean: a batch of single texts, nothing to truncate.
-            rows = [_plain_row(ids, self.sep_token_id) for ids in map(self._single_input_ids, text)]
-            sample = list(range(len(rows)))
+        lean = (not detailed and isinstance(text, (list, tuple)) and text_pair is None
+                and options["add_special_tokens"] and (strategy is None or max_length is None)
+                and all(type(t) is str for t in text))
+        batched, items = (True, None) if lean else _batch_items(text, text_pair, split)
+        if lean:
+            # The common case, kept lean: a batch of single texts, nothing to truncate, no
+            # per-token work beyond the ids.
+            input_ids = list(map(self._single_input_ids, text))
+            columns = {"input_ids": input_ids,
+                       "token_type_ids": [[0] * len(ids) for ids in input_ids],
+                       "attention_mask": [[1] * len(ids) for ids in input_ids]}
+            if options["return_special_tokens_mask"]:
+                columns["special_tokens_mask"] = [[1] + [0] * (len(ids) - 2) + [1]
+                                                  for ids in input_ids]
+            sample = None
         else:
             encode = (self._detailed_words if split else self._detailed) if detailed \
                 else lambda t: _Seq(self._text_ids(t))
@@ -511,24 +523,24 @@ class BertTokenizer:
                                       max_length, options["stride"], overflow):
                     rows.append(row)
                     sample.append(index)
+            columns = {key: [getattr(row, key) for row in rows] for key in _Row.__slots__}
         if pad_to is not None:
             width = max_length if pad_to == "max_length" else max(
-                (len(r.input_ids) for r in rows), default=0)
+                map(len, columns["input_ids"]), default=0)
             if multiple:
                 width = -(-width // multiple) * multiple
-            for row in rows:
-                self._pad_row(row, width, padding_side)
-        out = {"input_ids": [r.input_ids for r in rows]}
+            self._pad_columns(columns, width, padding_side)
+        out = {"input_ids": columns["input_ids"]}
         if options["return_token_type_ids"] is not False:
-            out["token_type_ids"] = [r.token_type_ids for r in rows]
+            out["token_type_ids"] = columns["token_type_ids"]
         if options["return_attention_mask"] is not False:
-            out["attention_mask"] = [r.attention_mask for r in rows]
+            out["attention_mask"] = columns["attention_mask"]
         if options["return_special_tokens_mask"]:
-            out["special_tokens_mask"] = [r.special_tokens_mask for r in rows]
+            out["special_tokens_mask"] = columns["special_tokens_mask"]
         if options["return_offsets_mapping"]:
-            out["offset_mapping"] = [r.offset_mapping for r in rows]
+            out["offset_mapping"] = columns["offset_mapping"]
         if options["return_length"]:
-            out["length"] = [len(r.input_ids) for r in rows]
+            out["length"] = list(map(len, columns["input_ids"]))
         if overflow:
             out["overflow_to_sample_mapping"] = sample
         if options["return_tensors"] == "np":
@@ -537,7 +549,7 @@ class BertTokenizer:
             out = {key: value if key == "length" else value[0] for key, value in out.items()}
         recompute = None if detailed else \
             lambda: self._encode(text, text_pair, options, detailed=True)
-        return BatchEncoding(out, rows, recompute, self)
+        return BatchEncoding(out, columns, recompute, self)
 
     def _strategies(self, padding, truncation, max_length):
         """transformers' rules -> (truncation strategy or None, max_length, padding or None)."""
@@ -632,17 +644,15 @@ class BertTokenizer:
                     attention_mask=[1] * len(input_ids), special_tokens_mask=special,
                     offset_mapping=offsets, word_ids=word_ids, sequence_ids=sequence_ids)
 
-    def _pad_row(self, row, width, side):
-        n = width - len(row.input_ids)
-        if n <= 0:
-            return
+    def _pad_columns(self, columns, width, side):
+        """Pad every row of every per-token list in `columns` to `width`, on `side`."""
         fill = {"input_ids": self.pad_token_id, "token_type_ids": self.pad_token_type_id,
                 "attention_mask": 0, "special_tokens_mask": 1, "offset_mapping": (0, 0),
                 "word_ids": None, "sequence_ids": None}
         for key, value in fill.items():
-            values = getattr(row, key)
-            if values is not None:
-                setattr(row, key, [value] * n + values if side == "left" else values + [value] * n)
+            rows = columns.get(key)
+            if rows and rows[0] is not None:
+                columns[key] = [_pad_list(row, width, value, side) for row in rows]
 
     def encode(self, text, text_pair=None, add_special_tokens=True, max_length=None,
                truncation=None, **options):
@@ -675,23 +685,22 @@ class BertTokenizer:
         strategy, max_length, pad_to = self._strategies(padding, truncation, max_length)
         row, = self._rows(_Seq(list(ids)), None if pair_ids is None else _Seq(list(pair_ids)),
                           add_special_tokens, strategy, max_length, 0, False)
+        columns = {key: [getattr(row, key)] for key in _Row.__slots__}
         if pad_to is not None:
             width = max_length if pad_to == "max_length" else len(row.input_ids)
             if pad_to_multiple_of:
                 width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
-            self._pad_row(row, width, _side("padding_side", padding_side or self.padding_side))
-        out = {"input_ids": row.input_ids}
-        if return_token_type_ids is not False:
-            out["token_type_ids"] = row.token_type_ids
-        if return_attention_mask is not False:
-            out["attention_mask"] = row.attention_mask
-        if return_special_tokens_mask:
-            out["special_tokens_mask"] = row.special_tokens_mask
+            self._pad_columns(columns, width,
+                              _side("padding_side", padding_side or self.padding_side))
+        keys = ["input_ids"] + ["token_type_ids"] * (return_token_type_ids is not False) \
+            + ["attention_mask"] * (return_attention_mask is not False) \
+            + ["special_tokens_mask"] * bool(return_special_tokens_mask)
+        out = {key: columns[key][0] for key in keys}
         if return_length:
-            out["length"] = len(row.input_ids)
+            out["length"] = len(out["input_ids"])
         if return_tensors == "np":
             out = {k: _array(k, [v]) for k, v in out.items()}
-        return BatchEncoding(out, [row], None, self)
+        return BatchEncoding(out, None, None, self)
 
     def pad(self, encoded_inputs, padding=True, max_length=None, pad_to_multiple_of=None,
             padding_side=None, return_attention_mask=None, return_tensors=None):
@@ -960,19 +969,15 @@ def _char_spans(token, words, split):
     return spans
 
 
-def _plain_row(input_ids, sep_token_id):
-    """The lean path's row of [CLS] text [SEP] (no word ids, no offsets)."""
-    n = len(input_ids)
-    return _Row(input_ids=input_ids, token_type_ids=[0] * n, attention_mask=[1] * n,
-                special_tokens_mask=[1] + [0] * (n - 2) + [1], offset_mapping=None,
-                word_ids=None, sequence_ids=None)
-
-
 def _pad_list(values, width, fill, side):
+    """values (a list of ours: extended in place on the right) padded to width."""
     n = width - len(values)
     if n <= 0:
         return values
-    return [fill] * n + values if side == "left" else values + [fill] * n
+    if side == "left":
+        return [fill] * n + values
+    values += [fill] * n
+    return values
 
 
 def _array(key, rows):
