@@ -675,3 +675,13 @@ def test_training_speed_on_a_zipfian_corpus():
     elapsed = time.perf_counter() - start
     assert len(vocab) == 2000
     assert elapsed < 15, f"training took {elapsed:.1f} s"
+
+
+def test_docs_tokenizer_example_runs():
+    """docs/tokenizer.md's example block runs as written (offsets, word ids, batch_decode)."""
+    import re
+    text = (ROOT / "docs" / "tokenizer.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/tokenizer.md", "exec"), {})
