@@ -449,3 +449,65 @@ def test_model_max_length_applies_as_in_transformers(tmp_path):
             fast(long_text, truncation=True)["input_ids"]
     finally:
         fast.model_max_length = ours().model_max_length
+
+
+# ---------------------------------------------------------------- the building blocks
+
+def legacy_classes():
+    pytest.importorskip("transformers")
+    try:
+        from transformers.models.bert import tokenization_bert_legacy as legacy
+    except ImportError:
+        from transformers.models.bert import tokenization_bert as legacy
+    return legacy
+
+
+@SETTINGS
+@given(text=any_text, lower=st.booleans(), split_on_punc=st.booleans(),
+       chinese=st.booleans())
+def test_basic_and_wordpiece_tokenizers_match_transformers(text, lower, split_on_punc, chinese):
+    """BasicTokenizer (do_split_on_punc, tokenize_chinese_chars, never_split per call) and
+    WordpieceTokenizer(vocab, unk_token, max_input_chars_per_word), word for word."""
+    from nanobert.data.tokenizer import BasicTokenizer, WordpieceTokenizer
+    legacy = legacy_classes()
+    options = dict(do_lower_case=lower, tokenize_chinese_chars=chinese,
+                   do_split_on_punc=split_on_punc)
+    words = BasicTokenizer(**options).tokenize(text, never_split=["[MASK]"])
+    assert words == legacy.BasicTokenizer(**options).tokenize(text, never_split=["[MASK]"])
+    vocab = ours().vocab
+    for max_chars in (100, 5):
+        pieces = WordpieceTokenizer(vocab, "[UNK]", max_chars).tokenize(" ".join(words))
+        assert pieces == legacy.WordpieceTokenizer(vocab, "[UNK]", max_chars).tokenize(
+            " ".join(words)), (text, max_chars)
+
+
+@SETTINGS
+@given(text=any_text)
+def test_do_basic_tokenize_false_matches_transformers(text):
+    """do_basic_tokenize=False: WordPiece straight on the whitespace-separated tokens."""
+    tok = BertTokenizer(VOCAB, do_basic_tokenize=False)
+    slow = _slow_without_basic()
+    assert tok.tokenize(text) == slow.tokenize(text), text
+    assert tok.encode(text) == slow.encode(text), text
+
+
+@functools.lru_cache(maxsize=None)
+def _slow_without_basic():
+    pytest.importorskip("transformers")
+    return slow_tokenizer(VOCAB, do_basic_tokenize=False)
+
+
+def test_a_vocab_without_pad_and_mask_is_read_as_transformers_reads_it(tmp_path):
+    """[PAD] and [MASK] missing from vocab.txt: appended after the last id, in transformers'
+    order, by both of its tokenizers and by nanobert; [MASK] in the text gets that id."""
+    tokens = [t for t in VOCAB.read_text(encoding="utf-8").splitlines()
+              if t not in ("[PAD]", "[MASK]")]
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    tok = BertTokenizer(path)
+    text = ["the [MASK] sat", "a"]
+    for reference in (fast_tokenizer(path), slow_tokenizer(path)):
+        assert (tok.pad_token_id, tok.mask_token_id) == \
+            (reference.pad_token_id, reference.mask_token_id) == (len(tokens), len(tokens) + 1)
+        assert tok(text, padding=True)["input_ids"] == reference(text, padding=True)["input_ids"]
+        assert len(tok) == len(reference)
