@@ -336,15 +336,6 @@ def test_plain_path_and_detailed_path_give_the_same_ids(text, lower):
     count("paths", True)
 
 
-def test_counts_of_compared_examples():
-    """Runs after the property tests (file order): prints how many examples each compared,
-    and why the others were not; most must be compared."""
-    for test, outcomes in sorted(COUNTS.items()):
-        print(f"{test}: " + "; ".join(f"{n} {key}" for key, n in sorted(outcomes.items())))
-        total = sum(outcomes.values())
-        assert outcomes.get("compared", 0) >= 0.7 * total, (test, outcomes)
-
-
 # ---------------------------------------------------------------- the other methods
 
 def test_special_tokens_mask_and_token_types_match_transformers():
@@ -511,3 +502,75 @@ def test_a_vocab_without_pad_and_mask_is_read_as_transformers_reads_it(tmp_path)
             (reference.pad_token_id, reference.mask_token_id) == (len(tokens), len(tokens) + 1)
         assert tok(text, padding=True)["input_ids"] == reference(text, padding=True)["input_ids"]
         assert len(tok) == len(reference)
+
+
+# ---------------------------------------------------------------- added tokens
+
+ADDED = ["newtok", "the", "Foo", "e-mail", "ñu", "x²y"]
+ADDED_SPECIAL = ["<ent>", "[E1]"]
+
+
+@functools.lru_cache(maxsize=None)
+def with_added(kind):
+    """nanobert's or transformers' Rust tokenizer with ADDED and ADDED_SPECIAL added."""
+    tok = ours.__wrapped__() if kind == "ours" else fast_tokenizer(VOCAB)
+    assert tok.add_tokens(ADDED) == len(ADDED)
+    assert tok.add_special_tokens({"additional_special_tokens": ADDED_SPECIAL}) == 2
+    return tok
+
+
+added_fragment = st.one_of(fragment, st.sampled_from(ADDED + ADDED_SPECIAL + [
+    "NEWTOK", "FOO", "foo", "E-MAIL", "Ñu", "<ENT>", "[e1]", "xnewtoky", "<ent>s"]))
+added_texts = st.lists(added_fragment, max_size=10).map(lambda parts: " ".join(parts))
+
+
+@SETTINGS
+@given(texts=st.lists(st.one_of(added_texts, st.lists(added_fragment, max_size=8).map("".join)),
+                      min_size=1, max_size=3))
+def test_added_tokens_match_transformers(texts):
+    """add_tokens / add_special_tokens: new ids after the vocab, a token not special matched
+    in the lower-cased text anywhere (even inside a word), a special one in the raw text;
+    the same ids, offsets, word ids and special-tokens mask as the Rust tokenizer. (Its
+    tokens() shows an added "Foo" as the "foo" it matched; nanobert's, as convert_ids_to_tokens
+    does in both: "Foo".)"""
+    if not all(rust_agrees_on_ids(t) for t in texts):
+        count("added", IDS_DIFFER)
+        return
+    fast, tok = with_added("rust"), with_added("ours")
+    options = dict(padding=True, return_offsets_mapping=True, return_special_tokens_mask=True)
+    want, got = fast(texts, **options), tok(texts, **options)
+    assert as_lists(got) == as_lists(want), texts
+    for i in range(len(texts)):
+        assert got.word_ids(i) == want.word_ids(i), texts[i]
+    count("added", True)
+
+
+def test_added_tokens_are_saved_and_reloaded_by_both(tmp_path):
+    """save_pretrained writes the added tokens into vocab.txt at their ids and marks them in
+    tokenizer_config.json as transformers does: nanobert and transformers both reload them."""
+    transformers = pytest.importorskip("transformers")
+    tok = with_added("ours")
+    tok.save_pretrained(tmp_path)
+    again = BertTokenizer.from_pretrained(tmp_path)
+    theirs = transformers.BertTokenizer.from_pretrained(str(tmp_path))
+    assert again.added_tokens == tok.added_tokens
+    assert again.all_special_tokens == tok.all_special_tokens == theirs.all_special_tokens
+    assert len(again) == len(tok) == len(theirs)
+    text = ["a NEWTOK <ent> and Foo's e-mail [E1]", "ñu xnewtoky <ENT>"]
+    assert again(text, padding=True) == tok(text, padding=True) == \
+        dict(theirs(text, padding=True))
+    assert again.batch_decode(again(text)["input_ids"], skip_special_tokens=True) == \
+        ["a newtok and Foo's e-mail", "ñu x newtok y < ent >"]   # an added token as added
+    with pytest.raises(ValueError, match="without whitespace"):
+        tok.add_tokens(["two words"])
+    with pytest.raises(ValueError, match="cls_token='<s>' is not supported"):
+        tok.add_special_tokens({"cls_token": "<s>"})
+
+
+def test_counts_of_compared_examples():
+    """Runs last (file order): prints how many examples each compared,
+    and why the others were not; most must be compared."""
+    for test, outcomes in sorted(COUNTS.items()):
+        print(f"{test}: " + "; ".join(f"{n} {key}" for key, n in sorted(outcomes.items())))
+        total = sum(outcomes.values())
+        assert outcomes.get("compared", 0) >= 0.7 * total, (test, outcomes)

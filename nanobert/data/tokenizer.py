@@ -173,10 +173,7 @@ class BertTokenizer:
         self.unk_token, self.sep_token, self.pad_token = unk_token, sep_token, pad_token
         self.cls_token, self.mask_token = cls_token, mask_token
         self.never_split = frozenset(never_split or ())
-        specials = (pad_token, unk_token, cls_token, sep_token, mask_token)
-        # HF's order
-        self.all_special_tokens = [unk_token, sep_token, pad_token, cls_token, mask_token]
-        self.all_special_ids = [self.vocab[t] for t in self.all_special_tokens]
+        self.added_tokens = {}            # add_tokens: token -> special (True / False)
         self.unk_token_id, self.sep_token_id = self.vocab[unk_token], self.vocab[sep_token]
         self.pad_token_id, self.cls_token_id = self.vocab[pad_token], self.vocab[cls_token]
         self.mask_token_id = self.vocab[mask_token]
@@ -185,27 +182,88 @@ class BertTokenizer:
 
         if do_basic_tokenize:
             self.basic_tokenizer = BasicTokenizer(
-                do_lower_case=do_lower_case, never_split=self.never_split | set(specials),
-                tokenize_chinese_chars=tokenize_chinese_chars, strip_accents=strip_accents)
+                do_lower_case=do_lower_case, tokenize_chinese_chars=tokenize_chinese_chars,
+                strip_accents=strip_accents)
         else:
             self.basic_tokenizer = _WhitespaceSplitter()
         self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, unk_token,
                                                       max_input_chars_per_word)
-        # Special tokens are cut out with one regex of literals, the longest first, so one
-        # that is a prefix of another cannot cut it short.
-        by_length = sorted(set(specials), key=lambda t: (-len(t), t))
-        self._special_pattern = re.compile("(" + "|".join(map(re.escape, by_length)) + ")")
+        self._cache_size = cache_size
+        self._rebuild()
+
+    def _rebuild(self):
+        """The special and added tokens' tables and patterns, and empty word caches: at
+        construction and after add_tokens."""
+        extra = [t for t, special in self.added_tokens.items() if special]
+        # HF's order, then the added special tokens
+        self.all_special_tokens = [self.unk_token, self.sep_token, self.pad_token,
+                                   self.cls_token, self.mask_token] + extra
+        self.all_special_ids = [self.vocab[t] for t in self.all_special_tokens]
+        specials = set(self.all_special_tokens)
+        if isinstance(self.basic_tokenizer, BasicTokenizer):
+            # (added special tokens are cut out of the raw text only: "<ENT>" is not "<ent>")
+            self.basic_tokenizer.never_split = self.never_split | set(self.all_special_tokens[:5])
+            # Added tokens that are not special are matched in the normalized text (as
+            # transformers' Rust tokenizer does: "Foo" added matches "FOO" when uncased).
+            normal = {self.basic_tokenizer.normalize(t): self.vocab[t]
+                      for t, special in self.added_tokens.items() if not special}
+            self._added_ids = normal
+            self.basic_tokenizer.added_pattern = _literals(normal) if normal else None
+        else:
+            self._added_ids = {}
+        # Special tokens are cut out of the raw text with one regex of literals.
+        self._special_pattern = _literals(specials)
         self._special_split = self._special_pattern.split
         # The one character all special tokens start with ("[" for BERT's): a text without it
         # holds none. "" (found in every text) if they start differently.
         heads = {t[0] for t in specials}
         self._special_head = heads.pop() if len(heads) == 1 else ""
         # Two levels: whitespace token ("dog,") -> ids, and its words ("dog", ",") -> ids.
-        self._pieces = _Cache(self._token_pieces, cache_size)
-        self._ids = _Cache(self._token_ids, cache_size)
-        self._word_pieces = _Cache(self._word_pieces_uncached, cache_size)
-        self._word_ids = _Cache(self._word_ids_uncached, cache_size)
-        self._token_details = _Cache(self._token_details_uncached, cache_size)
+        size = self._cache_size
+        self._pieces = _Cache(self._token_pieces, size)
+        self._ids = _Cache(self._token_ids, size)
+        self._word_pieces = _Cache(self._word_pieces_uncached, size)
+        self._word_ids = _Cache(self._word_ids_uncached, size)
+        self._token_details = _Cache(self._token_details_uncached, size)
+
+    def add_tokens(self, new_tokens, special_tokens=False):
+        """Add tokens to the vocab (new ids after the last), matched in the text before
+        WordPiece and never split; as transformers' Rust tokenizer: a token not special is
+        matched in the lower-cased (uncased) text, anywhere, a special one in the raw text.
+        A token already in the vocab keeps its id and is matched the same way. Saved with the
+        vocab by save_pretrained. -> how many tokens became added tokens."""
+        if isinstance(new_tokens, str):
+            new_tokens = [new_tokens]
+        if not isinstance(self.basic_tokenizer, BasicTokenizer):
+            raise ValueError("add_tokens needs do_basic_tokenize=True")
+        count = 0
+        for token in new_tokens:
+            if not isinstance(token, str) or not token or any(c.isspace() for c in token):
+                raise ValueError(f"an added token must be a str without whitespace, got "
+                                 f"{token!r}")
+            if token in self.added_tokens:
+                continue
+            if token not in self.vocab:
+                self.vocab[token] = len(self.vocab)
+                self.ids_to_tokens.append(token)
+            self.added_tokens[token] = bool(special_tokens)
+            count += 1
+        self._rebuild()
+        return count
+
+    def add_special_tokens(self, special_tokens_dict):
+        """{"additional_special_tokens": [...]} -> add them as special tokens (never split,
+        matched in the raw text, left out by decode(skip_special_tokens=True)). The five named
+        special tokens cannot be replaced here (give them to the constructor)."""
+        count = 0
+        for key, value in special_tokens_dict.items():
+            if key in ("additional_special_tokens", "extra_special_tokens"):
+                count += self.add_tokens(list(value), special_tokens=True)
+            elif getattr(self, key, None) != value:
+                raise ValueError(f"add_special_tokens: {key}={value!r} is not supported (only "
+                                 "additional_special_tokens; the five named special tokens "
+                                 "are set by the constructor)")
+        return count
 
     # -- the pipeline (wordpiece.py explains each step)
 
@@ -214,11 +272,15 @@ class BertTokenizer:
         return self.wordpiece_tokenizer.wordpiece(word)
 
     def _word_pieces_uncached(self, word):
+        if word in self._added_ids:
+            return (self.ids_to_tokens[self._added_ids[word]],)
         if word in self.basic_tokenizer.never_split:
             return (word,)                           # as HF: kept as is, even if not in the vocab
         return tuple(self.wordpiece(word))
 
     def _word_ids_uncached(self, word):
+        if word in self._added_ids:
+            return (self._added_ids[word],)
         if word in self.basic_tokenizer.never_split:
             return (self.vocab.get(word, self.unk_token_id),)
         return tuple(map(self.vocab.__getitem__, self.wordpiece(word)))   # pieces are in the vocab
@@ -753,6 +815,7 @@ class BertTokenizer:
         saves) gives the vocab and the normalizer's options from there (see
         read_tokenizer_json), which come before tokenizer_config.json's."""
         path = os.fspath(path)
+        added, config_path = {}, None
         if os.path.isdir(path):
             vocab = os.path.join(path, VOCAB_NAME)
             json_path = os.path.join(path, TOKENIZER_JSON_NAME)
@@ -773,8 +836,19 @@ class BertTokenizer:
                 length = config.get("model_max_length")
                 if isinstance(length, int) and 0 < length < VERY_LARGE_INTEGER:
                     kwargs.setdefault("model_max_length", length)
+                added = config.get("added_tokens_decoder") or {}
             path = vocab
-        return cls(path, **kwargs)
+        tokenizer = cls(path, **kwargs)
+        for index, entry in sorted(added.items(), key=lambda item: int(item[0])):
+            content = entry.get("content")
+            if content in tokenizer.all_special_tokens:
+                continue
+            tokenizer.add_tokens([content], special_tokens=bool(entry.get("special")))
+            if tokenizer.vocab[content] != int(index):
+                raise ValueError(f"{config_path}: added token {content!r} has id {index} there "
+                                 f"but {tokenizer.vocab[content]} after the vocab's "
+                                 f"{tokenizer.vocab_size - 1} tokens")
+        return tokenizer
 
     def save_vocabulary(self, save_directory):
         """Write vocab.txt into save_directory (made if missing); returns (path,)."""
@@ -794,6 +868,15 @@ class BertTokenizer:
                   "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces}
         if self.model_max_length < VERY_LARGE_INTEGER:
             config["model_max_length"] = self.model_max_length
+        if self.added_tokens:
+            # vocab.txt holds them at their ids; this marks them added, in transformers' form
+            config["added_tokens_decoder"] = {
+                str(self.vocab[t]): {"content": t, "lstrip": False, "normalized": not special,
+                                     "rstrip": False, "single_word": False, "special": special}
+                for t, special in self.added_tokens.items()}
+            extra = [t for t, special in self.added_tokens.items() if special]
+            if extra:
+                config["extra_special_tokens"] = extra
         config_path = os.path.join(save_directory, TOKENIZER_CONFIG_NAME)
         with open(config_path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
@@ -850,6 +933,13 @@ def read_tokenizer_json(path):
 
 
 # ----------------------------------------------------------------------------- call helpers
+
+def _literals(strings):
+    """A regex matching any of `strings` (captured), the longest first, so one that is a
+    prefix of another cannot cut it short."""
+    by_length = sorted(set(strings), key=lambda t: (-len(t), t))
+    return re.compile("(" + "|".join(map(re.escape, by_length)) + ")")
+
 
 def _side(name, side):
     if side not in ("right", "left"):

@@ -213,6 +213,7 @@ class BasicTokenizer:
         # As HF: uncased strips accents unless strip_accents is False; cased only if True.
         self._strip = (strip_accents is not False) if do_lower_case else bool(strip_accents)
         self._clean = _CLEAN[bool(tokenize_chinese_chars)]
+        self.added_pattern = None
 
     def whitespace_words(self, text):
         """Clean, space out CJK, NFC-normalise, split on whitespace (steps 2-4)."""
@@ -224,22 +225,35 @@ class BasicTokenizer:
         # str.split also splits at U+2028/U+2029 (Zl, Zp), as HF's whitespace_tokenize does.
         return unicodedata.normalize("NFC", text.translate(self._clean)).split()
 
-    def split_word(self, token):
-        """One whitespace-separated token -> its words (step 5)."""
-        if token in self.never_split:
-            return [token]
+    def normalize(self, token):
+        """Lower-case, and strip accents (NFD, then drop the combining marks) when asked."""
         if self.do_lower_case:
             token = token.lower()
-        if token.isascii():
-            if token in self.never_split or not self.do_split_on_punc:
-                return [token]
-            return token.translate(_ASCII_SPACE_PUNCT).split()
-        if self._strip:
+        if self._strip and not token.isascii():
             token = unicodedata.normalize("NFD", token).translate(_STRIP_MARKS)
+        return token
+
+    def split_word(self, token):
+        """One whitespace-separated token -> its words (step 5). Tokens added to the vocab
+        (added_pattern, set by BertTokenizer.add_tokens) are cut out before the punctuation
+        split, each a word of its own."""
+        if token in self.never_split:
+            return [token]
+        token = self.normalize(token)
         if token in self.never_split:                # HF checks again after lower-casing
             return [token]
+        if self.added_pattern is not None:
+            parts = self.added_pattern.split(token)
+            if len(parts) > 1:
+                return [word for i, part in enumerate(parts)
+                        for word in ([part] if i % 2 else self._split_punctuation(part))]
+        return self._split_punctuation(token)
+
+    def _split_punctuation(self, token):
         if not self.do_split_on_punc:
             return [token] if token else []
+        if token.isascii():
+            return token.translate(_ASCII_SPACE_PUNCT).split()
         return token.translate(_SPACE_PUNCT).split()  # [] for a token of combining marks only
 
     def tokenize(self, text, never_split=None):
