@@ -547,6 +547,8 @@ class BertTokenizer:
         return self._encode(text, text_pair, options, detailed=False)
 
     def _encode(self, text, text_pair, options, detailed):
+        """__call__: check the options, make the rows, pad them, pick the keys asked for.
+        detailed: take the character-walking path even if no option needs it (word_ids)."""
         strategy, max_length, pad_to = self._strategies(
             options["padding"], options["truncation"], options["max_length"])
         if options["return_tensors"] not in (None, "np"):
@@ -557,13 +559,33 @@ class BertTokenizer:
             raise ValueError(f"truncation to max_length={max_length} and padding to a multiple "
                              f"of {multiple} contradict each other (as transformers refuses)")
         padding_side = _side("padding_side", options["padding_side"] or self.padding_side)
-        split = options["is_split_into_words"]
         overflow = options["return_overflowing_tokens"]
-        detailed = detailed or split or overflow or options["return_offsets_mapping"]
+        detailed = detailed or options["is_split_into_words"] or overflow \
+            or options["return_offsets_mapping"]
+        batched, columns, sample = self._columns(text, text_pair, options, strategy, max_length,
+                                                 detailed)
+        if pad_to is not None:
+            width = max_length if pad_to == "max_length" else max(
+                map(len, columns["input_ids"]), default=0)
+            if multiple:
+                width = -(-width // multiple) * multiple
+            self._pad_columns(columns, width, padding_side)
+        out = _outputs(columns, sample, options)
+        if options["return_tensors"] == "np":
+            out = {key: _array(key, value) for key, value in out.items()}
+        elif not batched and not overflow:      # as transformers: "length" stays a list
+            out = {key: value if key == "length" else value[0] for key, value in out.items()}
+        recompute = None if detailed else \
+            lambda: self._encode(text, text_pair, options, detailed=True)
+        return BatchEncoding(out, columns, recompute, self)
+
+    def _columns(self, text, text_pair, options, strategy, max_length, detailed):
+        """The inputs -> (batched, {key: per-row lists of _Row's fields}, each row's input
+        index), truncated (into windows with overflow), special tokens added, not padded."""
+        split = options["is_split_into_words"]
         lean = (not detailed and isinstance(text, (list, tuple)) and text_pair is None
                 and options["add_special_tokens"] and (strategy is None or max_length is None)
                 and all(type(t) is str for t in text))
-        batched, items = (True, None) if lean else _batch_items(text, text_pair, split)
         if lean:
             # The common case, kept lean: a batch of single texts, nothing to truncate, no
             # per-token work beyond the ids.
@@ -574,44 +596,21 @@ class BertTokenizer:
             if options["return_special_tokens_mask"]:
                 columns["special_tokens_mask"] = [[1] + [0] * (len(ids) - 2) + [1]
                                                   for ids in input_ids]
-            sample = None
+            batched, sample = True, None
         else:
+            batched, items = _batch_items(text, text_pair, split)
             encode = (self._detailed_words if split else self._detailed) if detailed \
                 else lambda t: _Seq(self._text_ids(t))
             rows, sample = [], []
             for index, (a, b) in enumerate(items):
                 seq_a, seq_b = encode(a), None if b is None else encode(b)
                 for row in self._rows(seq_a, seq_b, options["add_special_tokens"], strategy,
-                                      max_length, options["stride"], overflow):
+                                      max_length, options["stride"],
+                                      options["return_overflowing_tokens"]):
                     rows.append(row)
                     sample.append(index)
             columns = {key: [getattr(row, key) for row in rows] for key in _Row.__slots__}
-        if pad_to is not None:
-            width = max_length if pad_to == "max_length" else max(
-                map(len, columns["input_ids"]), default=0)
-            if multiple:
-                width = -(-width // multiple) * multiple
-            self._pad_columns(columns, width, padding_side)
-        out = {"input_ids": columns["input_ids"]}
-        if options["return_token_type_ids"] is not False:
-            out["token_type_ids"] = columns["token_type_ids"]
-        if options["return_attention_mask"] is not False:
-            out["attention_mask"] = columns["attention_mask"]
-        if options["return_special_tokens_mask"]:
-            out["special_tokens_mask"] = columns["special_tokens_mask"]
-        if options["return_offsets_mapping"]:
-            out["offset_mapping"] = columns["offset_mapping"]
-        if options["return_length"]:
-            out["length"] = list(map(len, columns["input_ids"]))
-        if overflow:
-            out["overflow_to_sample_mapping"] = sample
-        if options["return_tensors"] == "np":
-            out = {key: _array(key, value) for key, value in out.items()}
-        elif not batched and not overflow:      # as transformers: "length" stays a list
-            out = {key: value if key == "length" else value[0] for key, value in out.items()}
-        recompute = None if detailed else \
-            lambda: self._encode(text, text_pair, options, detailed=True)
-        return BatchEncoding(out, columns, recompute, self)
+        return batched, columns, sample
 
     def _strategies(self, padding, truncation, max_length):
         """transformers' rules -> (truncation strategy or None, max_length, padding or None)."""
@@ -1057,6 +1056,24 @@ def _char_spans(token, words, split):
     if previous != joined:                     # a normalisation no prefix predicts: whole token
         return [(0, len(token))] * len(joined)
     return spans
+
+
+def _outputs(columns, sample, options):
+    """The keys the options ask for, in transformers' order."""
+    out = {"input_ids": columns["input_ids"]}
+    if options["return_token_type_ids"] is not False:
+        out["token_type_ids"] = columns["token_type_ids"]
+    if options["return_attention_mask"] is not False:
+        out["attention_mask"] = columns["attention_mask"]
+    if options["return_special_tokens_mask"]:
+        out["special_tokens_mask"] = columns["special_tokens_mask"]
+    if options["return_offsets_mapping"]:
+        out["offset_mapping"] = columns["offset_mapping"]
+    if options["return_length"]:
+        out["length"] = list(map(len, columns["input_ids"]))
+    if options["return_overflowing_tokens"]:
+        out["overflow_to_sample_mapping"] = sample
+    return out
 
 
 def _pad_list(values, width, fill, side):
