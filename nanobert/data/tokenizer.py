@@ -353,7 +353,7 @@ class BertTokenizer:
     def _detailed_part(self, text, start, end, word, ids, words, offsets):
         """The tokens of text[start:end] (no special token inside) appended to the lists;
         -> the next word index."""
-        part = text[start:end]
+        part, origin = text[start:end], None
         if self.do_basic_tokenize and not (part.isascii() and part.isprintable()):
             # Cleaning deletes some characters and spaces out CJK ones: origin[i] is the
             # index in `part` of the i-th character of the cleaned text.
@@ -363,15 +363,18 @@ class BertTokenizer:
                 pieces.append(cleaned)
                 origin.extend([i] * len(cleaned))
             part = "".join(pieces)
-        else:
-            origin = range(len(part))
+        details = self._token_details
         for match in _NON_SPACE.finditer(part):
-            token_ids, token_words, spans, n_words = self._token_details[match.group()]
+            token_ids, token_words, spans, n_words = details[match.group()]
             base = match.start()
-            ids.extend(token_ids)
-            words.extend(word + w for w in token_words)
-            offsets.extend((start + origin[base + s], start + origin[base + e - 1] + 1)
-                           for s, e in spans)
+            ids += token_ids
+            words += [word + w for w in token_words]
+            if origin is None:                      # nothing cleaned: positions are as given
+                shift = start + base
+                offsets += [(shift + s, shift + e) for s, e in spans]
+            else:
+                offsets += [(start + origin[base + s], start + origin[base + e - 1] + 1)
+                            for s, e in spans]
             word += n_words
         return word
 
