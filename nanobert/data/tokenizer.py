@@ -718,9 +718,10 @@ class BertTokenizer:
             if rows and rows[0] is not None:
                 columns[key] = [_pad_list(row, width, value, side) for row in rows]
 
-    def encode(self, text, text_pair=None, add_special_tokens=True, max_length=None,
+    def encode(self, text, text_pair=None, add_special_tokens=True, *, max_length=None,
                truncation=None, **options):
-        """Text (and an optional pair) -> one list of ids (__call__'s input_ids)."""
+        """Text (and an optional pair) -> one list of ids (__call__'s input_ids; the other
+        options by keyword, as __call__ takes them)."""
         if max_length is None and not options and text_pair is None:
             ids = self._text_ids(text)                   # the common case, kept lean
             return self.build_inputs_with_special_tokens(ids) if add_special_tokens else ids
