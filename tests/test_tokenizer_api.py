@@ -167,6 +167,13 @@ def compare(reference, text, text_pair, options, test, mine=None):
             mine(text, text_pair, **options)
         count(test, True)
         return f"refused: {type(e).__name__}"
+    if any(isinstance(v, numpy.ndarray) and v.dtype.kind == "O" for v in want.values()):
+        # rows of several lengths as arrays: transformers makes a ragged object array,
+        # nanobert refuses (padding to max_length shorter than a row pads nothing)
+        with pytest.raises(ValueError, match="needs sequences of one length"):
+            mine(text, text_pair, **options)
+        count(test, True)
+        return "ragged"
     max_length, truncation = options.get("max_length"), options.get("truncation")
     rows = as_lists(want)["input_ids"]
     rows = rows if rows and isinstance(rows[0], list) else [rows]
