@@ -11,8 +11,10 @@ transformers on generated text.
 Two paths, one answer. The plain call (ids, token types, attention mask; truncation; padding)
 runs on the cached word -> ids tables with no per-token Python. An option that needs to know
 where each token came from (offsets, word ids, overflowing windows, pre-split words) runs the
-detailed path, which walks the text character by character; its ids are the plain path's
-(tested), and BatchEncoding.word_ids() on a plain call re-runs that call on the detailed path.
+detailed path, which follows every token back to its characters (character by character
+where cleaning changed the text); its ids are the plain path's (tested), and
+BatchEncoding.word_ids() on a plain call re-runs that call on the detailed path. How a pair is
+truncated "longest_first" is the Python tokenizer's and the original BERT's.
 """
 import itertools
 import json

@@ -213,7 +213,7 @@ class BasicTokenizer:
         # As HF: uncased strips accents unless strip_accents is False; cased only if True.
         self._strip = (strip_accents is not False) if do_lower_case else bool(strip_accents)
         self._clean = _CLEAN[bool(tokenize_chinese_chars)]
-        self.added_pattern = None
+        self.added_pattern = None        # a regex of the added tokens (BertTokenizer.add_tokens)
 
     def whitespace_words(self, text):
         """Clean, space out CJK, NFC-normalise, split on whitespace (steps 2-4)."""
