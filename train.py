@@ -28,6 +28,7 @@ import numpy
 from nanobert import BertConfig, BertForPreTraining, average_gradients, flags, learning_rate
 from nanobert.backend import default_rng
 from nanobert.data.pretraining_data import sha256_file
+from nanobert.data.pretraining_instances import input_files
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
 from nanobert.model.flat import flat_buffer
@@ -89,10 +90,11 @@ RESUME_FIXED = ("data", "seed", "cased", "dupe_factor", "max_predictions_per_seq
 
 
 def parse_args(argv=None):
-    args = flags.parser(__doc__, [
+    parser = flags.parser(__doc__, [
         ("data", add_data_arguments), ("model", add_model_arguments),
         ("optimisation", add_optimisation_arguments), ("run", add_run_arguments),
-    ]).parse_args(argv)
+    ])
+    args = parser.parse_args(argv)
     if args.lr is None:
         args.lr = 5e-4 if args.config else PRESETS[args.preset].lr
     corpus = corpus_files(args.corpus, DATA)     # --data / --heldout default to its files
@@ -100,6 +102,17 @@ def parse_args(argv=None):
         args.data = [corpus["train"]]
     if args.heldout is None:
         args.heldout = [corpus["heldout"]]
+    elif args.heldout == ["none"]:
+        args.heldout = []
+    # A missing path is refused now, not after minutes of building the training data; the
+    # corpus's own files may not exist yet (prepare_corpus converts them on first use).
+    for flag, paths in (("--data", args.data), ("--heldout", args.heldout)):
+        for path in paths:
+            if path not in corpus.values():
+                try:
+                    input_files(path)
+                except (OSError, ValueError) as e:
+                    parser.error(f"argument {flag}: {e}")
     if args.minutes is None and args.steps is None and not args.resume:
         args.minutes = 10.0                     # the no-argument run: a ten-minute budget
     return args
@@ -114,8 +127,9 @@ def add_data_arguments(g):
                    help="training text: files and/or folders (default: --corpus's training "
                         "documents)")
     g.add_argument("--heldout", nargs="*",
-                   help="held-out text for evaluation (default: --corpus's held-out documents; "
-                        "none to skip)")
+                   help="held-out text for evaluation: files and/or folders (default: "
+                        "--corpus's held-out documents; '--heldout none' or a bare --heldout: "
+                        "no held-out evaluation)")
     g.add_argument("--heldout-dupe-factor", type=flags.positive_int, default=1,
                    help="passes over the held-out text (more pairs/masks for a tighter estimate)")
     g.add_argument("--vocab", help="vocab.txt to use (default: <first data folder>/"

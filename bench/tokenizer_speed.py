@@ -5,7 +5,9 @@
 FILE: UTF-8 text, one text per line (.gz allowed); default data/brown/train.txt.gz, or the
 adversarial Unicode set of the tests repeated to ~100k words when the corpus is absent.
 Each tokenizer encodes every line as a batch, the way a data pipeline would:
-tokenizer(lines) -> input_ids, token_type_ids, attention_mask with [CLS]/[SEP]. Words are the
+tokenizer(lines) -> input_ids, token_type_ids, attention_mask with [CLS]/[SEP]; and again with
+return_offsets_mapping=True (nanobert's character-walking path, which word ids, overflowing
+windows and pre-split words take too). Words are the
 file's whitespace-separated tokens; the figure is the median of --repeats runs. nanobert runs
 with a fresh (cold) word cache each time, and again warm. transformers' Python tokenizer does
 only the first --slow-words words (it is slow); --train-vocab N also times vocab training.
@@ -65,7 +67,9 @@ def transformers_contenders(vocab, lines, words, slow_words):
     from reference.tokenizer_fixture import fast_tokenizer, slow_tokenizer
     fast, slow = fast_tokenizer(vocab), slow_tokenizer(vocab)
     threads = os.environ.get("RAYON_NUM_THREADS", os.cpu_count())
-    contenders = {f"transformers Rust ({threads} threads)": (words, lambda: fast(lines))}
+    contenders = {f"transformers Rust ({threads} threads)": (words, lambda: fast(lines)),
+                  "transformers Rust, with offsets": (
+                      words, lambda: fast(lines, return_offsets_mapping=True))}
     backend = getattr(fast, "_tokenizer", None)      # the tokenizers.Tokenizer inside
     if backend is not None:
         contenders["  its Rust core alone (encode_batch)"] = (
@@ -106,6 +110,9 @@ def main(argv=None):
     contenders = {
         "nanobert, cold cache": (words, lambda: BertTokenizer(vocab)(lines)),
         "nanobert, warm cache": (words, lambda: warm(lines)),
+        # the character-walking path: what offsets, word ids, windows and pre-split words cost
+        "nanobert, with offsets (warm)": (words,
+                                          lambda: warm(lines, return_offsets_mapping=True)),
     }
     try:
         import transformers
@@ -124,6 +131,10 @@ def main(argv=None):
                 theirs = theirs["input_ids"]
                 same = sum(a == b for a, b in zip(theirs, ours))
                 print(f"  {name}: ids identical to nanobert's on {same:,} of {len(theirs):,} lines")
+        offsets = results["nanobert, with offsets (warm)"][1]["offset_mapping"]
+        theirs = results["transformers Rust, with offsets"][1]["offset_mapping"]
+        same = sum(list(a) == list(b) for a, b in zip(offsets, theirs))
+        print(f"  offsets identical to transformers Rust's on {same:,} of {len(theirs):,} lines")
     reference = results["nanobert, cold cache"][0]
     print(f"\n{'':38s}{'words/s':>12s}   nanobert (cold) is")
     for name, (rate, _) in results.items():

@@ -288,3 +288,31 @@ def test_a_device_as_data_is_said_to_be_not_a_regular_file(tmp_path):
         run(tmp_path, tmp_path / "run", "--steps", "1", "--data", "/dev/zero")
     message = str(refused.value)
     assert "'/dev/zero' is not a regular file: it is a character device" in message, message
+
+
+# ----------------------------------------------------------------- --heldout and --data paths
+
+def test_heldout_none_skips_the_heldout_evaluation_as_the_help_says(capsys):
+    assert train.parse_args(["--heldout", "none"]).heldout == []
+    assert train.parse_args(["--heldout"]).heldout == []
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "'--heldout none' or a bare --heldout: no held-out evaluation" in help_text, help_text
+
+
+@pytest.mark.parametrize("flag", ["--heldout", "--data"])
+def test_a_missing_data_or_heldout_path_is_refused_before_any_work(flag, tmp_path, capsys):
+    """Refused by the argument parser (exit 2, the flag and the path named), not after the
+    training data has been built."""
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(SystemExit) as stopped:
+        train.parse_args([flag, str(BROWN / "heldout.txt.gz"), str(missing)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2 and f"argument {flag}" in error and str(missing) in error \
+        and "not found" in error, error
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        train.parse_args([flag, str(empty)])
+    assert "holds no .txt or .txt.gz file" in capsys.readouterr().err

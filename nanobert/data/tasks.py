@@ -458,33 +458,24 @@ def featurize_tokens(tokenizer, examples, max_seq_length, label_list=None):
     stats = {"examples": len(examples), "truncated": 0, "words_cut": 0, "words_without_pieces": 0}
     budget = max_seq_length - 2
     for e in examples:
-        ids, row_labels, firsts = [tokenizer.cls_token_id], [IGNORE_INDEX], []
-        cut = False
-        for k, word in enumerate(e.words):
-            pieces = tokenizer.encode(word, add_special_tokens=False)
-            if labeled and e.tags[k] not in index:
-                raise ValueError(f"{_where(e.path, e.lines[k])}: tag {e.tags[k]!r} is not in "
-                                 f"the label set {label_list}")
-            if not pieces:
-                stats["words_without_pieces"] += 1
-                firsts.append(-1)
-                continue
-            room = budget - (len(ids) - 1)
-            if room <= 0:
-                cut = True
-                stats["words_cut"] += 1
-                firsts.append(-1)
-                continue
-            if len(pieces) > room:
-                cut = True
-                pieces = pieces[:room]
-            firsts.append(len(ids))
-            label = index[e.tags[k]] if labeled else IGNORE_INDEX
-            row_labels.extend([label] + [IGNORE_INDEX] * (len(pieces) - 1))
-            ids.extend(pieces)
-        ids.append(tokenizer.sep_token_id)
-        row_labels.append(IGNORE_INDEX)
-        stats["truncated"] += cut
+        for k, tag in enumerate(e.tags if labeled else ()):
+            if tag not in index:
+                raise ValueError(f"{_where(e.path, e.lines[k])}: tag {tag!r} is not in the "
+                                 f"label set {label_list}")
+        encoded = tokenizer(e.words, is_split_into_words=True, add_special_tokens=False)
+        starts = {}                                  # word -> the position of its first piece
+        for position, word in enumerate(encoded.word_ids()):
+            starts.setdefault(word, position)
+        firsts = [starts[k] + 1 if starts.get(k, budget) < budget else -1
+                  for k in range(len(e.words))]      # + 1: after [CLS]
+        stats["words_without_pieces"] += len(e.words) - len(starts)
+        stats["words_cut"] += sum(position >= budget for position in starts.values())
+        stats["truncated"] += len(encoded["input_ids"]) > budget
+        ids = [tokenizer.cls_token_id, *encoded["input_ids"][:budget], tokenizer.sep_token_id]
+        row_labels = [IGNORE_INDEX] * len(ids)
+        for k, first in enumerate(firsts if labeled else ()):
+            if first >= 0:
+                row_labels[first] = index[e.tags[k]]
         input_ids.append(ids)
         token_type_ids.append([0] * len(ids))
         labels.append(row_labels)

@@ -221,6 +221,31 @@ def evaluate_squad(args, tokenizer, data, examples, features, outputs):
             scores["exact"] = scores.pop("exact_match")
     return scores, (predictions, nbest, null_odds)
 
+
+# Dev scores where lower is better: --metric keeps the checkpoint with the lowest of these.
+LOWER_IS_BETTER = frozenset({"loss"})
+
+
+def selectable_metrics(scores):
+    """The dev scores --metric may pick: numbers, not counts ("total", "HasAns_total") nor
+    thresholds ("best_f1_thresh") nor per-type tables."""
+    return sorted(k for k, v in scores.items()
+                  if isinstance(v, (int, float)) and not k.endswith(("total", "_thresh")))
+
+
+def is_better(metric, scores, best_score):
+    """Whether scores[metric] beats best_score (None: nothing yet): higher for a score, lower
+    for a loss. A metric that is not among `scores` is refused, naming the ones that are."""
+    allowed = selectable_metrics(scores)
+    if metric not in allowed:
+        raise SystemExit(f"error: --metric {metric} is not among the dev scores; pick one of "
+                         f"{', '.join(allowed)}")
+    if best_score is None:
+        return True
+    score = scores[metric]
+    return score < best_score if metric in LOWER_IS_BETTER else score > best_score
+
+
 # ------------------------------------------------------------ prediction files, per task
 
 
