@@ -162,7 +162,7 @@ def test_a_missing_package_names_the_command(monkeypatch):
 # ---------------------------------------------------------------------- train.py --corpus
 
 
-def test_brown_stays_the_default_and_the_corpus_sets_data_and_heldout():
+def test_brown_stays_the_default_and_the_corpus_sets_data_and_heldout(tmp_path):
     def path(name, split):
         return os.path.join(train.DATA, name, f"{split}.txt.gz")
     args = train.parse_args([])
@@ -171,8 +171,10 @@ def test_brown_stays_the_default_and_the_corpus_sets_data_and_heldout():
     assert Path(args.data[0]).resolve() == DATA / "brown" / "train.txt.gz"
     args = train.parse_args(["--corpus", "sotu-wiki", "--heldout"])
     assert (args.data, args.heldout) == ([path("sotu-wiki", "train")], [])
-    args = train.parse_args(["--corpus", "sotu-wiki", "--data", "mine.txt"])
-    assert (args.data, args.heldout) == (["mine.txt"], [path("sotu-wiki", "heldout")])
+    mine = tmp_path / "mine.txt"                  # a path given must exist (refused otherwise)
+    mine.write_text("One sentence.\n")
+    args = train.parse_args(["--corpus", "sotu-wiki", "--data", str(mine)])
+    assert (args.data, args.heldout) == ([str(mine)], [path("sotu-wiki", "heldout")])
 
 
 def test_an_unknown_corpus_is_one_line(capsys):
