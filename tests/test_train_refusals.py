@@ -283,10 +283,12 @@ def test_resume_accepts_flags_that_do_not_change_the_steps(tmp_path):
 
 # ----------------------------------------------------------------- not a regular file
 
-def test_a_device_as_data_is_said_to_be_not_a_regular_file(tmp_path):
-    with pytest.raises(ValueError) as refused:
+def test_a_device_as_data_is_said_to_be_not_a_regular_file(tmp_path, capsys):
+    """Refused by the argument parser (exit 2), before any data is built."""
+    with pytest.raises(SystemExit) as refused:
         run(tmp_path, tmp_path / "run", "--steps", "1", "--data", "/dev/zero")
-    message = str(refused.value)
+    message = capsys.readouterr().err
+    assert refused.value.code == 2 and "argument --data: " in message, message
     assert "'/dev/zero' is not a regular file: it is a character device" in message, message
 
 

@@ -35,7 +35,20 @@ def linear_forward(x, weight, bias):
 
 
 def linear_backward(dout, cache, dweight=None, dbias=None):
-    return _layer(dout).linear_backward(dout, cache, dweight, dbias)
+    """ops.linear_backward: dweight and dbias computed straight into the given buffers (no
+    temporary), by the layer's matmul and column_sum; float16 gradients summed into the
+    float32 buffers."""
+    layer = _layer(dout)
+    x2, weight, x_shape = cache
+    if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
+        dout = dout.astype(weight.dtype)
+    dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
+    dx = layer.matmul(dout2, weight).reshape(x_shape)
+    dweight = layer.matmul(dout2.T, x2, out=dweight)
+    # float16 gradients are summed in (and written to) the float32 buffer's dtype
+    dtype = dbias.dtype if dbias is not None and dbias.dtype != dout2.dtype else None
+    dbias = layer.column_sum(dout2, out=dbias, dtype=dtype)
+    return dx, dweight, dbias
 
 
 def layernorm_forward(x, gamma, beta, eps):
@@ -76,7 +89,8 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
 
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
-    return _layer(dcontext).self_attention_backward(dcontext, cache, dw_qkv, db_qkv)
+    dqkv = _layer(dcontext).self_attention_dqkv(dcontext, cache)      # [B, T, 3H]
+    return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
 
 # ----------------------------------------------------------------------------- inference
 # Forward passes that keep nothing for a backward and draw no dropout: each returns what its

@@ -173,19 +173,6 @@ def linear_forward(x, weight, bias):
     return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
 
 
-def linear_backward(dout, cache, dweight=None, dbias=None):
-    """ops.linear_backward: dweight and dbias computed straight into the given buffers (no
-    temporary); float16 gradients summed into the float32 buffers."""
-    x2, weight, x_shape = cache
-    if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
-        dout = dout.astype(weight.dtype)
-    dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
-    dx = matmul(dout2, weight).reshape(x_shape)
-    dweight = matmul(dout2.T, x2, out=dweight)
-    # float16 gradients are summed in (and written to) the float32 buffer's dtype
-    dtype = dbias.dtype if dbias is not None and dbias.dtype != dout2.dtype else None
-    dbias = column_sum(dout2, out=dbias, dtype=dtype)
-    return dx, dweight, dbias
 
 # ----------------------------------------------------------------------------- layernorm
 
@@ -372,10 +359,11 @@ def _attention_probs(scores, dropout_p, rng, training):
     return probs, dropped, mask
 
 
-def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
-    """ops.self_attention_backward: the products are gemm calls with transposes as op flags;
-    one kernel (kernels.attention_grads) scales dq and writes dq, dk, dv into [B, T, 3H],
-    the stacked projection's layout. One copy: dcontext into contiguous heads."""
+def self_attention_dqkv(dcontext, cache):
+    """ops.self_attention_backward up to the projection's gradient dqkv [B, T, 3H] (fast.py
+    then runs linear_backward): the products are gemm calls with transposes as op flags;
+    one kernel (kernels.attention_grads) scales dq and writes dq, dk, dv into the stacked
+    projection's layout. One copy: dcontext into contiguous heads."""
     xp = array_module(dcontext)
     B, T, H = dcontext.shape
     A = cache.num_heads
@@ -390,7 +378,7 @@ def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
     dqkv = xp.empty((B, T, 3 * H), dtype=dtype)
     places = dqkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
     kernels.attention_grads(xp)(dq, dk, dv, 1.0 / math.sqrt(D), *places)
-    return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
+    return dqkv
 
 
 def _dropout_softmax_backward(dprobs, cache):
