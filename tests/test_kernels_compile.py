@@ -121,10 +121,14 @@ def cupy():
                             f"test drives CuPy 14's kernel code generator")
     except ImportError as e:
         pytest.skip(f"CuPy's kernel code generator is not importable: {e}")
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def nvcc(cupy):
     if cupy.cuda.get_nvcc_path() is None:
         pytest.skip("nvcc not found (PATH, CUDA_PATH or NVCC): the kernels' CUDA is not "
                     "compiled")
-    return cupy
 
 
 # ------------------------------------------------------------------- CuPy's source of a call
@@ -228,19 +232,25 @@ def _source(cupy, kind, name, args, layout):
 
 
 def _label(name, args, layout):
-    return f"{name}({', '.join(t or 'python' for _, t in args)}; {layout})"
+    kinds = {"a": "{}", "v": "{} view", "s": "{} scalar"}
+    return (f"{name}({', '.join(kinds[k].format(t or 'python') for k, t in args)}; "
+            f"{layout})")
 
 
 def _variants():
     """(kernel name in kernels.py, kind, label, args, layout) of every compile: each call
     contiguous, the first one also strided (the layout changes only the template arguments
     of CuPy's CArray and CIndexer, not the types the body computes with)."""
+    labels = set()
     for kind, table in (("elementwise", ELEMENTWISE), ("reduction", REDUCTIONS),
                         ("fused", FUSED)):
         for name, calls in table.items():
             for i, args in enumerate(calls):
                 for layout in LAYOUTS[:2 if i == 0 else 1]:
-                    yield name, kind, _label(name, args, layout), args, layout
+                    label = _label(name, args, layout)
+                    assert label not in labels, label
+                    labels.add(label)
+                    yield name, kind, label, args, layout
 
 # ----------------------------------------------------------------------------- nvcc
 
@@ -276,25 +286,38 @@ def _compile_all(cupy, variants):
 
 
 @pytest.fixture(scope="module")
-def compiled(cupy):
-    """{kernel name: {variant label: None or the error}}, every variant compiled once; a
-    call CuPy refuses before compiling (its parameter types do not fit the arrays: the
-    launch on a GPU raises the same TypeError) is that variant's error."""
-    start = time.perf_counter()
-    variants = list(_variants())
-    sources, refused = [], {}
-    for name, kind, label, args, layout in variants:
+def generated(cupy):
+    """[(kernel name, variant label, CuPy's source or None, None or CuPy's refusal)]: a call
+    CuPy refuses before compiling (its parameter types do not fit the arrays) raises the
+    same TypeError at the launch on a GPU."""
+    out = []
+    for name, kind, label, args, layout in _variants():
         try:
-            sources.append((label, _source(cupy, kind, name, args, layout)))
+            out.append((name, label, _source(cupy, kind, name, args, layout), None))
         except (TypeError, ValueError) as e:
-            refused[label] = f"CuPy refuses the call before compiling: {type(e).__name__}: {e}"
-    results = {**_compile_all(cupy, sources), **refused}
+            out.append((name, label, None, f"CuPy refuses the call before compiling: "
+                                           f"{type(e).__name__}: {e}"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(cupy, nvcc, generated):
+    """{kernel name: {variant label: None or the error}}, every variant compiled once."""
+    start = time.perf_counter()
+    results = _compile_all(cupy, [(label, source) for _, label, source, _ in generated
+                                  if source is not None])
     by_kernel = {}
-    for name, _, label, _, _ in variants:
-        by_kernel.setdefault(name, {})[label] = results[label]
-    print(f"\n{len(variants)} kernel variants compiled with nvcc for sm_{ARCH} in "
+    for name, label, _, refusal in generated:
+        by_kernel.setdefault(name, {})[label] = refusal or results[label]
+    print(f"\n{len(results)} kernel variants compiled with nvcc for sm_{ARCH} in "
           f"{time.perf_counter() - start:.1f} s")
     return by_kernel
+
+
+def test_cupy_accepts_every_call(generated):
+    """CuPy's parameter types fit the arrays of every call (no nvcc needed)."""
+    refused = "\n".join(f"{label}: {refusal}" for _, label, _, refusal in generated if refusal)
+    assert not refused, refused
 
 
 def _failures(results):
@@ -324,7 +347,7 @@ def test_every_kernel_of_the_gpu_path_is_compiled():
             assert not found, f"{path}: {found} defines a CuPy kernel outside kernels.py"
 
 
-def test_planted_errors_are_reported(cupy):
+def test_planted_errors_are_reported(cupy, nvcc):
     """The checker itself: a body with a syntax error and one with a float16 type error
     (a conditional between float16 and float: each converts to the other, so C++ finds it
     ambiguous) fail, named, with nvcc's message; the body as written compiles."""
