@@ -1,0 +1,376 @@
+"""Every CUDA kernel of the GPU path (nanobert/model/kernels.py: its ElementwiseKernels, its
+ReductionKernels and the functions fast_gpu.py hands to cupy.fuse) built for an H100/H200
+(sm_90) with nvcc, for each dtype fast_gpu.py and optim.py call it with, on a machine
+without a GPU: a kernel that would fail on the GPU fails here, naming it and the error, not
+in the first minutes of a lent GPU.
+
+The CUDA source is CuPy's own (CuPy 14, read in its _kernel.pyx, _reduction.pyx, fusion.pyx
+and core.pyx): the real kernel objects are built (kernels.py's factories called with the real
+cupy module), CuPy decides the parameter types as a launch does (_kernel._decide_params_type,
+whose TypeError a launch would raise too: in a parameter list `float` is NumPy's, float64),
+and CuPy's generators, which need no device, write the kernel: _kernel._get_elementwise_
+kernel_code, _reduction._ReductionKernel_get_cached_function_code (the generic reduction:
+CUB's block reduction takes one input only), and for cupy.fuse the tracer
+(fusion._FusionHistory.get_fusion, fed dtype-only arrays on no memory) that turns the
+Python function into an ElementwiseKernel. Prepended are CuPy's headers
+(core._cupy_header_list); CuPy's options (core.assemble_cupy_compiler_options, plus the
+-ftz=true of compiler._compile_with_cache_cuda); compiled by
+cupy.cuda.compiler.compile_using_nvcc. Ours: the argument descriptions a launch derives from
+the arrays (_ArgInfo: dtype, ndim, C-contiguity, 32-bit indexing) in two layouts (contiguous,
+reduced to 1-2 dimensions; strided 4-D views with 64-bit indices), and the reduction's
+block size (CuPy's default, 512).
+
+What this does not prove: on a GPU CuPy compiles with NVRTC, not nvcc (the same NVVM
+compiler behind another driver; CuPy's headers differ only in `#ifndef __CUDACC_RTC__`
+includes), with the GPU machine's CUDA headers rather than this machine's toolkit; nothing
+runs here, so the kernels' numbers are tests/test_cupy_standin.py's business (NumPy
+semantics only).
+"""
+import concurrent.futures
+import inspect
+import os
+import re
+import time
+from pathlib import Path
+
+import numpy
+import pytest
+
+from nanobert.model import kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCH = "90"                                    # H100 / H200
+H, F, D, BOOL = "float16", "float32", "float64", "bool"
+# (activations' dtype, statistics' dtype) of the three precisions: fast_gpu computes float16
+# runs' LayerNorm, softmax, GELU and dropout's uniforms in float32
+RUNS = ((H, F), (F, F), (D, D))
+
+
+# An argument of a call: ("a", dtype) an array shaped like the output, C-contiguous;
+# ("v", dtype) an array that is not (a broadcast row statistic or bias, a strided head view,
+# a 0-d flag); ("s", dtype) a NumPy scalar; PY a Python scalar (CuPy gives it the type of
+# its parameter).
+def a(dtype):
+    return ("a", dtype)
+
+
+def v(dtype):
+    return ("v", dtype)
+
+
+def s(dtype):
+    return ("s", dtype)
+
+
+PY = ("s", None)
+
+# kernel factory in kernels.py -> the calls of fast_gpu.py / optim.py (inputs, then outputs)
+ELEMENTWISE = {
+    "layernorm_apply": [(a(st), v(st), v(x), v(x), a(st), a(x)) for x, st in RUNS],
+    "layernorm_products": [(a(x), v(x), a(st), a(st), a(st), a(st)) for x, st in RUNS],
+    "layernorm_dx": [(a(st), a(st), v(st), v(st), v(st), a(x)) for x, st in RUNS],
+    "gelu_half": [(a(H), a(F), a(H))],
+    "gelu_backward_half": [(a(H), a(H), a(F), a(H))],
+    "softmax_exp_half": [(a(H), v(H), a(F))],
+    "softmax_normalize_half": [(a(F), v(F), a(H))],
+    # the dropout mask: an array, or a scalar 1 when attention dropout is off
+    "dropout_softmax_dx_half": [(a(H), mask, a(H), v(F), a(H)) for mask in (a(H), s(H))],
+    "softmax_dropout": [(a(st), v(st), a(st), s(st), s(x), a(x), a(x), a(x)) for x, st in RUNS],
+    "attention_heads": [(v(x),) * 3 + (v(x),) * 3 + (PY,) + (a(x),) * 3 for x in (H, F, D)],
+    "attention_grads": [(a(x),) * 3 + (PY,) + (v(x),) * 3 for x in (H, F, D)],
+    # AdamW: float32 (a float16 model's master weights) or float64; skip is False or the
+    # loss scaler's 0-d flag on the device
+    "adamw_kernel": [(a(t), a(BOOL), skip) + (PY,) * 9 + (a(t),) * 3
+                     for t in (F, D) for skip in (PY, v(BOOL))],
+}
+# ReductionKernels (inputs; the output is allocated), summed over the last axis
+REDUCTIONS = {
+    "softmax_row_sum_half": [(a(H), mask, a(H)) for mask in (a(H), s(H))],
+    "softmax_row_sum": [(a(x), mask, a(x)) for x in (F, D) for mask in (a(x), s(x))],
+}
+# functions fast_gpu.py fuses (inputs; the outputs are allocated)
+FUSED = {
+    "center_square": [(a(x), v(st)) for x, st in RUNS],
+    "layernorm_rstd": [(a(st), s(st)) for st in (F, D)],
+    "gelu": [(a(x),) for x in (F, D)],
+    "gelu_backward": [(a(x), a(x), a(x)) for x in (F, D)],
+    "exp_shifted": [(a(x), v(x)) for x in (F, D)],
+    "softmax_dx": [(a(x), a(x), v(x)) for x in (F, D)],        # float16 is cast up first
+    "dropout": [(a(x), a(st), s(st), s(x)) for x, st in RUNS],
+    "dropout_add": [(a(x), a(st), a(x), s(st), s(x)) for x, st in RUNS],
+    "dropout_softmax_dx": [(a(x), mask, a(x), v(x)) for x in (F, D) for mask in (a(x), s(x))],
+}
+LAYOUTS = ("contiguous", "strided")
+
+
+@pytest.fixture(scope="module")
+def cupy():
+    """The real cupy with the internals read here, or a skip saying what is missing."""
+    try:
+        import cupy
+        from cupy._core import _kernel, _reduction, core, fusion
+        from cupy.cuda import compiler
+        for module, name in ((_kernel, "_get_elementwise_kernel_code"),
+                             (_kernel, "_decide_params_type"), (_kernel, "_ArgInfo"),
+                             (_reduction, "_ReductionKernel_get_cached_function_code"),
+                             (fusion, "_FusionHistory"), (core, "_cupy_header_list"),
+                             (core, "assemble_cupy_compiler_options"),
+                             (compiler, "compile_using_nvcc")):
+            if not hasattr(module, name):
+                pytest.skip(f"CuPy {cupy.__version__} has no {module.__name__}.{name}: this "
+                            f"test drives CuPy 14's kernel code generator")
+    except ImportError as e:
+        pytest.skip(f"CuPy's kernel code generator is not importable: {e}")
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def nvcc(cupy):
+    if cupy.cuda.get_nvcc_path() is None:
+        pytest.skip("nvcc not found (PATH, CUDA_PATH or NVCC): the kernels' CUDA is not "
+                    "compiled")
+
+
+# ------------------------------------------------------------------- CuPy's source of a call
+
+
+def _arg_info(cupy, kind, dtype, layout, ndim):
+    """CuPy's description of one argument (_kernel._ArgInfo: kind 1 array, 2 indexer,
+    3 scalar; dtype, ndim, C-contiguous, 32-bit indices), as a launch derives it."""
+    from cupy._core import _carray, _kernel, _scalar
+    if kind == "s":
+        return _kernel._ArgInfo(3, _scalar.CScalar, numpy.dtype(dtype), 0, True, True)
+    if kind == "i":
+        return _kernel._ArgInfo(2, _carray.Indexer, None, ndim, True, layout != "strided")
+    contiguous = kind == "a" and layout != "strided"
+    return _kernel._ArgInfo(1, cupy.ndarray, numpy.dtype(dtype), ndim, contiguous,
+                            layout != "strided")
+
+
+def _elementwise_source(cupy, kernel, args, layout):
+    """CuPy's kernel source for kernel(*args): args as in ELEMENTWISE (inputs, then the
+    outputs if given; an ElementwiseKernel allocates the missing ones C-contiguous)."""
+    from cupy._core import _kernel
+    nin = len(kernel.in_params)
+    ins, outs = args[:nin], args[nin:]
+    out_dtypes = tuple(numpy.dtype(t) for _, t in outs)
+    in_types, out_types, type_map = _kernel._decide_params_type(
+        kernel.in_params, kernel.out_params,
+        tuple(numpy.dtype(t) if k != "s" else None for k, t in ins), out_dtypes)
+    if not outs:
+        outs = tuple(("a", t) for t in out_types)
+    ndim = 4 if layout == "strided" else 2 if any(k == "v" for k, _ in args) else 1
+    infos = [_arg_info(cupy, k, t if k != "s" else in_types[i], layout, ndim)
+             for i, (k, t) in enumerate(ins)]
+    infos += [_arg_info(cupy, k, t, layout, ndim) for k, t in outs]
+    infos.append(_arg_info(cupy, "i", None, layout, ndim))
+    return _kernel._get_elementwise_kernel_code(
+        tuple(infos), type_map, kernel.params, kernel.operation, kernel.name,
+        kernel.preamble, **kernel.kwargs)
+
+
+def _reduction_source(cupy, kernel, args, layout):
+    """CuPy's source of kernel(*args, axis=-1, keepdims=True), the generic reduction (CUB's
+    block reduction takes one input only): rows of [rows, T] (contiguous) or of a 4-D view."""
+    from cupy._core import _kernel, _reduction
+    in_types, out_types, type_map = _kernel._decide_params_type(
+        kernel.in_params, kernel.out_params,
+        tuple(numpy.dtype(t).type if k != "s" else None for k, t in args), ())
+    strided = layout == "strided"
+    ndim_in, ndim_out = (4, 3) if strided else (2, 1)
+    infos = [_arg_info(cupy, k, t if k != "s" else in_types[i], layout, ndim_in)
+             for i, (k, t) in enumerate(args)]
+    infos += [_arg_info(cupy, "a", t, layout, ndim_out) for t in out_types]
+    infos += [_arg_info(cupy, "i", None, layout, ndim_in),
+              _arg_info(cupy, "i", None, layout, ndim_out), _arg_info(cupy, "s", "int32",
+                                                                       layout, 0)]
+    type_map = _kernel._TypeMap(type_map._pairs + (("IndexT", "int64" if strided else "int32"),))
+    return _reduction._ReductionKernel_get_cached_function_code(
+        kernel.nin, kernel.nout, kernel._params, tuple(infos), type_map, kernel.name, 512,
+        kernel.reduce_type, kernel.identity, kernel.map_expr, kernel.reduce_expr,
+        kernel.post_map_expr, kernel.preamble, kernel.options)
+
+
+_NO_MEMORY = None
+
+
+def _dtype_only_array(cupy, dtype, shape):
+    """A cupy.ndarray on no memory: the fusion tracer reads only its dtype and ndim."""
+    global _NO_MEMORY
+    if _NO_MEMORY is None:
+        _NO_MEMORY = cupy.cuda.UnownedMemory(0, 1 << 20, None, device_id=0)
+    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(_NO_MEMORY, 0))
+
+
+def _fused_kernel(cupy, fn, args):
+    """The ElementwiseKernel cupy.fuse makes of kernels.fused(cupy, fn) for these argument
+    dtypes: CuPy's tracer (fusion.Fusion.__call__'s path, without the launch)."""
+    from cupy._core import _fusion_thread_local, fusion
+    fused = kernels.fused(cupy, fn)
+    traced = tuple(_dtype_only_array(cupy, t, (2, 3, 4) if k == "a" else (2, 3, 1))
+                   if k != "s" else numpy.dtype(t).type(1) for k, t in args)
+    history, local = fusion._FusionHistory(), _fusion_thread_local.thread_local
+    local.history, local.is_old_fusing = history, True
+    try:
+        kernel, kwargs = history.get_fusion(fused.func, traced, fused.name)
+    finally:
+        local.history, local.is_old_fusing = None, False
+    assert not kwargs, f"{fn.__name__}: cupy.fuse made a reduction"
+    return kernel
+
+
+def _source(cupy, kind, name, args, layout):
+    if kind == "fused":
+        kernel = _fused_kernel(cupy, getattr(kernels, name), args)
+        return _elementwise_source(cupy, kernel, args, layout)
+    kernel = getattr(kernels, name)(cupy)
+    if kind == "reduction":
+        assert isinstance(kernel, cupy.ReductionKernel), name
+        return _reduction_source(cupy, kernel, args, layout)
+    assert isinstance(kernel, cupy.ElementwiseKernel), name
+    return _elementwise_source(cupy, kernel, args, layout)
+
+
+def _label(name, args, layout):
+    kinds = {"a": "{}", "v": "{} view", "s": "{} scalar"}
+    return (f"{name}({', '.join(kinds[k].format(t or 'python') for k, t in args)}; "
+            f"{layout})")
+
+
+def _variants():
+    """(kernel name in kernels.py, kind, label, args, layout) of every compile: each call
+    contiguous, the first one also strided (the layout changes only the template arguments
+    of CuPy's CArray and CIndexer, not the types the body computes with)."""
+    labels = set()
+    for kind, table in (("elementwise", ELEMENTWISE), ("reduction", REDUCTIONS),
+                        ("fused", FUSED)):
+        for name, calls in table.items():
+            for i, args in enumerate(calls):
+                for layout in LAYOUTS[:2 if i == 0 else 1]:
+                    label = _label(name, args, layout)
+                    assert label not in labels, label
+                    labels.add(label)
+                    yield name, kind, label, args, layout
+
+# ----------------------------------------------------------------------------- nvcc
+
+
+def _nvcc_errors(cupy, source):
+    """Compile `source` (the kernel's code, CuPy's headers prepended) as CuPy would for
+    sm_90, with nvcc -> None, or nvcc's errors with the source lines they point at."""
+    from cupy._core import core
+    from cupy.cuda import compiler
+    source = "".join(f"#include <{h}>\n" for h in core._cupy_header_list) + source
+    options = core.assemble_cupy_compiler_options(()) + ("-ftz=true",)
+    try:
+        compiler.compile_using_nvcc(source, options, arch=ARCH, code_type="cubin")
+    except compiler.CompileException as e:
+        lines = source.splitlines()
+        report = []
+        for line in str(e).splitlines():
+            found = re.search(r"kern\.cu\((\d+)\): error", line)
+            if found or re.search(r"\berror\b", line):
+                report.append(line.split("/")[-1] if found else line)
+                if found and 0 < int(found.group(1)) <= len(lines):
+                    report.append("    at: " + lines[int(found.group(1)) - 1].strip())
+        return "\n".join(report[:40]) or str(e)[-3000:]
+    return None
+
+
+def _compile_all(cupy, variants):
+    """{label: None or nvcc's errors} for (label, source) pairs, nvcc runs in parallel."""
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = {label: pool.submit(_nvcc_errors, cupy, source) for label, source in variants}
+        return {label: f.result() for label, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def generated(cupy):
+    """[(kernel name, variant label, CuPy's source or None, None or CuPy's refusal)]: a call
+    CuPy refuses before compiling (its parameter types do not fit the arrays) raises the
+    same TypeError at the launch on a GPU."""
+    out = []
+    for name, kind, label, args, layout in _variants():
+        try:
+            out.append((name, label, _source(cupy, kind, name, args, layout), None))
+        except (TypeError, ValueError) as e:
+            out.append((name, label, None, f"CuPy refuses the call before compiling: "
+                                           f"{type(e).__name__}: {e}"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled(cupy, nvcc, generated):
+    """{kernel name: {variant label: None or the error}}, every variant compiled once."""
+    start = time.perf_counter()
+    results = _compile_all(cupy, [(label, source) for _, label, source, _ in generated
+                                  if source is not None])
+    by_kernel = {}
+    for name, label, _, refusal in generated:
+        by_kernel.setdefault(name, {})[label] = refusal or results[label]
+    print(f"\n{len(results)} kernel variants compiled with nvcc for sm_{ARCH} in "
+          f"{time.perf_counter() - start:.1f} s")
+    return by_kernel
+
+
+def test_cupy_accepts_every_call(generated):
+    """CuPy's parameter types fit the arrays of every call (no nvcc needed)."""
+    refused = "\n".join(f"{label}: {refusal}" for _, label, _, refusal in generated if refusal)
+    assert not refused, refused
+
+
+def _failures(results):
+    return "\n\n".join(f"{label}:\n{errors}" for label, errors in results.items() if errors)
+
+
+@pytest.mark.parametrize("name", [*ELEMENTWISE, *REDUCTIONS, *FUSED])
+def test_kernel_compiles_for_sm90(compiled, name):
+    failures = _failures(compiled[name])
+    assert not failures, f"kernels.{name} cannot be built for sm_{ARCH}:\n{failures}"
+
+
+def test_every_kernel_of_the_gpu_path_is_compiled():
+    """The tables above name every kernel there is: kernels.py's factories (functions of
+    `xp`), the functions fast_gpu.py / optim.py fuse, and no CuPy kernel defined elsewhere."""
+    factories = {name for name, f in vars(kernels).items()
+                 if inspect.isfunction(f) and list(inspect.signature(f).parameters) == ["xp"]}
+    assert factories == set(ELEMENTWISE) | set(REDUCTIONS)
+    sources = {p: p.read_text() for p in (ROOT / "nanobert").rglob("*.py")}
+    fused = {name for text in sources.values()
+             for name in re.findall(r"kernels\.fused\(\s*xp,\s*kernels\.(\w+)\)", text)}
+    assert fused == set(FUSED)
+    for path, text in sources.items():
+        if path.name != "kernels.py":
+            found = re.findall(r"ElementwiseKernel\(|ReductionKernel\(|RawKernel|RawModule|"
+                               r"\.fuse\(", text)
+            assert not found, f"{path}: {found} defines a CuPy kernel outside kernels.py"
+
+
+def test_planted_errors_are_reported(cupy, nvcc):
+    """The checker itself: a body with a syntax error and one with a float16 type error
+    (a conditional between float16 and float: each converts to the other, so C++ finds it
+    ambiguous) fail, named, with nvcc's message; the body as written compiles."""
+    body = kernels.DROPOUT_SOFTMAX_DX_HALF_BODY
+    planted = {
+        "as_written": body,
+        "planted_syntax": body.replace("float gf = g;", "float gf = g"),
+        "planted_half_type": body.replace("float gf = g;",
+                                          "float gf = row_sum > 0 ? g : row_sum;"),
+    }
+    assert len(set(planted.values())) == 3
+    args = (a(H), a(H), a(H), v(F), a(H))
+    sources = [(label, _elementwise_source(
+        cupy, cupy.ElementwiseKernel("float16 dout, float16 mask, float16 y, float32 row_sum",
+                                     "float16 dx", text, "nanobert_" + label),
+        args, "contiguous")) for label, text in planted.items()]
+    results = _compile_all(cupy, sources)
+    assert results["as_written"] is None
+    assert "error" in results["planted_syntax"] and "expected a \";\"" in \
+        results["planted_syntax"], results["planted_syntax"]
+    assert 'error: ambiguous "?" operation: second operand of type "float16"' in \
+        results["planted_half_type"] and "at: float gf = row_sum > 0" in \
+        results["planted_half_type"], results["planted_half_type"]
+    failures = _failures(results)                   # what test_kernel_compiles shows
+    assert "as_written" not in failures
+    assert "planted_syntax:" in failures and "planted_half_type:" in failures
