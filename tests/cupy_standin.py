@@ -895,10 +895,17 @@ def fuse(*args, **kwargs):
 
 # ------------------------------------------------------------- ElementwiseKernel
 
-TYPE_NAMES = {"float": numpy.float32, "double": numpy.float64, "bool": numpy.bool_,
-              "int": numpy.int32, "float32": numpy.float32, "float64": numpy.float64,
-              "float16": numpy.float16, "int32": numpy.int32, "int64": numpy.int64,
-              "uint8": numpy.uint8}
+# A declaration in a body is C's (`float` is float32); a parameter's type NumPy's name
+# (_kernel.pyx ParameterInfo: get_dtype(name), so `float` there is float64, `int` int64)
+C_TYPES = {"float": numpy.float32, "double": numpy.float64, "bool": numpy.bool_,
+           "int": numpy.int32, "float16": numpy.float16}
+
+
+def _param_dtype(ctype):
+    """A parameter's type name -> its dtype, as CuPy reads it; None for a type variable
+    (one letter, bound by the arrays)."""
+    return None if len(ctype) == 1 else numpy.dtype(ctype).type
+
 STATEMENT = re.compile(r"^(?:(?:const\s+)?(\w+)\s+)?(\w+)\s*(=|\+=|-=|\*=|/=)\s*(.+)$", re.S)
 
 
@@ -935,15 +942,16 @@ def _bind(kernel, params, args):
         if isinstance(value, numpy.ndarray):
             raise StandinError(f"{kernel}: NumPy array for {pname}")
         if isinstance(value, ndarray):
-            if ctype in TYPE_NAMES and value.dtype != TYPE_NAMES[ctype]:
+            declared = _param_dtype(ctype)
+            if declared is not None and value.dtype != declared:
                 raise StandinError(f"{kernel}: {pname} is {value.dtype}, declared {ctype}")
-            if ctype not in TYPE_NAMES and bound.setdefault(ctype, value.dtype) != value.dtype:
+            if declared is None and bound.setdefault(ctype, value.dtype) != value.dtype:
                 raise StandinError(f"{kernel}: type {ctype} bound to {bound[ctype]}, "
                                    f"{pname} is {value.dtype}")
             namespace[pname] = value._a
     for (ctype, pname), value in zip(params, args):
         if not isinstance(value, ndarray):
-            dtype = TYPE_NAMES.get(ctype) or bound.get(ctype)
+            dtype = _param_dtype(ctype) or bound.get(ctype)
             if dtype is None:
                 raise StandinError(f"{kernel}: scalar {pname} of unbound type {ctype}")
             namespace[pname] = numpy.dtype(dtype).type(value)
@@ -981,7 +989,7 @@ class ElementwiseKernel:
                 if op != "=":
                     value = eval(f"_x {op[0]} _y", env, {"_x": namespace[target], "_y": value})
                 if ctype is not None:
-                    dtype = TYPE_NAMES.get(ctype) or bound[ctype]
+                    dtype = C_TYPES.get(ctype) or bound[ctype]
                     value = numpy.asarray(value).astype(dtype)
                 namespace[target] = value
             for (ctype, pname), out in zip(self.out_params, outs):
@@ -1015,7 +1023,7 @@ class ReductionKernel:
                                f"inputs only")
         bound, namespace = _bind(self.name, self.in_params, args)
         ctype = self.out_params[0][0]
-        dtype = TYPE_NAMES.get(ctype) or bound[ctype]
+        dtype = _param_dtype(ctype) or bound[ctype]
         shape = numpy.broadcast_shapes(*(a.shape for a in args if isinstance(a, ndarray)))
         with numpy.errstate(all="ignore"):
             mapped = numpy.broadcast_to(eval(self.map_expr, KERNEL_FUNCTIONS, namespace), shape)
@@ -1458,4 +1466,5 @@ def _erff(v):
 # float32 math functions of kernel bodies (fast_gpu's float16 kernels)
 KERNEL_FUNCTIONS.update(erff=_erff, expf=lambda v: numpy.exp(numpy.asarray(v, numpy.float32)))
 # C++'s functional cast float(v) (a float16 read as float32 in a map expression)
-KERNEL_FUNCTIONS.update(float=lambda v: numpy.asarray(v).astype(numpy.float32))
+KERNEL_FUNCTIONS.update(float=lambda v: numpy.asarray(v).astype(numpy.float32),
+                        float16=lambda v: numpy.asarray(v).astype(numpy.float16))

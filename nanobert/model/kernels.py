@@ -149,7 +149,7 @@ def softmax_dx(dout, y, row_sum):
 # sequence, one pass over memory instead of three (LayerNorm's above, typed for any dtype).
 
 GELU_HALF_IN = "float16 x"
-GELU_HALF_OUT = "float cdf, float16 y"
+GELU_HALF_OUT = "float32 cdf, float16 y"
 # gelu in float32 on a float16 x: Phi(x) kept in float32 for the backward, x Phi(x) rounded
 # to float16 (the cache keeps x as it came, float16, not a float32 copy)
 GELU_HALF_BODY = """
@@ -159,7 +159,7 @@ cdf = c;
 y = v * c;
 """
 
-GELU_BACKWARD_HALF_IN = "float16 dout, float16 x, float cdf"
+GELU_BACKWARD_HALF_IN = "float16 dout, float16 x, float32 cdf"
 GELU_BACKWARD_HALF_OUT = "float16 dx"
 # gelu_backward in float32: (Phi(x) + x phi(x)) dout, 1/sqrt(2 pi) = 0.3989...
 GELU_BACKWARD_HALF_BODY = """
@@ -169,7 +169,7 @@ dx = (expf(v * v * -0.5f) * v * 0.39894228040143268f + cdf) * g;
 """
 
 SOFTMAX_EXP_HALF_IN = "float16 x, float16 row_max"
-SOFTMAX_EXP_HALF_OUT = "float e"
+SOFTMAX_EXP_HALF_OUT = "float32 e"
 # exp_shifted in float32 on float16 scores (the row max of float16 values is exact)
 SOFTMAX_EXP_HALF_BODY = """
 float v = x;
@@ -177,7 +177,7 @@ float m = row_max;
 e = expf(v - m);
 """
 
-SOFTMAX_NORMALIZE_IN = "float e, float row_sum"
+SOFTMAX_NORMALIZE_IN = "float32 e, float32 row_sum"
 SOFTMAX_NORMALIZE_OUT = "float16 y"
 # the probabilities, divided in float32 and rounded once to float16
 SOFTMAX_NORMALIZE_BODY = """
@@ -185,12 +185,13 @@ y = e / row_sum;
 """
 
 
-SOFTMAX_ROW_SUM_HALF_MAP = "float(dout * mask) * float(y)"
-# softmax_row_sum on float16: dropout's product rounded to float16 as the reference's (a
-# float16 * float16 in CuPy's float16 type), then the product with y and the sum in float32
+SOFTMAX_ROW_SUM_HALF_MAP = "float(float16(dout * mask)) * float(y)"
+# softmax_row_sum on float16: dropout's product rounded to float16 as the reference's
+# (CuPy's float16 has no arithmetic of its own: float16 * float16 is a float, rounded only
+# by the float16(...)), then the product with y and the sum in float32
 
 
-DROPOUT_SOFTMAX_DX_HALF_IN = "float16 dout, float16 mask, float16 y, float row_sum"
+DROPOUT_SOFTMAX_DX_HALF_IN = "float16 dout, float16 mask, float16 y, float32 row_sum"
 DROPOUT_SOFTMAX_DX_HALF_OUT = "float16 dx"
 # dropout_softmax_dx on float16: g = dout * mask in float16 (the reference's dropout), the
 # softmax backward in float32, dx rounded once; no float32 copies of dprobs and y, and no
