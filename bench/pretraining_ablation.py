@@ -47,7 +47,7 @@ from nanobert import flags
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # train.py's folder
 BROWN_VOCAB = os.path.join("data", "brown", "vocab-uncased-8192.txt")
 # Pretraining: BERT-Tiny's shape (L=2, H=128, A=2) with the default run's recipe, the one that
-# leaves the masked-LM plateau (README, Pretraining): sequences of 40, no dropout, batch 52,
+# leaves the masked-LM plateau (docs/pretraining.md): sequences of 40, no dropout, batch 52,
 # 10,000 steps (20.8M tokens: the budget of the earlier T=64, batch-32 ablation). lr 1e-3:
 # without dropout BERT-Tiny does not stall there (with dropout it did, at T=64).
 PRETRAIN = ["--config", os.path.join("bench", "ablation_bert_tiny.json"),
