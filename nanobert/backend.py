@@ -50,6 +50,15 @@ def _apply_tf32():
         pass
 
 
+HALF = numpy.dtype(numpy.float16)
+
+
+def float32_if_half(x):
+    """float16 -> a float32 copy (mixed precision's statistics in float32); any other array
+    as it is. Both fast layers' (fast_cpu, fast_gpu) and the losses' in fast.py."""
+    return x.astype(numpy.float32) if x.dtype == HALF else x
+
+
 def matmul_precision(dtype, device):
     """The precision a model's matmuls run in, for the peak that MFU is measured against:
     "float16", "tf32", "float32" or "float64" (CPU: the dtype itself)."""

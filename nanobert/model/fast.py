@@ -12,10 +12,9 @@ from typing import NamedTuple
 
 import numpy
 
-from ..backend import array_module
+from ..backend import array_module, float32_if_half
 from . import fast_cpu, fast_gpu
-from .fast_cpu import (ERF32_CLAMP, ERF32_ULP, erf_float32,  # noqa: F401 (bench/erf_ulp.py)
-                       float32_if_half)
+from .fast_cpu import ERF32_CLAMP, ERF32_ULP, erf_float32  # noqa: F401 (bench/erf_ulp.py)
 from .ops import (GELU_KINDS, IGNORE_INDEX, AttentionCache, attention_mask_bias,  # noqa: F401
                   bce_with_logits_backward, dropout_backward, embedding_backward,
                   embedding_forward, mse_backward, tanh_backward, tanh_forward)

@@ -31,17 +31,12 @@ import math
 
 import numpy
 
+from ..backend import HALF, float32_if_half
 from . import ops
 from .ops import AttentionCache, dropout_backward
 from .special import erf
 from .threads import in_row_blocks, run_tasks, thread_count
 
-HALF = numpy.dtype(numpy.float16)
-
-
-def float32_if_half(x):
-    """float16 -> a float32 copy (statistics in float32); any other array as it is."""
-    return x.astype(numpy.float32) if x.dtype == HALF else x
 
 def matmul(a, b, out=None):
     """a @ b (into out if given). float16 gives a float16 product, also when `out` is a

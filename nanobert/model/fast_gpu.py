@@ -19,16 +19,10 @@ import math
 
 import numpy
 
-from ..backend import array_module, tf32_enabled
+from ..backend import HALF, array_module, float32_if_half, tf32_enabled
 from . import kernels, ops
 from .ops import AttentionCache
 
-HALF = numpy.dtype(numpy.float16)
-
-
-def float32_if_half(x):
-    """float16 -> a float32 copy (statistics in float32); any other array as it is."""
-    return x.astype(numpy.float32) if x.dtype == HALF else x
 
 
 # ------------------------------------------------------------------------ cuBLAS directly
