@@ -231,16 +231,25 @@ def parity(config=None, B=4, T=32):
             "grad_worst_rel": worst, "grad_worst_name": worst_name}
 
 
+WORKER_TIMEOUT_S = 240                              # a run that hangs is stopped and recorded
+
+
 def run_worker(framework, preset, batch_size, seq_len, precision, steps):
-    """A run in a fresh process -> its record, or one with the error's last line."""
+    """A run in a fresh process -> its record, or one with the error's last line (and the
+    last lines of its stderr, in the JSON, for whoever reads a failed run's cause)."""
     argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--preset",
             preset, "--batch-sizes", str(batch_size), "--seq-len", str(seq_len),
             "--precisions", precision, "--steps", str(steps)]
-    result = subprocess.run(argv, capture_output=True, text=True)
+    failed = {"framework": framework, "batch_size": batch_size, "precision": precision}
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        return {**failed, "error": f"no result within {WORKER_TIMEOUT_S} s",
+                "stderr_tail": (stderr or "").splitlines()[-30:]}
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["failed"])[-1]
-        return {"framework": framework, "batch_size": batch_size, "precision": precision,
-                "error": last}
+        lines = result.stderr.strip().splitlines() or ["failed"]
+        return {**failed, "error": lines[-1], "stderr_tail": lines[-30:]}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -341,23 +350,31 @@ def main(argv=None):
     result = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
               "cupy": cupy.__version__, "torch": torch_version, "date": date,
               "preset": args.preset, "seq_len": args.seq_len, "steps": args.steps, "runs": []}
+    out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     for batch_size in args.batch_sizes:
         for precision in args.precisions:
             for framework in frameworks:
+                started = time.perf_counter()
                 result["runs"].append(run_worker(framework, args.preset, batch_size,
                                                  args.seq_len, precision, args.steps))
                 r = result["runs"][-1]
                 print(f"{framework} B={batch_size} {precision}: "
-                      + (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step"),
-                      flush=True)
+                      + (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step")
+                      + f"  ({time.perf_counter() - started:.0f} s)", flush=True)
+                for line in r.get("stderr_tail", []):
+                    print("    " + line, flush=True)
+                write_json(result, out)                 # a later run that hangs loses nothing
     if not args.no_parity:
         result["parity"] = parity()
     print(format_table(result))
-    out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(result, out)
     print(f"wrote {out}")
+
+
+def write_json(result, path):
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# A GPU session's checks in one command (docs/gpu.md), most valuable first: each phase has its
+# own time limit and its own log, so one that fails or runs out of time leaves the others'
+# results. Run from the repository root where CuPy sees a GPU:
+#
+#     bash bench/gpu_session.sh                  # logs and JSON in $OUT, else runs/gpu-session/
+#     BASE=path/to/older/checkout bash bench/gpu_session.sh   # also that code's nanobert profile
+#
+# Phases: env (the GPU, versions, load), profile (bench.gpu_profile: nanobert and torch,
+# BERT-base B=32,128, tf32 and float16, the float64 parity line), tests (every test marked
+# gpu), train (train.py --device gpu, short: the progress line and checkpoint), base (the
+# older checkout's nanobert, profiled by this bench.gpu_profile, nanobert alone).
+set -u
+OUT=${OUT:-runs/gpu-session}
+mkdir -p "$OUT"
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+phase() {        # phase NAME LIMIT_S COMMAND...: run it under a limit, log to $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name: start $(date +%T), limit ${limit} s"
+    timeout -k 5 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "== $name: rc $? at $(date +%T)"
+    tail -n "${TAIL:-25}" "$OUT/$name.log"
+}
+
+phase env 30 bash -c "uptime; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv; $PY -c 'import cupy, numpy, sys; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion())'; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)'"
+TAIL=60 phase profile "${PROFILE_LIMIT:-210}" $PY -m bench.gpu_profile --batch-sizes 32,128 \
+    --precisions tf32,float16 --steps 10 --out "$OUT/profile.json"
+phase tests "${TESTS_LIMIT:-110}" $PY -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_gpu_numerics.py tests/test_inputs.py tests/test_special.py
+phase train 60 $PY train.py --device gpu --preset mini --max-seq-length 128 --batch-size 128 \
+    --steps 200 --log-every 50 --heldout none --out /tmp/gpu-session-train
+if [ -n "${BASE:-}" ]; then
+    cp bench/gpu_profile.py "$BASE/bench/gpu_profile.py"
+    TAIL=40 phase base "${BASE_LIMIT:-120}" bash -c "cd '$BASE' && $PY -m bench.gpu_profile \
+        --no-torch --no-parity --batch-sizes 32,128 --precisions tf32,float16 --steps 10 \
+        --out '$(cd "$OUT" && pwd)/base.json'"
+fi
