@@ -4,12 +4,19 @@
 # results. Run from the repository root where CuPy sees a GPU:
 #
 #     bash bench/gpu_session.sh                  # logs and JSON in $OUT, else runs/gpu-session/
+#     bash bench/gpu_session.sh tests profile    # only these phases, in this order
 #     BASE=path/to/older/checkout bash bench/gpu_session.sh   # also that code's nanobert profile
 #
-# Phases: env (the GPU, versions, load), profile (bench.gpu_profile: nanobert and torch,
-# BERT-base B=32,128, tf32 and float16, the float64 parity line), tests (every test marked
-# gpu), train (train.py --device gpu, short: the progress line and checkpoint), base (the
-# older checkout's nanobert, profiled by this bench.gpu_profile, nanobert alone).
+# Phases (default: env profile tests train base):
+#   env      the GPU, versions, load
+#   profile  bench.gpu_profile: nanobert and torch, BERT-base B=32,128, tf32 and float16, and
+#            the float64 parity line
+#   tests    every test marked gpu
+#   train    train.py --device gpu, short: the progress line and the checkpoint
+#   base     $BASE's nanobert (an older checkout), profiled by this bench.gpu_profile, alone
+#   host     bench.gpu_host: host cost per call, and where the host waits (the GPU kept busy
+#            200 ms before each step), BERT-base and BERT-mini at B=32
+#   adds     bench.gpu_host --adds: GPU time of the step's adds, CuPy's against a row index
 set -u
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -25,16 +32,29 @@ phase() {        # phase NAME LIMIT_S COMMAND...: run it under a limit, log to $
     tail -n "${TAIL:-25}" "$OUT/$name.log"
 }
 
-phase env 30 bash -c "uptime; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv; $PY -c 'import cupy, numpy, sys; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion())'; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)'"
-TAIL=60 phase profile "${PROFILE_LIMIT:-210}" $PY -m bench.gpu_profile --batch-sizes 32,128 \
-    --precisions tf32,float16 --steps 10 --out "$OUT/profile.json"
-phase tests "${TESTS_LIMIT:-110}" $PY -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_gpu_numerics.py tests/test_inputs.py tests/test_special.py
-phase train 60 $PY train.py --device gpu --preset mini --max-seq-length 128 --batch-size 128 \
-    --steps 200 --log-every 50 --heldout none --out /tmp/gpu-session-train
-if [ -n "${BASE:-}" ]; then
-    cp bench/gpu_profile.py "$BASE/bench/gpu_profile.py"
-    TAIL=40 phase base "${BASE_LIMIT:-120}" bash -c "cd '$BASE' && $PY -m bench.gpu_profile \
-        --no-torch --no-parity --batch-sizes 32,128 --precisions tf32,float16 --steps 10 \
-        --out '$(cd "$OUT" && pwd)/base.json'"
-fi
+run_phase() {
+    case $1 in
+    env) phase env 30 bash -c "uptime; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv; $PY -c 'import cupy, numpy, sys; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion())'; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)'" ;;
+    profile) TAIL=60 phase profile "${PROFILE_LIMIT:-210}" $PY -m bench.gpu_profile \
+        --batch-sizes 32,128 --precisions tf32,float16 --steps 10 --out "$OUT/profile.json" ;;
+    tests) phase tests "${TESTS_LIMIT:-110}" $PY -m pytest -q -m gpu -p no:cacheprovider \
+        tests/test_gpu_numerics.py tests/test_inputs.py tests/test_special.py ;;
+    train) phase train 60 $PY train.py --device gpu --preset mini --max-seq-length 128 \
+        --batch-size 128 --steps 200 --log-every 50 --heldout none --out /tmp/gpu-session-train ;;
+    base) if [ -n "${BASE:-}" ]; then
+            cp bench/gpu_profile.py "$BASE/bench/gpu_profile.py"
+            TAIL=40 phase base "${BASE_LIMIT:-120}" bash -c "cd '$BASE' && $PY -m \
+                bench.gpu_profile --no-torch --no-parity --batch-sizes 32,128 \
+                --precisions tf32,float16 --steps 10 --out '$(cd "$OUT" && pwd)/base.json'"
+        fi ;;
+    host) TAIL=45 phase host 90 bash -c "$PY -m bench.gpu_host --busy-ms 200 --top 30 && \
+        $PY -m bench.gpu_host --no-calls --preset mini --busy-ms 200 --top 8" ;;
+    adds) phase adds 40 $PY -m bench.gpu_host --adds --no-calls --no-profile ;;
+    *) echo "bench/gpu_session.sh: no phase '$1' (env profile tests train base host adds)"
+       return 2 ;;
+    esac
+}
+
+for name in "${@:-env profile tests train base}"; do
+    for one in $name; do run_phase "$one"; done
+done

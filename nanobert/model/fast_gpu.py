@@ -34,16 +34,58 @@ from .ops import AttentionCache
 # CUBLAS_COMPUTE_64F: the same math as NumPy's.
 
 
-def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
-    """out[s] = op(a[s]) @ op(b[s]) for stacks [S..., rows, cols] of row-major matrices (op
-    a transpose when asked), one cuBLAS call: each matrix's elements in a row adjacent, rows
-    any distance apart (a view of wider rows is read in place), and the stack's matrices
+def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False, alpha=1.0,
+         accumulate=False):
+    """out[s] = alpha op(a[s]) @ op(b[s]) (+ out[s] if accumulate) for stacks [S..., rows, cols] of row-major matrices
+    (op a transpose when asked), one cuBLAS call: each matrix's elements in a row adjacent,
+    rows any distance apart (a view of wider rows is read in place), and the stack's matrices
     equally spaced. out may be float32 for float16 operands (the sum rounded once, into a
     float32 gradient buffer); exact: float32 never in TF32 (sums that must keep float32's
     precision). cuBLAS is column-major: the row-major out = A B is its out^T = B^T A^T, so B
-    goes first. Host cost: one cuBLAS call, no CuPy array checks (cupy.matmul's ~140 us)."""
-    xp = array_module(out)
+    goes first. Host cost (an H200's host, measured): CuPy's 2-D matmul takes 17.5 us a call;
+    checking the layout and working out cuBLAS's arguments in Python took ~8 us more, so that
+    is done once per layout (_plan) and a call is a dictionary lookup and the cuBLAS call."""
     from cupy_backends.cuda.libs import cublas
+    key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char,
+           b.dtype.char, out.dtype.char, transpose_a, transpose_b, exact, tf32_enabled(), alpha,
+           accumulate)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:                      # many shapes (inference): start over
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(cublas, a, b, out, transpose_a, transpose_b, exact, alpha,
+                                   accumulate)
+    if plan is _NOTHING:                                   # nothing to sum: cuBLAS is not asked
+        if not accumulate:
+            out.fill(0)
+        return out
+    cublas.gemmStridedBatchedEx(
+        array_module(out).cuda.device.get_cublas_handle(), *plan.sizes, plan.alpha,
+        b.data.ptr, *plan.b, a.data.ptr, *plan.a, plan.beta, out.data.ptr, *plan.c,
+        *plan.compute)
+    return out
+
+
+class _Plan:
+    """cuBLAS's arguments for one layout, all but the handle and the three addresses:
+    sizes (op_b, op_a, N, M, K), the scalars' host addresses, each operand's (type, leading
+    dimension, stride between matrices), compute (count, compute type, algorithm)."""
+    __slots__ = ("sizes", "alpha", "b", "a", "beta", "c", "compute")
+
+    def __init__(self, sizes, alpha, b, a, beta, c, compute):
+        self.sizes, self.alpha, self.b, self.a = sizes, alpha, b, a
+        self.beta, self.c, self.compute = beta, c, compute
+
+
+_PLANS = {}                  # layout (shapes, strides, dtypes, flags) -> its _Plan
+_MAX_PLANS = 4096
+_NOTHING = object()          # the plan of an empty product
+_SCALARS = {}                # (dtype, value) -> a host scalar cuBLAS reads alpha or beta from
+
+
+def _plan(cublas, a, b, out, transpose_a, transpose_b, exact, alpha, accumulate):
+    """Check a layout once and work out cuBLAS's arguments for it -> a _Plan (or _NOTHING
+    for an empty product). Raises ValueError for what cuBLAS cannot read."""
     M, N = out.shape[-2:]
     K = a.shape[-2] if transpose_a else a.shape[-1]
     if (a.shape[-1] if transpose_a else a.shape[-2]) != M or \
@@ -53,9 +95,8 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
                          f"(transpose_a={transpose_a}, transpose_b={transpose_b})")
     if a.dtype != b.dtype or out.dtype not in (a.dtype, numpy.dtype(numpy.float32)):
         raise ValueError(f"gemm: operands {a.dtype}, {b.dtype} into out {out.dtype}")
-    if out.size == 0 or K == 0:                            # nothing to sum: cuBLAS is not asked
-        out.fill(0)
-        return out
+    if out.size == 0 or K == 0:
+        return _NOTHING
     (count, stride_a), (_, stride_b), (_, stride_c) = (
         _stack_layout(x, count=out.size // (M * N)) for x in (a, b, out))
     if a.dtype == numpy.float64:
@@ -64,17 +105,22 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False):
         compute, scalar = cublas.CUBLAS_COMPUTE_32F_FAST_TF32, numpy.float32
     else:                                   # float16 operands: tensor cores, float32 sums
         compute, scalar = cublas.CUBLAS_COMPUTE_32F, numpy.float32
-    one, zero = numpy.ones((), scalar), numpy.zeros((), scalar)   # host scalars, alive here
     op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
-    cublas.gemmStridedBatchedEx(
-        xp.cuda.device.get_cublas_handle(), op[transpose_b], op[transpose_a], N, M, K,
-        one.ctypes.data,
-        b.data.ptr, _CUDA_TYPE[b.dtype.char], _row_stride(b), stride_b,
-        a.data.ptr, _CUDA_TYPE[a.dtype.char], _row_stride(a), stride_a,
-        zero.ctypes.data,
-        out.data.ptr, _CUDA_TYPE[out.dtype.char], _row_stride(out), stride_c,
-        count, compute, cublas.CUBLAS_GEMM_DEFAULT)
-    return out
+    return _Plan((op[transpose_b], op[transpose_a], N, M, K), _scalar(scalar, alpha),
+                 (_CUDA_TYPE[b.dtype.char], _row_stride(b), stride_b),
+                 (_CUDA_TYPE[a.dtype.char], _row_stride(a), stride_a),
+                 _scalar(scalar, 1.0 if accumulate else 0.0),
+                 (_CUDA_TYPE[out.dtype.char], _row_stride(out), stride_c),
+                 (count, compute, cublas.CUBLAS_GEMM_DEFAULT))
+
+
+def _scalar(dtype, value):
+    """The host address of a scalar that lives as long as the process (cuBLAS reads alpha
+    and beta from host memory at the call)."""
+    key = (dtype, value)
+    if key not in _SCALARS:
+        _SCALARS[key] = numpy.full((), value, dtype)
+    return _SCALARS[key].ctypes.data
 
 
 # cudaDataType_t (CUDA's library_types.h, as cupy.cuda.runtime.CUDA_R_*)
@@ -83,9 +129,12 @@ _CUDA_TYPE = {"e": 2, "f": 0, "d": 1}
 
 def _row_stride(x):
     """The distance between a matrix's rows in elements (cuBLAS's leading dimension); its
-    elements must be adjacent (one row: any distance will do)."""
+    elements must be adjacent (one row: any distance will do; one column, as a ones column
+    [n, 1]: its rows' distance, whatever its last stride)."""
     if x.shape[-2] == 1 and x.strides[-1] == x.itemsize:
         return x.shape[-1]
+    if x.shape[-1] == 1 and x.strides[-2] > 0 and x.strides[-2] % x.itemsize == 0:
+        return x.strides[-2] // x.itemsize
     if x.strides[-1] != x.itemsize or x.strides[-2] % x.itemsize \
             or x.strides[-2] // x.itemsize < x.shape[-1]:
         raise ValueError(f"gemm: a matrix of shape {x.shape[-2:]} with strides {x.strides[-2:]}: "
@@ -107,24 +156,55 @@ def _stack_layout(x, count):
     return count, (batch[-1][1] // x.itemsize if batch else 0)
 
 
-# One ones-vector per dtype, grown as needed: column sums are products with it.
-_ONES = {}
+# Ones to multiply by: column and row sums are products with them. One vector per dtype
+# (grown to a power of two), and one cached view of it per length and orientation, so a
+# sum makes no CuPy view (a few us of host time each).
+_ONES = {}                   # (namespace, dtype char) -> a ones vector
+_ONES_VIEWS = {}             # (namespace, dtype char, length, as a column) -> its view
+
+
+def _ones(xp, dtype, n, column):
+    """ones [1, n] (column: [n, 1]) of dtype on xp."""
+    key = (xp, dtype.char, n, column)
+    view = _ONES_VIEWS.get(key)
+    if view is None:
+        ones = _ONES.get(key[:2])
+        if ones is None or ones.size < n:
+            ones = _ONES[key[:2]] = xp.ones(1 << max(n - 1, 1).bit_length(), dtype)
+        view = _ONES_VIEWS[key] = ones[:n, None] if column else ones[None, :n]
+    return view
 
 
 def column_sum(x, out=None, dtype=None):
     """x [N, H] summed over its rows -> [H] (into out if given; float16 x into a float32
     out), as ones [1, N] @ x: cuBLAS reads x at full bandwidth. CuPy's x.sum(axis=0) cannot
     use CUB for a reduced axis that is not the last and launches ~24 blocks for 768 sums:
-    360 us a call on an H200 at B=128 (105 calls, 37.6 ms of a 129 ms step; torch: 3.1 ms).
-    Never TF32: a gradient keeps float32's precision; float64 stays float64."""
+    360 us a call on an H200 at B=128 (105 calls, 37.6 ms of a 129 ms step; torch: 3.1 ms;
+    these products: ~1 ms, measured). Never TF32: a gradient keeps float32's precision;
+    float64 stays float64."""
     xp = array_module(x)
     N, H = x.shape
     if out is None:
         out = xp.empty(H, dtype=dtype or x.dtype)
-    key = (xp, x.dtype)
-    if key not in _ONES or _ONES[key].size < N:
-        _ONES[key] = xp.ones(max(N, 2 * _ONES[key].size if key in _ONES else N), x.dtype)
-    gemm(_ONES[key][None, :N], x, out.reshape(1, H), exact=True)
+    gemm(_ones(xp, x.dtype, N, column=False), x, out.reshape(1, H), exact=True)
+    return out
+
+
+def row_mean(x, dtype=None):
+    """x [..., H] averaged over its last axis -> [..., 1] (dtype: float32 for float16 x, the
+    sums in float32), as x @ ones [H, 1] scaled by 1/H in the product: one cuBLAS call where
+    CuPy's mean is a reduction kernel (25 us of host time a call on an H200's host,
+    measured; 104 a BERT-base step, in the LayerNorms). float32 never in TF32. A view whose
+    rows are not adjacent, or another dtype, falls back to CuPy's mean."""
+    xp = array_module(x)
+    H = x.shape[-1]
+    dtype = numpy.dtype(dtype or x.dtype)
+    if not x.flags.c_contiguous or x.size == 0 or \
+            dtype not in (x.dtype, numpy.float32 if x.dtype == HALF else x.dtype):
+        return x.mean(axis=-1, keepdims=True, dtype=dtype)
+    out = xp.empty(x.shape[:-1] + (1,), dtype=dtype)
+    gemm(x.reshape(-1, H), _ones(xp, x.dtype, H, column=True), out.reshape(-1, 1), exact=True,
+         alpha=1.0 / H)
     return out
 
 
@@ -181,9 +261,9 @@ def layernorm_forward(x, gamma, beta, eps):
     xp = array_module(x)
     dtype = x.dtype
     stats = numpy.float32 if dtype == HALF else dtype
-    mean = x.mean(axis=-1, keepdims=True, dtype=stats)
+    mean = row_mean(x, dtype=stats)
     centered, squares = kernels.fused(xp, kernels.center_square)(x, mean)
-    var = squares.mean(axis=-1, keepdims=True)
+    var = row_mean(squares)
     # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
     rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
     xhat, out = xp.empty(x.shape, stats), xp.empty(x.shape, dtype)   # out: x's dtype
@@ -205,8 +285,7 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     dgamma = column_sum(dout_xhat.reshape(-1, H), out=dgamma)
     dbeta = column_sum(dout.reshape(-1, H), out=dbeta, dtype=xhat.dtype)
     dx = kernels.layernorm_dx(xp)(
-        dxhat, xhat, dxhat.mean(axis=-1, keepdims=True),
-        dxhat_xhat.mean(axis=-1, keepdims=True), rstd, xp.empty(xhat.shape, dtype))
+        dxhat, xhat, row_mean(dxhat), row_mean(dxhat_xhat), rstd, xp.empty(xhat.shape, dtype))
     return dx, dgamma, dbeta
 
 # ---------------------------------------------------------------------------------- gelu
