@@ -29,16 +29,16 @@ from nanobert import backend
 ROUNDS, CALLS = 5, 2000
 
 
-def per_call_us(fn, cupy):
-    """Median host microseconds per fn() call over ROUNDS rounds of CALLS calls."""
+def per_call_us(fn, cupy, calls=CALLS):
+    """Median host microseconds per fn() call over ROUNDS rounds of `calls` calls."""
     fn()
     cupy.cuda.Device().synchronize()
     rounds = []
     for _ in range(ROUNDS):
         start = time.perf_counter()
-        for _ in range(CALLS):
+        for _ in range(calls):
             fn()
-        rounds.append((time.perf_counter() - start) / CALLS * 1e6)
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
         cupy.cuda.Device().synchronize()
     return statistics.median(rounds)
 
@@ -173,6 +173,52 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
             2 * scores.nbytes)
 
 
+def graph_replay(cupy, launches=100):
+    """An experiment for issue 32's 'capture the elementwise runs as a CUDA graph': host and
+    GPU microseconds per launch of `launches` in-place elementwise kernels issued one by one
+    against the same kernels replayed from a captured graph; then whether a cuBLAS call
+    (fast_gpu.gemm) can be captured at all (CuPy's cuBLAS wrappers refuse)."""
+    from nanobert.model import fast_gpu
+    x = cupy.ones((64, 48), numpy.float32)
+    w = cupy.ones((48, 48), numpy.float32)
+
+    def chain():
+        for _ in range(launches):
+            cupy.multiply(x, 1.0, out=x)
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        chain()
+        stream.synchronize()
+        stream.begin_capture()
+        chain()
+        graph = stream.end_capture()
+        print(f"\nCUDA graph of {launches} elementwise launches (in place, [64, 48] float32), "
+              "per launch:")
+        for what, fn in (("issued one by one", chain), ("replayed from the graph",
+                                                         lambda: graph.launch(stream))):
+            fn()
+            stream.synchronize()
+            start = time.perf_counter()
+            for _ in range(20):
+                fn()
+            host = (time.perf_counter() - start) / 20 / launches * 1e6
+            stream.synchronize()
+            gpu = gpu_us(fn, cupy) / launches
+            print(f"  {what:<26} host {host:6.2f} us   GPU {gpu:6.2f} us", flush=True)
+        stream.begin_capture()
+        try:
+            fast_gpu.gemm(x, w, cupy.empty((64, 48), numpy.float32))
+            print("  a cuBLAS call (fast_gpu.gemm) captured: no error")
+        except Exception as e:
+            print(f"  a cuBLAS call (fast_gpu.gemm) under capture: {type(e).__name__}: {e}")
+        finally:
+            try:
+                stream.end_capture()
+            except Exception as e:                         # the capture was invalidated
+                print(f"  ending that capture: {type(e).__name__}")
+
+
 def profile_steps(args):
     """cProfile of the host issuing args.steps nanobert steps -> the printed statistics."""
     dtype, tf32 = PRECISIONS[args.precision]
@@ -219,10 +265,14 @@ def main(argv=None):
     parser.add_argument("--precision", choices=PRECISIONS, default="tf32")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
     parser.add_argument("--top", type=int, default=45, help="functions listed (default 45)")
+    parser.add_argument("--calls", type=int, default=CALLS,
+                        help=f"calls per round of the per-call costs (default {CALLS})")
     parser.add_argument("--busy-ms", type=float, default=0,
                         help="keep the GPU busy this long before each step (finds host waits)")
     parser.add_argument("--adds", action="store_true",
                         help="also time the step's adds on the GPU (an experiment)")
+    parser.add_argument("--graph", action="store_true",
+                        help="also time a CUDA graph's replay against eager launches")
     parser.add_argument("--no-calls", action="store_true", help="skip the per-call costs")
     parser.add_argument("--no-profile", action="store_true", help="skip the step's profile")
     args = parser.parse_args(argv)
@@ -230,14 +280,20 @@ def main(argv=None):
         sys.exit("bench.gpu_host: no GPU here (CuPy cannot see a CUDA device)")
     cupy = backend.get_xp("gpu")
     if not args.no_calls:
-        print(f"host microseconds per call (median of {ROUNDS} x {CALLS} calls, tiny arrays)")
+        print(f"host microseconds per call (median of {ROUNDS} x {args.calls} calls, tiny "
+              f"arrays)")
         print(f"{'call':<34}{'nanobert':>10}{'cupy':>10}")
         for what, ours, theirs in building_blocks(cupy):
-            print(f"{what:<34}{per_call_us(ours, cupy):>10.1f}"
-                  + (f"{per_call_us(theirs, cupy):>10.1f}" if theirs else f"{'-':>10}"),
-                  flush=True)
+            print(f"{what:<34}{per_call_us(ours, cupy, args.calls):>10.1f}"
+                  + (f"{per_call_us(theirs, cupy, args.calls):>10.1f}" if theirs
+                     else f"{'-':>10}"), flush=True)
     if args.adds:
         add_kernels(cupy)
+    if args.graph:
+        try:
+            graph_replay(cupy)
+        except Exception as e:                             # an experiment: report, go on
+            print(f"graph experiment failed: {type(e).__name__}: {e}")
     if not args.no_profile:
         profile_steps(args)
 

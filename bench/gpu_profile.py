@@ -37,7 +37,7 @@ PRECISIONS = {"tf32": ("float32", True), "float32": ("float32", False),
               "float16": ("float16", True)}       # name -> (dtype, TF32 for float32 matmuls)
 KINDS = ("matmul", "elementwise", "reduction", "copy")
 SHORT = {"matmul": "matmul", "elementwise": "eltwise", "reduction": "reduce", "copy": "copy"}
-TOP = 12                                            # largest kernels kept per run
+TOP = 16                                            # largest kernels kept per run
 
 
 def kernel_kind(name):

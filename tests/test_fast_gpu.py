@@ -252,3 +252,61 @@ def test_float16_attention_makes_no_cast_kernel(dropout):
     assert not [k for k in kernels if k.startswith("matmul")], kernels
     for a, e in zip(actual[2], expected[2]):
         assert_close(a, e, 1e-2, "stand-in vs NumPy float16 attention gradients")
+
+
+def test_gemm_plans_once_per_layout_and_follows_tf32(cupy, compute_types, monkeypatch):
+    """A layout's checks and arguments are worked out once (_plan) and reused; the TF32
+    setting and the scalars are part of the layout, so a change of either is a new plan."""
+    planned = []
+    real_plan = fast_gpu._plan
+    monkeypatch.setattr(fast_gpu, "_plan", lambda *a: planned.append(a) or real_plan(*a))
+    monkeypatch.setattr(fast_gpu, "_PLANS", {})
+    x, out = cupy.ones((3, 4), numpy.float32), cupy.empty((3, 3), numpy.float32)
+    monkeypatch.setenv("NANOBERT_TF32", "1")
+    for _ in range(3):
+        fast_gpu.gemm(x, x, out, transpose_b=True)
+    assert len(planned) == 1 and (out.get() == 4).all()
+    backend.set_tf32(False)
+    fast_gpu.gemm(x, x, out, transpose_b=True)
+    fast_gpu.gemm(x, x, out, transpose_b=True, alpha=0.5)
+    assert len(planned) == 3 and (out.get() == 2).all()
+    cublas = cupy_standin.cublas
+    assert compute_types == [cublas.CUBLAS_COMPUTE_32F_FAST_TF32] * 3 + \
+        [cublas.CUBLAS_COMPUTE_32F] * 2
+    with pytest.raises(ValueError, match="do not fit"):          # checked, also when cached
+        fast_gpu.gemm(x, x, out)
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16])
+def test_linear_bias_is_a_rank_one_product_summed_in(cupy, dtype):
+    """fast_gpu.linear_forward adds the bias by cuBLAS (ones [N, 1] @ bias [1, out], beta 1):
+    the same numbers as NumPy's x @ w.T + b, each element rounded once after the product
+    (float16: the float32 product rounded to float16, then the sum rounded); two launches."""
+    rng = numpy.random.default_rng(2)
+    x, w = rng.standard_normal((2, 5, 7)).astype(dtype), rng.standard_normal((3, 7)).astype(dtype)
+    b = rng.standard_normal(3).astype(dtype)
+    cupy.counts.reset()
+    out, cache = fast_gpu.linear_forward(cupy.asarray(x), cupy.asarray(w), cupy.asarray(b))
+    kernels = {k: n for k, n in cupy.counts.kernels.items() if not k.startswith(("memcpy",
+                                                                                 "cupy.ones"))}
+    assert kernels == {"cublas.gemmStridedBatchedEx": 2}, kernels     # no add kernel
+    product = (x.astype(numpy.float32) @ w.T.astype(numpy.float32)).astype(dtype) \
+        if dtype == numpy.float16 else x @ w.T
+    assert out.shape == (2, 5, 3) and out.dtype == dtype
+    numpy.testing.assert_array_equal(out.get(), product + b)
+    zero_rows = fast_gpu.linear_forward(cupy.ones((0, 7), dtype), cupy.asarray(w),
+                                        cupy.asarray(b))[0]
+    assert zero_rows.shape == (0, 3)
+
+
+def test_row_mean_reads_rows_in_place_or_falls_back(cupy):
+    """row_mean of contiguous rows is one cuBLAS call (a ones column, 1/H as alpha); a view
+    whose rows are not adjacent, and a dtype cuBLAS cannot write, take CuPy's mean."""
+    x = cupy.asarray(numpy.arange(24, dtype=numpy.float32).reshape(4, 6))
+    cupy.counts.reset()
+    mean = fast_gpu.row_mean(x)
+    assert cupy.counts.kernels == {"cublas.gemmStridedBatchedEx": 1}, dict(cupy.counts.kernels)
+    numpy.testing.assert_allclose(mean.get(), x.get().mean(-1, keepdims=True), rtol=1e-7)
+    numpy.testing.assert_allclose(fast_gpu.row_mean(x[:, ::2]).get(),
+                                  x.get()[:, ::2].mean(-1, keepdims=True), rtol=1e-7)
+    assert fast_gpu.row_mean(x, dtype=numpy.float64).dtype == numpy.float64

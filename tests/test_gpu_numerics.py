@@ -161,6 +161,20 @@ def test_column_sum_equals_numpy(xp, dtype, out_dtype):
     check(f"gpu column_sum {numpy.dtype(dtype).name}", actual, expected,
           *bound(out_dtype or dtype, K=37))
 
+
+@pytest.mark.parametrize("dtype, out_dtype", [(numpy.float64, None), (numpy.float32, None),
+                                              (numpy.float16, numpy.float32)])
+def test_row_mean_equals_numpy(xp, dtype, out_dtype):
+    """fast_gpu.row_mean of [3, 5, 48] (x @ ones / H in cuBLAS, never TF32) against NumPy's
+    mean over the last axis; float16 rows averaged in float32 (K = H, the sum's rounding,
+    plus one for 1/H's)."""
+    x = draw((3, 5, 48), dtype, 4, scale=4.0) + dtype(2)
+    actual = fast_gpu.row_mean(xp.asarray(x), dtype=out_dtype)
+    expected = x.mean(axis=-1, keepdims=True, dtype=out_dtype)
+    assert actual.shape == (3, 5, 1) and actual.dtype == expected.dtype
+    check(f"gpu row_mean {numpy.dtype(dtype).name}", actual, expected,
+          *bound(out_dtype or dtype, K=49))
+
 # ------------------------------------------------------------------------------ the ops
 
 

@@ -240,12 +240,22 @@ def _as_rows(x):
 
 
 def linear_forward(x, weight, bias):
-    """ops.linear_forward: the bias added in place."""
+    """ops.linear_forward in two cuBLAS calls: x @ weight^T (the transpose an op flag), then
+    the bias summed into it as the rank-1 product ones [N, 1] @ bias [1, out] (beta = 1: each
+    element rounded once, as by an add). Measured on an H200 at B=128 (bench.gpu_host --adds):
+    cuBLAS reads and writes [16384, 3072] in 139 us (float16 122), CuPy's broadcasting add in
+    248 (float16 248: its elementwise kernels are bound by the element count, not the
+    bytes)."""
+    xp = array_module(x)
     x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
-    out = matmul(x2, weight.T)                             # [N, out]
-    out += bias
+    out = xp.empty((x2.shape[0], weight.shape[0]), x.dtype)     # [N, out]
+    if x2.strides[-1] != x2.itemsize or weight.strides[-1] != weight.itemsize:
+        matmul(x2, weight.T, out=out)                      # rows not adjacent: a view's copy
+    else:
+        gemm(x2, weight, out, transpose_b=True)
+    gemm(_ones(xp, out.dtype, out.shape[0], column=True), bias.reshape(1, -1), out, exact=True,
+         accumulate=True)
     return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
-
 
 
 # ----------------------------------------------------------------------------- layernorm
