@@ -131,9 +131,9 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
         "raw T bias, uint32 H", "T out",
         "out = out + bias[(unsigned int)i % H]", "nanobert_experiment_add_bias")
     add_mask = cupy.ElementwiseKernel(       # scores [B, A, T, T] += mask [B, 1, 1, T]
-        "raw T mask, uint32 T, uint32 ATT", "T out",
-        "out = out + mask[((unsigned int)i / ATT) * T + (unsigned int)i % T]",
-        "nanobert_experiment_add_mask")
+        "raw T mask, uint32 keys, uint32 per_row", "T out",      # (a parameter named T is
+        "out = out + mask[((unsigned int)i / per_row) * keys + (unsigned int)i % keys]",
+        "nanobert_experiment_add_mask")                         # the type, CuPy's placeholder)
     print(f"\nGPU us per call, B={B} T={T} (median of 20 between events; GB/s: bytes read + "
           f"written over that time)")
 
@@ -217,6 +217,115 @@ def graph_replay(cupy, launches=100):
                 stream.end_capture()
             except Exception as e:                         # the capture was invalidated
                 print(f"  ending that capture: {type(e).__name__}")
+    try:
+        cublas_in_a_graph(cupy, stream)
+    except Exception as e:                                 # an experiment: report, go on
+        print(f"  cuBLAS through ctypes in a graph failed: {type(e).__name__}: {e}"[:400])
+
+
+def cublas_in_a_graph(cupy, stream, repeats=20):
+    """Whether cuBLAS itself, called through ctypes (not CuPy's wrapper, which refuses under
+    capture), can be captured with elementwise kernels and replayed: `repeats` times
+    (out = a @ w, then a = out * 0.5) captured, replayed, and compared with the same
+    sequence run eagerly; host and GPU microseconds per replay."""
+    import ctypes
+    from nanobert.model import fast_gpu
+    a0 = cupy.random.default_rng(0).standard_normal((64, 48), dtype=numpy.float32)
+    w = cupy.random.default_rng(1).standard_normal((48, 48), dtype=numpy.float32) / 7
+    out = cupy.empty((64, 48), numpy.float32)
+    fast_gpu.gemm(a0, w, out)              # CuPy loads cuBLAS (ctypes then finds it loaded)
+    lib = next((ctypes.CDLL(name) for name in ("libcublas.so.13", "libcublas.so.12",
+                                               "libcublas.so") if _loads(name)), None)
+    if lib is None:
+        print("  cuBLAS through ctypes: no libcublas.so.13/.12 to load")
+        return
+    p, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    lib.cublasSetStream_v2.argtypes = [p, p]
+    gemm = lib.cublasGemmStridedBatchedEx
+    gemm.argtypes = [p, i, i, i, i, i, p, p, i, i, ll, p, i, i, ll, p, p, i, i, ll, i, i, i]
+    one, zero = numpy.ones((), numpy.float32), numpy.zeros((), numpy.float32)
+    handle = cupy.cuda.device.get_cublas_handle()
+    a = a0.copy()
+
+    def step():                            # row-major out = a @ w is out^T = w^T a^T
+        status = lib.cublasSetStream_v2(handle, stream.ptr) or gemm(
+            handle, 0, 0, 48, 64, 48, one.ctypes.data, w.data.ptr, 0, 48, 0, a.data.ptr, 0,
+            48, 0, zero.ctypes.data, out.data.ptr, 0, 48, 0, 1, 68, -1)
+        if status:
+            raise RuntimeError(f"cuBLAS status {status}")
+        cupy.multiply(out, 0.5, out=a)
+
+    with stream:
+        for _ in range(repeats):
+            step()
+        expected = a.copy()
+        a[...] = a0
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            for _ in range(repeats):
+                step()
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        same = bool((a == expected).all())
+        start = time.perf_counter()
+        for _ in range(20):
+            graph.launch(stream)
+        host = (time.perf_counter() - start) / 20 * 1e6
+        stream.synchronize()
+        gpu = gpu_us(lambda: graph.launch(stream), cupy)
+    print(f"  cuBLAS through ctypes, {repeats} x (product + elementwise) in one graph: the "
+          f"replay {'equals' if same else 'DIFFERS from'} the eager run; host {host:.1f} us, "
+          f"GPU {gpu:.1f} us a replay ({2 * repeats} launches)")
+
+
+def _loads(name):
+    import ctypes
+    try:
+        ctypes.CDLL(name)
+        return True
+    except OSError:
+        return False
+
+
+# Adds over 16-byte elements: the arrays viewed as complex128 (CuPy's 16-byte type), each
+# element's bytes read as 4 floats or 8 halves. Whether CuPy's elementwise kernels reach the
+# memory's bandwidth when each thread moves 16 bytes instead of 2 or 4 (an experiment).
+VECTOR_ADD = {
+    "float32": """const float4 x = *reinterpret_cast<const float4*>(&a);
+                  const float4 y = *reinterpret_cast<const float4*>(&b);
+                  *reinterpret_cast<float4*>(&c) = make_float4(x.x + y.x, x.y + y.y,
+                                                               x.z + y.z, x.w + y.w);""",
+    "float16": """const __half2* x = reinterpret_cast<const __half2*>(&a);
+                  const __half2* y = reinterpret_cast<const __half2*>(&b);
+                  __half2* z = reinterpret_cast<__half2*>(&c);
+                  for (int j = 0; j < 4; ++j) z[j] = __hadd2(x[j], y[j]);"""}
+
+
+def vector_adds(cupy, shape=(16384, 3072)):
+    """GPU time of a same-shape add c = a + b at B=128's FFN size: CuPy's ufunc (an element
+    of 2 or 4 bytes a thread) against an ElementwiseKernel over 16-byte views."""
+    print(f"\nGPU us per same-shape add c = a + b, {list(shape)} (median of 20 between "
+          f"events; GB/s: bytes read + written)")
+    for name, body in VECTOR_ADD.items():
+        a, b, c = (cupy.ones(shape, name) for _ in range(3))
+        wide = [x.reshape(-1).view(cupy.complex128) for x in (a, b, c)]
+        kernel = cupy.ElementwiseKernel("complex128 a, complex128 b", "complex128 c", body,
+                                        f"nanobert_experiment_add16_{name}",
+                                        preamble="#include <cuda_fp16.h>")
+        for what, fn in (("CuPy's add", lambda: cupy.add(a, b, out=c)),
+                         ("16 bytes a thread", lambda: kernel(*wide))):
+            try:
+                us = gpu_us(fn, cupy)
+                print(f"  {name:<8} {what:<20}{us:9.1f} us {3 * a.nbytes / us / 1e3:8.0f} GB/s",
+                      flush=True)
+            except Exception as e:                         # an experiment: report, go on
+                print(f"  {name:<8} {what:<20} failed: {type(e).__name__}: {e}"[:300])
+        if name == "float16":
+            equal = bool((c == a + b).all())
+            print(f"  float16 16-byte sums equal CuPy's: {equal}")
 
 
 def profile_steps(args):
@@ -271,6 +380,8 @@ def main(argv=None):
                         help="keep the GPU busy this long before each step (finds host waits)")
     parser.add_argument("--adds", action="store_true",
                         help="also time the step's adds on the GPU (an experiment)")
+    parser.add_argument("--vector", action="store_true",
+                        help="also time adds that move 16 bytes a thread (an experiment)")
     parser.add_argument("--graph", action="store_true",
                         help="also time a CUDA graph's replay against eager launches")
     parser.add_argument("--no-calls", action="store_true", help="skip the per-call costs")
@@ -289,6 +400,8 @@ def main(argv=None):
                      else f"{'-':>10}"), flush=True)
     if args.adds:
         add_kernels(cupy)
+    if args.vector:
+        vector_adds(cupy)
     if args.graph:
         try:
             graph_replay(cupy)

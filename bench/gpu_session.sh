@@ -16,8 +16,9 @@
 #   base     $BASE's nanobert (an older checkout), profiled by this bench.gpu_profile, alone
 #   host     bench.gpu_host: host cost per call, and where the host waits (the GPU kept busy
 #            200 ms before each step), BERT-base and BERT-mini at B=32
-#   adds     bench.gpu_host --adds --graph: GPU time of the step's adds and row means against
-#            the alternatives; a CUDA graph's replay against eager launches
+#   adds     bench.gpu_host --adds --vector --graph: GPU time of the step's adds and row means
+#            against the alternatives, of adds that move 16 bytes a thread; a CUDA graph's
+#            replay against eager launches, and cuBLAS (through ctypes) inside a graph
 set -u
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -50,7 +51,7 @@ run_phase() {
         fi ;;
     host) TAIL=45 phase host 90 bash -c "$PY -m bench.gpu_host --busy-ms 200 --top 30 && \
         $PY -m bench.gpu_host --no-calls --preset mini --busy-ms 200 --top 8" ;;
-    adds) phase adds 40 $PY -m bench.gpu_host --adds --graph --no-calls --no-profile ;;
+    adds) phase adds 60 $PY -m bench.gpu_host --adds --vector --graph --no-calls --no-profile ;;
     *) echo "bench/gpu_session.sh: no phase '$1' (env profile tests train base host adds)"
        return 2 ;;
     esac
