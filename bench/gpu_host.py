@@ -122,18 +122,32 @@ def gpu_us(fn, cupy, reps=20):
     return statistics.median(times)
 
 
+def indexed_add_kernels(cupy):
+    """out [N, H] += bias [H] by a 32-bit row index; scores [B, A, T, T] += mask [B, 1, 1, T]
+    likewise (a parameter named T would be CuPy's type placeholder: keys)."""
+    add_bias = cupy.ElementwiseKernel(
+        "raw T bias, uint32 H", "T out",
+        "out = out + bias[(unsigned int)i % H]", "nanobert_experiment_add_bias")
+    add_mask = cupy.ElementwiseKernel(
+        "raw T mask, uint32 keys, uint32 per_row", "T out",
+        "out = out + mask[((unsigned int)i / per_row) * keys + (unsigned int)i % keys]",
+        "nanobert_experiment_add_mask")
+    return add_bias, add_mask
+
+
+def vector_add_kernel(cupy, name):
+    """c = a + b over 16-byte views (complex128 elements) of float32 or float16 arrays."""
+    return cupy.ElementwiseKernel("complex128 a, complex128 b", "complex128 c",
+                                  VECTOR_ADD[name], f"nanobert_experiment_add16_{name}",
+                                  preamble="#include <cuda_fp16.h>")
+
+
 def add_kernels(cupy, B=128, T=128, H=768, A=12):
     """GPU time of the step's adds and row means at BERT-base B=128 sizes, each beside the
     alternatives (an experiment: the adds took 7.7 ms a step in float32 and in float16 alike
     on an H200, so they look bound by something other than bytes)."""
     from nanobert.model import fast_gpu
-    add_bias = cupy.ElementwiseKernel(
-        "raw T bias, uint32 H", "T out",
-        "out = out + bias[(unsigned int)i % H]", "nanobert_experiment_add_bias")
-    add_mask = cupy.ElementwiseKernel(       # scores [B, A, T, T] += mask [B, 1, 1, T]
-        "raw T mask, uint32 keys, uint32 per_row", "T out",      # (a parameter named T is
-        "out = out + mask[((unsigned int)i / per_row) * keys + (unsigned int)i % keys]",
-        "nanobert_experiment_add_mask")                         # the type, CuPy's placeholder)
+    add_bias, add_mask = indexed_add_kernels(cupy)
     print(f"\nGPU us per call, B={B} T={T} (median of 20 between events; GB/s: bytes read + "
           f"written over that time)")
 
@@ -309,12 +323,10 @@ def vector_adds(cupy, shape=(16384, 3072)):
     of 2 or 4 bytes a thread) against an ElementwiseKernel over 16-byte views."""
     print(f"\nGPU us per same-shape add c = a + b, {list(shape)} (median of 20 between "
           f"events; GB/s: bytes read + written)")
-    for name, body in VECTOR_ADD.items():
+    for name in VECTOR_ADD:
         a, b, c = (cupy.ones(shape, name) for _ in range(3))
         wide = [x.reshape(-1).view(cupy.complex128) for x in (a, b, c)]
-        kernel = cupy.ElementwiseKernel("complex128 a, complex128 b", "complex128 c", body,
-                                        f"nanobert_experiment_add16_{name}",
-                                        preamble="#include <cuda_fp16.h>")
+        kernel = vector_add_kernel(cupy, name)
         for what, fn in (("CuPy's add", lambda: cupy.add(a, b, out=c)),
                          ("16 bytes a thread", lambda: kernel(*wide))):
             try:
@@ -326,6 +338,48 @@ def vector_adds(cupy, shape=(16384, 3072)):
         if name == "float16":
             equal = bool((c == a + b).all())
             print(f"  float16 16-byte sums equal CuPy's: {equal}")
+    gelu_half(cupy, shape)
+
+
+GELU = "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"
+
+
+def gelu_kernels(cupy):
+    """GELU (erf) on float16: one element a thread (as kernels.py's GELU reads float16 today)
+    and 8 a thread over 16-byte views."""
+    narrow = cupy.ElementwiseKernel("float16 x", "float16 y", f"float v = x; y = {GELU};",
+                                    "nanobert_experiment_gelu_half")
+    wide = cupy.ElementwiseKernel(
+        "complex128 x", "complex128 y",
+        f"""const __half* in = reinterpret_cast<const __half*>(&x);
+            __half* out = reinterpret_cast<__half*>(&y);
+            for (int j = 0; j < 8; ++j) {{
+                const float v = __half2float(in[j]);
+                out[j] = __float2half({GELU});
+            }}""", "nanobert_experiment_gelu_half16", preamble="#include <cuda_fp16.h>")
+    return narrow, wide
+
+
+def gelu_half(cupy, shape):
+    """The question of vector_adds for a kernel with arithmetic in it (gelu_kernels)."""
+    narrow, wide = gelu_kernels(cupy)
+    x = cupy.random.default_rng(0).standard_normal(shape, dtype=numpy.float32).astype(
+        numpy.float16)
+    y_narrow, y_wide = cupy.empty_like(x), cupy.empty_like(x)
+    for what, fn in (("GELU, 1 element a thread", lambda: narrow(x, y_narrow)),
+                     ("GELU, 8 elements a thread", lambda: wide(
+                         x.reshape(-1).view(cupy.complex128),
+                         y_wide.reshape(-1).view(cupy.complex128)))):
+        try:
+            us = gpu_us(fn, cupy)
+            print(f"  float16  {what:<26}{us:9.1f} us {2 * x.nbytes / us / 1e3:8.0f} GB/s",
+                  flush=True)
+        except Exception as e:                             # an experiment: report, go on
+            print(f"  float16  {what:<26} failed: {type(e).__name__}: {e}"[:300])
+    try:
+        print(f"  the two GELUs equal: {bool((y_narrow == y_wide).all())}")
+    except Exception as e:
+        print(f"  comparing the GELUs failed: {type(e).__name__}")
 
 
 def profile_steps(args):

@@ -35,3 +35,38 @@ def test_without_a_gpu_it_says_so():
     r = subprocess.run([sys.executable, "-m", "bench.gpu_host", "--no-profile"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "no GPU here" in r.stderr
+
+
+def test_the_experiment_kernels_compile_for_sm90():
+    """The experiments' CUDA (16-byte adds and GELU, indexed adds, the spin kernel) turned into
+    source by CuPy 14's generator and compiled by nvcc for sm_90, as
+    tests/test_kernels_compile.py does for the model's kernels: the H200 run found one that
+    did not compile (a parameter named T, CuPy's type placeholder)."""
+    import numpy
+    tk = pytest.importorskip("test_kernels_compile")
+    try:
+        import cupy
+        from cupy.cuda import compiler
+    except ImportError as e:
+        pytest.skip(f"CuPy's generator is not importable: {e}")
+    if cupy.cuda.get_nvcc_path() is None:
+        pytest.skip("nvcc not found: the experiments' CUDA is not compiled")
+    import bench.gpu_host as gpu_host
+    wide = ("a", numpy.complex128)
+    calls = [(gpu_host.vector_add_kernel(cupy, name), (wide, wide, wide))
+             for name in gpu_host.VECTOR_ADD]
+    narrow, gelu16 = gpu_host.gelu_kernels(cupy)
+    calls += [(narrow, (("a", numpy.float16), ("a", numpy.float16))), (gelu16, (wide, wide))]
+    add_bias, add_mask = gpu_host.indexed_add_kernels(cupy)
+    for dtype in (numpy.float32, numpy.float16):
+        calls += [(add_bias, (("v", dtype), ("s", numpy.uint32), ("a", dtype))),
+                  (add_mask, (("v", dtype), ("s", numpy.uint32), ("s", numpy.uint32),
+                              ("a", dtype)))]
+    errors = {f"{kernel.name} {i}": tk._nvcc_errors(
+        cupy, tk._elementwise_source(cupy, kernel, args, "contiguous"))
+        for i, (kernel, args) in enumerate(calls)}
+    try:
+        compiler.compile_using_nvcc(gpu_host.SPIN, arch=tk.ARCH, code_type="cubin")
+    except compiler.CompileException as e:
+        errors["nanobert_spin"] = str(e)[-2000:]
+    assert not any(errors.values()), {k: v for k, v in errors.items() if v}
