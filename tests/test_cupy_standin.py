@@ -260,8 +260,9 @@ def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
     CuPy 14 launches, 1,118 and 1,672 before fast_gpu's cuBLAS calls and fused kernels,
     1,080 and 1,112 after, 974 and 1,032 once LayerNorm's row means (CUB's sum and a divide)
     became one cuBLAS call each; the budgets, 976 and 1,034, leave room for the fills of the
-    ones vectors those calls multiply by, made once per process. CUPTI saw 1,000 kernels for a whole B=32 TF32
-    step on an H200 where this counts 968 (cuBLAS splits some products in two).
+    ones vectors those calls multiply by, made once per process. CUPTI saw 1,000 kernels for
+    a whole B=32 TF32 step on an H200 where this counts 968 (cuBLAS splits some products in
+    two).
     Clipping + AdamW <= 9 (vdot alone is 4). The 6 host-to-device copies of the batch are
     async copies from pinned memory (backend.PinnedStaging): 0 host waits (6 when they were
     pageable). Counts depend on the layer count, hardly on B and T (only where a reduction

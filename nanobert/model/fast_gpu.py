@@ -37,8 +37,9 @@ from .ops import AttentionCache
 
 def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False, alpha=1.0,
          accumulate=False):
-    """out[s] = alpha op(a[s]) @ op(b[s]) (+ out[s] if accumulate) for stacks [S..., rows, cols] of row-major matrices
-    (op a transpose when asked), one cuBLAS call: each matrix's elements in a row adjacent,
+    """out[s] = alpha op(a[s]) @ op(b[s]) (+ out[s] if accumulate) for stacks [S..., rows,
+    cols] of row-major matrices (op a transpose when asked), one cuBLAS call: each matrix's
+    elements in a row adjacent,
     rows any distance apart (a view of wider rows is read in place), and the stack's matrices
     equally spaced. out may be float32 for float16 operands (the sum rounded once, into a
     float32 gradient buffer); exact: float32 never in TF32 (sums that must keep float32's
