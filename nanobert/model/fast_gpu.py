@@ -39,14 +39,14 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False, alpha=1.0
          accumulate=False):
     """out[s] = alpha op(a[s]) @ op(b[s]) (+ out[s] if accumulate) for stacks [S..., rows,
     cols] of row-major matrices (op a transpose when asked), one cuBLAS call: each matrix's
-    elements in a row adjacent,
-    rows any distance apart (a view of wider rows is read in place), and the stack's matrices
-    equally spaced. out may be float32 for float16 operands (the sum rounded once, into a
-    float32 gradient buffer); exact: float32 never in TF32 (sums that must keep float32's
-    precision). cuBLAS is column-major: the row-major out = A B is its out^T = B^T A^T, so B
-    goes first. Host cost (an H200's host, measured): CuPy's 2-D matmul takes 17.5 us a call;
-    checking the layout and working out cuBLAS's arguments in Python took ~8 us more, so that
-    is done once per layout (_plan) and a call is a dictionary lookup and the cuBLAS call."""
+    elements in a row adjacent, rows any distance apart (a view of wider rows is read in
+    place), and the stack's matrices equally spaced. out may be float32 for float16 operands
+    (the sum rounded once, into a float32 gradient buffer); exact: float32 never in TF32
+    (sums that must keep float32's precision). cuBLAS is column-major: the row-major
+    out = A B is its out^T = B^T A^T, so B goes first. Host cost (an H200's host, measured):
+    CuPy's 2-D matmul takes 17.5 us a call; checking the layout and working out cuBLAS's
+    arguments in Python took ~8 us more, so that is done once per layout (_plan) and a call
+    is a dictionary lookup and the cuBLAS call."""
     from cupy_backends.cuda.libs import cublas
     key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char,
            b.dtype.char, out.dtype.char, transpose_a, transpose_b, exact, tf32_enabled(), alpha,
