@@ -310,3 +310,19 @@ def test_row_mean_reads_rows_in_place_or_falls_back(cupy):
     numpy.testing.assert_allclose(fast_gpu.row_mean(x[:, ::2]).get(),
                                   x.get()[:, ::2].mean(-1, keepdims=True), rtol=1e-7)
     assert fast_gpu.row_mean(x, dtype=numpy.float64).dtype == numpy.float64
+
+
+def test_plan_and_ones_caches_stay_bounded(cupy, monkeypatch):
+    """Inference with many batch shapes makes many layouts and many row counts: the plans and
+    the ones vectors' views are dropped once there are _MAX_PLANS of them, and the products
+    after that are still right."""
+    monkeypatch.setattr(fast_gpu, "_MAX_PLANS", 2)
+    monkeypatch.setattr(fast_gpu, "_PLANS", {})
+    monkeypatch.setattr(fast_gpu, "_ONES_VIEWS", {})
+    w = cupy.ones((3, 4), numpy.float32)
+    for rows in range(1, 6):
+        x = cupy.asarray(numpy.arange(4 * rows, dtype=numpy.float32).reshape(rows, 4))
+        assert (fast_gpu.column_sum(x).get() == x.get().sum(axis=0)).all()
+        out = fast_gpu.linear_forward(x, w, cupy.zeros(3, numpy.float32))[0]
+        assert (out.get() == x.get() @ w.get().T).all()
+        assert len(fast_gpu._PLANS) <= 2 and len(fast_gpu._ONES_VIEWS) <= 2

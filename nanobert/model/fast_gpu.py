@@ -170,6 +170,8 @@ def _ones(xp, dtype, n, column):
     key = (xp, dtype.char, n, column)
     view = _ONES_VIEWS.get(key)
     if view is None:
+        if len(_ONES_VIEWS) >= _MAX_PLANS:                 # many lengths (inference): start over
+            _ONES_VIEWS.clear()
         ones = _ONES.get(key[:2])
         if ones is None or ones.size < n:
             ones = _ONES[key[:2]] = xp.ones(1 << max(n - 1, 1).bit_length(), dtype)
