@@ -320,7 +320,8 @@ VECTOR_ADD = {
 
 def vector_adds(cupy, shape=(16384, 3072)):
     """GPU time of a same-shape add c = a + b at B=128's FFN size: CuPy's ufunc (an element
-    of 2 or 4 bytes a thread) against an ElementwiseKernel over 16-byte views."""
+    of 2 or 4 bytes a thread) against an ElementwiseKernel over 16-byte views, and the same
+    one-element kernel in blocks of 128 (CuPy's default) to 1,024 threads."""
     print(f"\nGPU us per same-shape add c = a + b, {list(shape)} (median of 20 between "
           f"events; GB/s: bytes read + written)")
     for name in VECTOR_ADD:
@@ -338,7 +339,21 @@ def vector_adds(cupy, shape=(16384, 3072)):
         if name == "float16":
             equal = bool((c == a + b).all())
             print(f"  float16 16-byte sums equal CuPy's: {equal}")
+        plain = plain_add_kernel(cupy)
+        for block in (128, 256, 512, 1024):       # CuPy's launch: one element a thread, 128
+            try:
+                us = gpu_us(lambda: plain(a, b, c, block_size=block), cupy)
+                print(f"  {name:<8} {f'blocks of {block}':<20}{us:9.1f} us "
+                      f"{3 * a.nbytes / us / 1e3:8.0f} GB/s", flush=True)
+            except Exception as e:                         # an experiment: report, go on
+                print(f"  {name:<8} blocks of {block} failed: {type(e).__name__}: {e}"[:300])
     gelu_half(cupy, shape)
+
+
+def plain_add_kernel(cupy):
+    """c = a + b as an ElementwiseKernel, one element a thread (the block size is the call's
+    block_size=)."""
+    return cupy.ElementwiseKernel("T a, T b", "T c", "c = a + b", "nanobert_experiment_add")
 
 
 GELU = "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"

@@ -57,6 +57,8 @@ def test_the_experiment_kernels_compile_for_sm90():
              for name in gpu_host.VECTOR_ADD]
     narrow, gelu16 = gpu_host.gelu_kernels(cupy)
     calls += [(narrow, (("a", numpy.float16), ("a", numpy.float16))), (gelu16, (wide, wide))]
+    calls += [(gpu_host.plain_add_kernel(cupy), (("a", dtype),) * 3)
+              for dtype in (numpy.float32, numpy.float16)]
     add_bias, add_mask = gpu_host.indexed_add_kernels(cupy)
     for dtype in (numpy.float32, numpy.float16):
         calls += [(add_bias, (("v", dtype), ("s", numpy.uint32), ("a", dtype))),
