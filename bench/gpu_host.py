@@ -23,7 +23,7 @@ import time
 import numpy
 
 import bench.train_step as train_step
-from bench.gpu_profile import PRECISIONS, PRESETS, make_config
+from bench.gpu_profile import PRECISIONS, PRESETS, cupy_event_ms, make_config
 from nanobert import backend
 
 ROUNDS, CALLS = 5, 2000
@@ -108,18 +108,21 @@ def issue_ms(step, cupy, busy_ms, steps):
     return statistics.median(times)
 
 
-def gpu_us(fn, cupy, reps=20):
-    """Median GPU microseconds of fn()'s kernels between two events, after a warm-up."""
+def gpu_us(fn, reps=20):
+    """Median GPU microseconds of fn()'s kernels between two events (bench.gpu_profile's
+    cupy_event_ms), after a warm-up."""
     fn()
-    times = []
-    for _ in range(reps):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(1e3 * cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
+    return 1e3 * cupy_event_ms(fn, reps)
+
+
+def show(label, fn, nbytes):
+    """An experiment's line: the GPU microseconds of fn() and the bytes it reads and writes
+    per second; a failure is printed, not raised (the next experiment still runs)."""
+    try:
+        us = gpu_us(fn)
+        print(f"  {label:<58}{us:9.1f} us {nbytes / us / 1e3:8.0f} GB/s", flush=True)
+    except Exception as e:
+        print(f"  {label:<58} failed: {type(e).__name__}: {e}"[:300], flush=True)
 
 
 def indexed_add_kernels(cupy):
@@ -150,13 +153,6 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
     add_bias, add_mask = indexed_add_kernels(cupy)
     print(f"\nGPU us per call, B={B} T={T} (median of 20 between events; GB/s: bytes read + "
           f"written over that time)")
-
-    def show(label, fn, moved):
-        try:
-            us = gpu_us(fn, cupy)
-            print(f"  {label:<58}{us:9.1f} us {moved / us / 1e3:8.0f} GB/s", flush=True)
-        except Exception as e:                             # an experiment: report, go on
-            print(f"  {label:<58} failed: {type(e).__name__}: {e}"[:300], flush=True)
 
     for dtype in (numpy.float32, numpy.float16):
         name = numpy.dtype(dtype).name
@@ -218,7 +214,7 @@ def graph_replay(cupy, launches=100):
                 fn()
             host = (time.perf_counter() - start) / 20 / launches * 1e6
             stream.synchronize()
-            gpu = gpu_us(fn, cupy) / launches
+            gpu = gpu_us(fn) / launches
             print(f"  {what:<26} host {host:6.2f} us   GPU {gpu:6.2f} us", flush=True)
         stream.begin_capture()
         try:
@@ -289,7 +285,7 @@ def cublas_in_a_graph(cupy, stream, repeats=20):
             graph.launch(stream)
         host = (time.perf_counter() - start) / 20 * 1e6
         stream.synchronize()
-        gpu = gpu_us(lambda: graph.launch(stream), cupy)
+        gpu = gpu_us(lambda: graph.launch(stream))
     print(f"  cuBLAS through ctypes, {repeats} x (product + elementwise) in one graph: the "
           f"replay {'equals' if same else 'DIFFERS from'} the eager run; host {host:.1f} us, "
           f"GPU {gpu:.1f} us a replay ({2 * repeats} launches)")
@@ -328,25 +324,15 @@ def vector_adds(cupy, shape=(16384, 3072)):
         a, b, c = (cupy.ones(shape, name) for _ in range(3))
         wide = [x.reshape(-1).view(cupy.complex128) for x in (a, b, c)]
         kernel = vector_add_kernel(cupy, name)
-        for what, fn in (("CuPy's add", lambda: cupy.add(a, b, out=c)),
-                         ("16 bytes a thread", lambda: kernel(*wide))):
-            try:
-                us = gpu_us(fn, cupy)
-                print(f"  {name:<8} {what:<20}{us:9.1f} us {3 * a.nbytes / us / 1e3:8.0f} GB/s",
-                      flush=True)
-            except Exception as e:                         # an experiment: report, go on
-                print(f"  {name:<8} {what:<20} failed: {type(e).__name__}: {e}"[:300])
+        show(f"{name} CuPy's add", lambda: cupy.add(a, b, out=c), 3 * a.nbytes)
+        show(f"{name} 16 bytes a thread", lambda: kernel(*wide), 3 * a.nbytes)
         if name == "float16":
             equal = bool((c == a + b).all())
             print(f"  float16 16-byte sums equal CuPy's: {equal}")
         plain = plain_add_kernel(cupy)
         for block in (128, 256, 512, 1024):       # CuPy's launch: one element a thread, 128
-            try:
-                us = gpu_us(lambda: plain(a, b, c, block_size=block), cupy)
-                print(f"  {name:<8} {f'blocks of {block}':<20}{us:9.1f} us "
-                      f"{3 * a.nbytes / us / 1e3:8.0f} GB/s", flush=True)
-            except Exception as e:                         # an experiment: report, go on
-                print(f"  {name:<8} blocks of {block} failed: {type(e).__name__}: {e}"[:300])
+            show(f"{name} blocks of {block}", lambda: plain(a, b, c, block_size=block),
+                 3 * a.nbytes)
     gelu_half(cupy, shape)
 
 
@@ -381,16 +367,10 @@ def gelu_half(cupy, shape):
     x = cupy.random.default_rng(0).standard_normal(shape, dtype=numpy.float32).astype(
         numpy.float16)
     y_narrow, y_wide = cupy.empty_like(x), cupy.empty_like(x)
-    for what, fn in (("GELU, 1 element a thread", lambda: narrow(x, y_narrow)),
-                     ("GELU, 8 elements a thread", lambda: wide(
-                         x.reshape(-1).view(cupy.complex128),
-                         y_wide.reshape(-1).view(cupy.complex128)))):
-        try:
-            us = gpu_us(fn, cupy)
-            print(f"  float16  {what:<26}{us:9.1f} us {2 * x.nbytes / us / 1e3:8.0f} GB/s",
-                  flush=True)
-        except Exception as e:                             # an experiment: report, go on
-            print(f"  float16  {what:<26} failed: {type(e).__name__}: {e}"[:300])
+    show("float16 GELU, 1 element a thread", lambda: narrow(x, y_narrow), 2 * x.nbytes)
+    show("float16 GELU, 8 elements a thread", lambda: wide(
+        x.reshape(-1).view(cupy.complex128), y_wide.reshape(-1).view(cupy.complex128)),
+        2 * x.nbytes)
     try:
         print(f"  the two GELUs equal: {bool((y_narrow == y_wide).all())}")
     except Exception as e:
