@@ -146,9 +146,9 @@ def vector_add_kernel(cupy, name):
 
 
 def add_kernels(cupy, B=128, T=128, H=768, A=12):
-    """GPU time of the step's adds and row means at BERT-base B=128 sizes, each beside the
-    alternatives (an experiment: the adds took 7.7 ms a step in float32 and in float16 alike
-    on an H200, so they look bound by something other than bytes)."""
+    """GPU time of the step's adds, row means and row kernels at BERT-base B=128 sizes, each
+    beside the alternatives (an experiment: the adds took 7.7 ms a step in float32 and in
+    float16 alike on an H200, so they look bound by something other than bytes)."""
     from nanobert.model import fast_gpu
     add_bias, add_mask = indexed_add_kernels(cupy)
     print(f"\nGPU us per call, B={B} T={T} (median of 20 between events; GB/s: bytes read + "
@@ -173,9 +173,19 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
             if width == H:
                 show(f"{shape} row mean (CuPy)", lambda: out.mean(
                     axis=-1, keepdims=True, dtype=numpy.float32), out.nbytes)
-                show(f"{shape} row mean (cuBLAS)", lambda: fast_gpu.row_mean(
-                    out, dtype=numpy.float32), out.nbytes)
+                # the row kernels: read x, write xhat (float32) and out; read dout and xhat,
+                # write dx and dout * xhat
+                gamma, stats = cupy.ones(H, dtype), 4 * out.size
+                forward = fast_gpu.layernorm_forward(out, gamma, gamma, 1e-12)
+                show(f"{shape} LayerNorm forward (row kernel)", lambda: fast_gpu.layernorm_forward(
+                    out, gamma, gamma, 1e-12), 2 * out.nbytes + stats)
+                show(f"{shape} LayerNorm backward (row kernel + 2 column sums)",
+                     lambda: fast_gpu.layernorm_backward(out, forward[1]),
+                     3 * out.nbytes + 3 * stats)
         scores, mask = cupy.ones((B, A, T, T), dtype), cupy.ones((B, 1, 1, T), dtype)
+        show(f"{name} mask + softmax + dropout [B, A, T, T] (row kernel)",
+             lambda: fast_gpu._softmax(scores, mask, 0.1, cupy.random.default_rng(0)),
+             4 * scores.nbytes + 4 * scores.size)
         show(f"{name} scores += mask [B, A, T, T] (CuPy)", lambda: scores.__iadd__(mask),
              2 * scores.nbytes)
         show(f"{name} mask by a 32-bit index", lambda: add_mask(

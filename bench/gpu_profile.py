@@ -44,7 +44,9 @@ def kernel_kind(name):
     """A GPU kernel's name -> matmul / copy / reduction / elementwise. cuBLAS and CUTLASS
     kernels (gemm, xmma, cutlass, sm80_/sm90_ tiles) are matmuls; CuPy's cupy_copy__* (casts
     and contiguous copies) copies; CuPy's and CUB's sums, means, max and the project's row
-    sums reductions; every other kernel elementwise (ufuncs, fused and custom kernels)."""
+    sums reductions; every other kernel elementwise (ufuncs, fused and custom kernels, and
+    the row kernels, nanobert_layernorm_* and nanobert_softmax_*: a row's reduction and its
+    map in one kernel, counted with the maps)."""
     n = name.lower()
     if any(k in n for k in ("gemm", "xmma", "cutlass", "cublas", "gemv", "sm80_", "sm90_")):
         return "matmul"

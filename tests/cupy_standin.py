@@ -1468,3 +1468,62 @@ KERNEL_FUNCTIONS.update(erff=_erff, expf=lambda v: numpy.exp(numpy.asarray(v, nu
 # C++'s functional cast float(v) (a float16 read as float32 in a map expression)
 KERNEL_FUNCTIONS.update(float=lambda v: numpy.asarray(v).astype(numpy.float32),
                         float16=lambda v: numpy.asarray(v).astype(numpy.float16))
+
+# ============================================================================================
+# Raw CUDA kernels (kernels.py's row kernels): cupy.RawModule's source compiled for the CPU
+# and run there by tests/cuda_emulation.py, on the stand-in arrays' own memory. A call passes
+# what CuPy passes: device arrays (here: C-contiguous, of the parameter's dtype, as the
+# kernels index them) and NumPy scalars of the parameter's exact type (CuPy would pass a
+# Python int as 8 bytes, a float as a double, misreading the parameters after it). One launch
+# a call; a 1-D grid of whole warps.
+# ============================================================================================
+
+import cuda_emulation  # noqa: E402
+
+
+class RawModule:
+    def __init__(self, code=None, path=None, options=(), backend="nvrtc",
+                 translate_cucomplex=False, enable_cooperative_groups=False,
+                 name_expressions=None, log_stream=None, jitify=False):
+        _check_call("RawModule", _signature(real_cupy.RawModule.__init__),
+                    (None, code), dict(options=options, backend=backend))
+        if code is None or path is not None or name_expressions:
+            raise StandinError("RawModule: the stand-in compiles code= only")
+        self.code = code
+        self.kernels = cuda_emulation.signatures(code)
+
+    def get_function(self, name):
+        if name not in self.kernels:
+            raise StandinError(f"RawModule.get_function: no extern \"C\" kernel {name!r} in "
+                               f"the code (it has {sorted(self.kernels)})")
+        return _RawFunction(self.code, name)
+
+
+class _RawFunction:
+    def __init__(self, code, name):
+        self.name = name
+        self.run = cuda_emulation.launch(code, name)
+
+    def __call__(self, grid, block, args, *, shared_mem=0, enable_cooperative_groups=False):
+        _no_fusing(f"RawKernel {self.name}")
+        if not (isinstance(grid, tuple) and isinstance(block, tuple) and len(grid) == 1
+                and len(block) == 1 and isinstance(args, tuple)):
+            raise StandinError(f"RawKernel {self.name}: the stand-in runs (grid,), (block,), "
+                               f"args as tuples, 1-D")
+        if grid[0] < 1:
+            raise StandinError(f"RawKernel {self.name}: an empty grid (CUDA refuses the "
+                               f"launch)")
+        arrays = []
+        for i, value in enumerate(args):
+            if isinstance(value, numpy.ndarray):
+                raise StandinError(f"RawKernel {self.name}: argument {i} is a NumPy array "
+                                   f"(CuPy passes device arrays only)")
+            arrays.append(value._a if isinstance(value, ndarray) else value)
+        try:
+            self.run(int(grid[0]), int(block[0]), tuple(arrays))
+        except TypeError as e:
+            raise StandinError(f"RawKernel {e}") from None
+        counts.launch(f"RawKernel:{self.name}")
+
+
+OWN["RawModule"] = RawModule

@@ -299,19 +299,6 @@ def test_linear_bias_is_a_rank_one_product_summed_in(cupy, dtype):
     assert zero_rows.shape == (0, 3)
 
 
-def test_row_mean_reads_rows_in_place_or_falls_back(cupy):
-    """row_mean of contiguous rows is one cuBLAS call (a ones column, 1/H as alpha); a view
-    whose rows are not adjacent, and a dtype cuBLAS cannot write, take CuPy's mean."""
-    x = cupy.asarray(numpy.arange(24, dtype=numpy.float32).reshape(4, 6))
-    cupy.counts.reset()
-    mean = fast_gpu.row_mean(x)
-    assert cupy.counts.kernels == {"cublas.gemmStridedBatchedEx": 1}, dict(cupy.counts.kernels)
-    numpy.testing.assert_allclose(mean.get(), x.get().mean(-1, keepdims=True), rtol=1e-7)
-    numpy.testing.assert_allclose(fast_gpu.row_mean(x[:, ::2]).get(),
-                                  x.get()[:, ::2].mean(-1, keepdims=True), rtol=1e-7)
-    assert fast_gpu.row_mean(x, dtype=numpy.float64).dtype == numpy.float64
-
-
 def test_plan_and_ones_caches_stay_bounded(cupy, monkeypatch):
     """Inference with many batch shapes makes many layouts and many row counts: the plans and
     the ones vectors' views are dropped once there are _MAX_PLANS of them, and the products

@@ -31,6 +31,8 @@ REAL_KERNELS = {
     "nanobert_gelu_backward": "elementwise",
     "nanobert_attention_heads": "elementwise",
     "nanobert_layernorm_dx": "elementwise",
+    "nanobert_layernorm_backward": "elementwise",
+    "nanobert_softmax_forward": "elementwise",
 }
 
 

@@ -1,5 +1,5 @@
-"""Every CUDA kernel of the GPU path (nanobert/model/kernels.py: its ElementwiseKernels, its
-ReductionKernels and the functions fast_gpu.py hands to cupy.fuse) built for an H100/H200
+"""Every CUDA kernel of the GPU path (nanobert/model/kernels.py: its ElementwiseKernels, the
+functions fast_gpu.py hands to cupy.fuse, and the row kernels' CUDA source) built for an H100/H200
 (sm_90) with nvcc, for each dtype fast_gpu.py and optim.py call it with, on a machine
 without a GPU: a kernel that would fail on the GPU fails here, naming it and the error, not
 in the first minutes of a lent GPU.
@@ -9,16 +9,16 @@ and core.pyx): the real kernel objects are built (kernels.py's factories called 
 cupy module), CuPy decides the parameter types as a launch does (_kernel._decide_params_type,
 whose TypeError a launch would raise too: in a parameter list `float` is NumPy's, float64),
 and CuPy's generators, which need no device, write the kernel: _kernel._get_elementwise_
-kernel_code, _reduction._ReductionKernel_get_cached_function_code (the generic reduction:
-CUB's block reduction takes one input only), and for cupy.fuse the tracer
+kernel_code, and for cupy.fuse the tracer
 (fusion._FusionHistory.get_fusion, fed dtype-only arrays on no memory) that turns the
 Python function into an ElementwiseKernel. Prepended are CuPy's headers
 (core._cupy_header_list); CuPy's options (core.assemble_cupy_compiler_options, plus the
 -ftz=true of compiler._compile_with_cache_cuda); compiled by
 cupy.cuda.compiler.compile_using_nvcc. Ours: the argument descriptions a launch derives from
 the arrays (_ArgInfo: dtype, ndim, C-contiguity, 32-bit indexing) in two layouts (contiguous,
-reduced to 1-2 dimensions; strided 4-D views with 64-bit indices), and the reduction's
-block size (CuPy's default, 512).
+reduced to 1-2 dimensions; strided 4-D views with 64-bit indices). The row kernels are
+raw CUDA (cupy.RawModule, compiled as written, without CuPy's headers or options), one
+source a dtype (kernels.row_source).
 
 What this does not prove: on a GPU CuPy compiles with NVRTC, not nvcc (the same NVVM
 compiler behind another driver; CuPy's headers differ only in `#ifndef __CUDACC_RTC__`
@@ -66,16 +66,8 @@ PY = ("s", None)
 
 # kernel factory in kernels.py -> the calls of fast_gpu.py / optim.py (inputs, then outputs)
 ELEMENTWISE = {
-    "layernorm_apply": [(a(st), v(st), v(x), v(x), a(st), a(x)) for x, st in RUNS],
-    "layernorm_products": [(a(x), v(x), a(st), a(st), a(st), a(st)) for x, st in RUNS],
-    "layernorm_dx": [(a(st), a(st), v(st), v(st), v(st), a(x)) for x, st in RUNS],
     "gelu_half": [(a(H), a(F), a(H))],
     "gelu_backward_half": [(a(H), a(H), a(F), a(H))],
-    "softmax_exp_half": [(a(H), v(H), a(F))],
-    "softmax_normalize_half": [(a(F), v(F), a(H))],
-    # the dropout mask: an array, or a scalar 1 when attention dropout is off
-    "dropout_softmax_dx_half": [(a(H), mask, a(H), v(F), a(H)) for mask in (a(H), s(H))],
-    "softmax_dropout": [(a(st), v(st), a(st), s(st), s(x), a(x), a(x), a(x)) for x, st in RUNS],
     "attention_heads": [(v(x),) * 3 + (v(x),) * 3 + (PY,) + (a(x),) * 3 for x in (H, F, D)],
     "attention_grads": [(a(x),) * 3 + (PY,) + (v(x),) * 3 for x in (H, F, D)],
     # AdamW: float32 (a float16 model's master weights) or float64; skip is False or the
@@ -83,22 +75,12 @@ ELEMENTWISE = {
     "adamw_kernel": [(a(t), a(BOOL), skip) + (PY,) * 9 + (a(t),) * 3
                      for t in (F, D) for skip in (PY, v(BOOL))],
 }
-# ReductionKernels (inputs; the output is allocated), summed over the last axis
-REDUCTIONS = {
-    "softmax_row_sum_half": [(a(H), mask, a(H)) for mask in (a(H), s(H))],
-    "softmax_row_sum": [(a(x), mask, a(x)) for x in (F, D) for mask in (a(x), s(x))],
-}
 # functions fast_gpu.py fuses (inputs; the outputs are allocated)
 FUSED = {
-    "center_square": [(a(x), v(st)) for x, st in RUNS],
-    "layernorm_rstd": [(a(st), s(st)) for st in (F, D)],
     "gelu": [(a(x),) for x in (F, D)],
     "gelu_backward": [(a(x), a(x), a(x)) for x in (F, D)],
-    "exp_shifted": [(a(x), v(x)) for x in (F, D)],
-    "softmax_dx": [(a(x), a(x), v(x)) for x in (F, D)],        # float16 is cast up first
     "dropout": [(a(x), a(st), s(st), s(x)) for x, st in RUNS],
     "dropout_add": [(a(x), a(st), a(x), s(st), s(x)) for x, st in RUNS],
-    "dropout_softmax_dx": [(a(x), mask, a(x), v(x)) for x in (F, D) for mask in (a(x), s(x))],
 }
 LAYOUTS = ("contiguous", "strided")
 
@@ -108,11 +90,10 @@ def cupy():
     """The real cupy with the internals read here, or a skip saying what is missing."""
     try:
         import cupy
-        from cupy._core import _kernel, _reduction, core, fusion
+        from cupy._core import _kernel, core, fusion
         from cupy.cuda import compiler
         for module, name in ((_kernel, "_get_elementwise_kernel_code"),
                              (_kernel, "_decide_params_type"), (_kernel, "_ArgInfo"),
-                             (_reduction, "_ReductionKernel_get_cached_function_code"),
                              (fusion, "_FusionHistory"), (core, "_cupy_header_list"),
                              (core, "assemble_cupy_compiler_options"),
                              (compiler, "compile_using_nvcc")):
@@ -169,28 +150,6 @@ def _elementwise_source(cupy, kernel, args, layout):
         kernel.preamble, **kernel.kwargs)
 
 
-def _reduction_source(cupy, kernel, args, layout):
-    """CuPy's source of kernel(*args, axis=-1, keepdims=True), the generic reduction (CUB's
-    block reduction takes one input only): rows of [rows, T] (contiguous) or of a 4-D view."""
-    from cupy._core import _kernel, _reduction
-    in_types, out_types, type_map = _kernel._decide_params_type(
-        kernel.in_params, kernel.out_params,
-        tuple(numpy.dtype(t).type if k != "s" else None for k, t in args), ())
-    strided = layout == "strided"
-    ndim_in, ndim_out = (4, 3) if strided else (2, 1)
-    infos = [_arg_info(cupy, k, t if k != "s" else in_types[i], layout, ndim_in)
-             for i, (k, t) in enumerate(args)]
-    infos += [_arg_info(cupy, "a", t, layout, ndim_out) for t in out_types]
-    infos += [_arg_info(cupy, "i", None, layout, ndim_in),
-              _arg_info(cupy, "i", None, layout, ndim_out), _arg_info(cupy, "s", "int32",
-                                                                       layout, 0)]
-    type_map = _kernel._TypeMap(type_map._pairs + (("IndexT", "int64" if strided else "int32"),))
-    return _reduction._ReductionKernel_get_cached_function_code(
-        kernel.nin, kernel.nout, kernel._params, tuple(infos), type_map, kernel.name, 512,
-        kernel.reduce_type, kernel.identity, kernel.map_expr, kernel.reduce_expr,
-        kernel.post_map_expr, kernel.preamble, kernel.options)
-
-
 _NO_MEMORY = None
 
 
@@ -224,9 +183,6 @@ def _source(cupy, kind, name, args, layout):
         kernel = _fused_kernel(cupy, getattr(kernels, name), args)
         return _elementwise_source(cupy, kernel, args, layout)
     kernel = getattr(kernels, name)(cupy)
-    if kind == "reduction":
-        assert isinstance(kernel, cupy.ReductionKernel), name
-        return _reduction_source(cupy, kernel, args, layout)
     assert isinstance(kernel, cupy.ElementwiseKernel), name
     return _elementwise_source(cupy, kernel, args, layout)
 
@@ -242,8 +198,7 @@ def _variants():
     contiguous, the first one also strided (the layout changes only the template arguments
     of CuPy's CArray and CIndexer, not the types the body computes with)."""
     labels = set()
-    for kind, table in (("elementwise", ELEMENTWISE), ("reduction", REDUCTIONS),
-                        ("fused", FUSED)):
+    for kind, table in (("elementwise", ELEMENTWISE), ("fused", FUSED)):
         for name, calls in table.items():
             for i, args in enumerate(calls):
                 for layout in LAYOUTS[:2 if i == 0 else 1]:
@@ -255,13 +210,16 @@ def _variants():
 # ----------------------------------------------------------------------------- nvcc
 
 
-def _nvcc_errors(cupy, source):
-    """Compile `source` (the kernel's code, CuPy's headers prepended) as CuPy would for
-    sm_90, with nvcc -> None, or nvcc's errors with the source lines they point at."""
+def _nvcc_errors(cupy, source, raw=False):
+    """Compile `source` (the kernel's code, CuPy's headers prepended; raw: as written, as
+    cupy.RawModule compiles it) as CuPy would for sm_90, with nvcc -> None, or nvcc's errors
+    with the source lines they point at."""
     from cupy._core import core
     from cupy.cuda import compiler
-    source = "".join(f"#include <{h}>\n" for h in core._cupy_header_list) + source
-    options = core.assemble_cupy_compiler_options(()) + ("-ftz=true",)
+    options = ()
+    if not raw:
+        source = "".join(f"#include <{h}>\n" for h in core._cupy_header_list) + source
+        options = core.assemble_cupy_compiler_options(()) + ("-ftz=true",)
     try:
         compiler.compile_using_nvcc(source, options, arch=ARCH, code_type="cubin")
     except compiler.CompileException as e:
@@ -324,10 +282,19 @@ def _failures(results):
     return "\n\n".join(f"{label}:\n{errors}" for label, errors in results.items() if errors)
 
 
-@pytest.mark.parametrize("name", [*ELEMENTWISE, *REDUCTIONS, *FUSED])
+@pytest.mark.parametrize("name", [*ELEMENTWISE, *FUSED])
 def test_kernel_compiles_for_sm90(compiled, name):
     failures = _failures(compiled[name])
     assert not failures, f"kernels.{name} cannot be built for sm_{ARCH}:\n{failures}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_row_kernels_compile_for_sm90(cupy, nvcc, dtype):
+    """kernels.row_source for each activation dtype, as cupy.RawModule compiles it; the
+    emulated runs (tests/test_row_kernels.py) do not show that nvcc accepts the PTX
+    conversions and CUDA's shuffles."""
+    errors = _nvcc_errors(cupy, kernels.row_source(numpy.dtype(dtype).char), raw=True)
+    assert errors is None, f"the row kernels cannot be built for sm_{ARCH} ({dtype}):\n{errors}"
 
 
 def test_every_kernel_of_the_gpu_path_is_compiled():
@@ -335,7 +302,7 @@ def test_every_kernel_of_the_gpu_path_is_compiled():
     `xp`), the functions fast_gpu.py / optim.py fuse, and no CuPy kernel defined elsewhere."""
     factories = {name for name, f in vars(kernels).items()
                  if inspect.isfunction(f) and list(inspect.signature(f).parameters) == ["xp"]}
-    assert factories == set(ELEMENTWISE) | set(REDUCTIONS)
+    assert factories == set(ELEMENTWISE)
     sources = {p: p.read_text() for p in (ROOT / "nanobert").rglob("*.py")}
     fused = {name for text in sources.values()
              for name in re.findall(r"kernels\.fused\(\s*xp,\s*kernels\.(\w+)\)", text)}
@@ -345,31 +312,37 @@ def test_every_kernel_of_the_gpu_path_is_compiled():
             found = re.findall(r"ElementwiseKernel\(|ReductionKernel\(|RawKernel|RawModule|"
                                r"\.fuse\(", text)
             assert not found, f"{path}: {found} defines a CuPy kernel outside kernels.py"
+    # every row kernel fast_gpu.py launches is in the source, and every one there is launched
+    launched = set(re.findall(r'_launch_rows\("(\w+)"', sources[ROOT / "nanobert" / "model" /
+                                                                 "fast_gpu.py"]))
+    defined = set(re.findall(r'extern "C" __global__ void nanobert_(\w+)\(',
+                             kernels.row_source("f")))
+    assert launched == defined == set(kernels.ROW_KERNEL_NAMES), (launched, defined)
 
 
 def test_planted_errors_are_reported(cupy, nvcc):
     """The checker itself: a body with a syntax error and one with a float16 type error
     (a conditional between float16 and float: each converts to the other, so C++ finds it
     ambiguous) fail, named, with nvcc's message; the body as written compiles."""
-    body = kernels.DROPOUT_SOFTMAX_DX_HALF_BODY
+    body = kernels.GELU_BACKWARD_HALF_BODY
     planted = {
         "as_written": body,
-        "planted_syntax": body.replace("float gf = g;", "float gf = g"),
-        "planted_half_type": body.replace("float gf = g;",
-                                          "float gf = row_sum > 0 ? g : row_sum;"),
+        "planted_syntax": body.replace("float g = dout;", "float g = dout"),
+        "planted_half_type": body.replace("float g = dout;",
+                                          "float g = cdf > 0 ? dout : cdf;"),
     }
     assert len(set(planted.values())) == 3
-    args = (a(H), a(H), a(H), v(F), a(H))
+    args = (a(H), a(H), a(F), a(H))
     sources = [(label, _elementwise_source(
-        cupy, cupy.ElementwiseKernel("float16 dout, float16 mask, float16 y, float32 row_sum",
-                                     "float16 dx", text, "nanobert_" + label),
+        cupy, cupy.ElementwiseKernel(kernels.GELU_BACKWARD_HALF_IN,
+                                     kernels.GELU_BACKWARD_HALF_OUT, text, "nanobert_" + label),
         args, "contiguous")) for label, text in planted.items()]
     results = _compile_all(cupy, sources)
     assert results["as_written"] is None
     assert "error" in results["planted_syntax"] and "expected a \";\"" in \
         results["planted_syntax"], results["planted_syntax"]
-    assert 'error: ambiguous "?" operation: second operand of type "float16"' in \
-        results["planted_half_type"] and "at: float gf = row_sum > 0" in \
+    assert 'error: ambiguous "?" operation: second operand of type "const float16"' in \
+        results["planted_half_type"] and "at: float g = cdf > 0" in \
         results["planted_half_type"], results["planted_half_type"]
     failures = _failures(results)                   # what test_kernel_compiles shows
     assert "as_written" not in failures

@@ -9,8 +9,10 @@ host time whatever its size, so a step should make few of them (fused kernels); 
 never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
 products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
-fraction of the bandwidth. What each choice measured on an H200 is in its comment and in
-docs/gpu.md ("What each change did").
+fraction of the bandwidth. LayerNorm and the attention's mask + softmax + dropout are one
+row kernel each (one warp a row), forward and backward. What each choice measured on an H200
+is in its comment and in docs/gpu.md ("What each change did"); the row kernels are not
+measured yet (docs/gpu.md says what they are expected to save).
 
 Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
 dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter
@@ -185,31 +187,13 @@ def column_sum(x, out=None, dtype=None):
     use CUB for a reduced axis that is not the last and launches ~24 blocks for 768 sums:
     360 us a call on an H200 at B=128 (105 calls, 37.6 ms of a 129 ms step; torch: 3.1 ms).
     These products take 35-79 us a call there (cuBLAS's gemv kernels: 4.3 ms a step with
-    the row means below). Never TF32: a gradient keeps float32's precision; float64 stays
-    float64."""
+    LayerNorm's row means, which the row kernels have since taken over). Never TF32: a
+    gradient keeps float32's precision; float64 stays float64."""
     xp = array_module(x)
     N, H = x.shape
     if out is None:
         out = xp.empty(H, dtype=dtype or x.dtype)
     gemm(_ones(xp, x.dtype, N, column=False), x, out.reshape(1, H), exact=True)
-    return out
-
-
-def row_mean(x, dtype=None):
-    """x [..., H] averaged over its last axis -> [..., 1] (dtype: float32 for float16 x, the
-    sums in float32), as x @ ones [H, 1] scaled by 1/H in the product: one cuBLAS call where
-    CuPy's mean is a reduction kernel (25 us of host time a call on an H200's host,
-    measured; 104 a BERT-base step, in the LayerNorms). float32 never in TF32. A view whose
-    rows are not adjacent, or another dtype, falls back to CuPy's mean."""
-    xp = array_module(x)
-    H = x.shape[-1]
-    dtype = numpy.dtype(dtype or x.dtype)
-    if not x.flags.c_contiguous or x.size == 0 or \
-            dtype not in (x.dtype, numpy.float32 if x.dtype == HALF else x.dtype):
-        return x.mean(axis=-1, keepdims=True, dtype=dtype)
-    out = xp.empty(x.shape[:-1] + (1,), dtype=dtype)
-    gemm(x.reshape(-1, H), _ones(xp, x.dtype, H, column=True), out.reshape(-1, 1), exact=True,
-         alpha=1.0 / H)
     return out
 
 
@@ -263,44 +247,67 @@ def linear_forward(x, weight, bias):
     return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
 
 
+# ---------------------------------------------------------------------------- row kernels
+
+
+def _stats_dtype(dtype):
+    """float32 for float16 activations (their LayerNorm and softmax compute in float32),
+    else the activations' own."""
+    return numpy.dtype(numpy.float32 if dtype == HALF else dtype)
+
+
+def _launch_rows(name, dtype, rows, *args):
+    """kernels.row_kernel `name` for activations of dtype over `rows` rows, one warp a row."""
+    if rows == 0:
+        return
+    xp = array_module(args[0])
+    blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
+    kernels.row_kernel(xp, name, dtype)((blocks,), (32 * kernels.ROW_WARPS,), args)
+
+
+def _contiguous(x):
+    return x if x.flags.c_contiguous else array_module(x).ascontiguousarray(x)
+
+
+def _unused(xp, dtype):
+    """An array that a kernel's switched-off parameter (no mask, no dropout) points at: one
+    element of dtype, never read."""
+    return _ones(xp, numpy.dtype(dtype), 1, column=False)
+
 # ----------------------------------------------------------------------------- layernorm
 
 
 def layernorm_forward(x, gamma, beta, eps):
-    """ops.layernorm_forward in three kernels and two means; float16 input: statistics and
-    xhat in float32, the output in float16, and no cast kernel: x is read as float16 by the
-    mean (float32 sums) and by center_square (float32 arithmetic, as CuPy promotes float16
-    beside float32), gamma and beta by layernorm_apply, which writes the float16 output (4
-    cast kernels a LayerNorm fewer than casting x, gamma, beta up and the output down). The
-    cache keeps gamma as given (float16 in a float16 run)."""
+    """ops.layernorm_forward in one kernel (kernels.ROW_KERNELS, one warp a row: the mean,
+    the variance and the output from one read of x). float16 x: statistics and xhat in
+    float32, the output in float16, converted in registers (no cast kernel). The cache keeps
+    gamma as given (float16 in a float16 run)."""
     xp = array_module(x)
-    dtype = x.dtype
-    stats = numpy.float32 if dtype == HALF else dtype
-    mean = row_mean(x, dtype=stats)
-    centered, squares = kernels.fused(xp, kernels.center_square)(x, mean)
-    var = row_mean(squares)
-    # eps of var's dtype: CuPy 13 makes a Python float a float64 (CuPy 14 does not)
-    rstd = kernels.fused(xp, kernels.layernorm_rstd)(var, var.dtype.type(eps))
-    xhat, out = xp.empty(x.shape, stats), xp.empty(x.shape, dtype)   # out: x's dtype
-    kernels.layernorm_apply(xp)(centered, rstd, gamma, beta, xhat, out)
+    x = _contiguous(x)
+    H = x.shape[-1]
+    rows, stats = x.size // H, _stats_dtype(x.dtype)
+    xhat, out = xp.empty(x.shape, stats), xp.empty(x.shape, x.dtype)
+    rstd = xp.empty(x.shape[:-1] + (1,), stats)
+    _launch_rows("layernorm_forward", x.dtype, rows, x, gamma, beta, stats.type(eps),
+                 numpy.int64(rows), numpy.int32(H), xhat, out, rstd)
     return out, (xhat, gamma, rstd)
 
 
 def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
-    """ops.layernorm_backward in two kernels (the first also makes dxhat * xhat for the
-    second's mean: no separate product kernel); dgamma and dbeta summed straight into the
-    given buffers (column_sum); float16 dout and gamma read as float16 into float32
-    arithmetic, dbeta summed in float32 by cuBLAS, dx written as float16: no cast kernel."""
+    """ops.layernorm_backward: dx (and dout * xhat, dgamma's summands) in one kernel, one
+    warp a row; dgamma and dbeta summed straight into the given buffers (column_sum); float16
+    dout and gamma read into float32 arithmetic, dbeta summed in float32, dx written as
+    float16: no cast kernel."""
     xp = array_module(dout)
     xhat, gamma, rstd = cache
-    dtype = dout.dtype
+    dout = _contiguous(dout)
     H = xhat.shape[-1]
-    dxhat, dout_xhat, dxhat_xhat = kernels.layernorm_products(xp)(
-        dout, gamma, xhat, *(xp.empty(xhat.shape, xhat.dtype) for _ in range(3)))
+    rows = xhat.size // H
+    dx, dout_xhat = xp.empty(xhat.shape, dout.dtype), xp.empty(xhat.shape, xhat.dtype)
+    _launch_rows("layernorm_backward", dout.dtype, rows, dout, gamma, xhat, rstd,
+                 numpy.int64(rows), numpy.int32(H), dx, dout_xhat)
     dgamma = column_sum(dout_xhat.reshape(-1, H), out=dgamma)
     dbeta = column_sum(dout.reshape(-1, H), out=dbeta, dtype=xhat.dtype)
-    dx = kernels.layernorm_dx(xp)(
-        dxhat, xhat, row_mean(dxhat), row_mean(dxhat_xhat), rstd, xp.empty(xhat.shape, dtype))
     return dx, dgamma, dbeta
 
 # ---------------------------------------------------------------------------------- gelu
@@ -337,38 +344,59 @@ def gelu_backward(dout, cache):
 
 
 def softmax_forward(x, overwrite_x=False):
-    """ops.softmax_forward: the exp in one kernel, the normalisation in place; float16 read
-    as float16 and computed in float32 in the kernels, the probabilities written as
-    float16 (no cast kernel). overwrite_x is NumPy's (fast_cpu), ignored here."""
-    xp = array_module(x)
-    e = _exp_shifted(x)
-    if x.dtype == HALF:
-        y = kernels.softmax_normalize_half(xp)(e, e.sum(axis=-1, keepdims=True),
-                                               xp.empty(x.shape, HALF))
-    else:
-        y = e
-        y /= y.sum(axis=-1, keepdims=True)
+    """ops.softmax_forward in one kernel, one warp a row; float16 read as float16 and
+    computed in float32, the probabilities written as float16. overwrite_x is NumPy's
+    (fast_cpu), ignored here."""
+    y = _softmax(x, None, 0.0, None)
     return y, y
 
 
-def _exp_shifted(x):
-    """exp(x - its row max) [..., T]: float32 for float16 x (the row max of float16 values
-    is exact), else x's dtype."""
-    xp = array_module(x)
-    row_max = x.max(axis=-1, keepdims=True)
-    if x.dtype == HALF:
-        return kernels.softmax_exp_half(xp)(x, row_max, xp.empty(x.shape, numpy.float32))
-    return kernels.fused(xp, kernels.exp_shifted)(x, row_max)
+def _softmax(scores, mask_bias, dropout_p, rng):
+    """The probabilities of scores [..., T] (+ mask_bias [B, 1, 1, T] for scores
+    [B, A, T, T], if given), and with dropout_p > 0 dropout's (dropped, keep mask): one
+    kernel (kernels.ROW_KERNELS' softmax_forward) -> probs, or (probs, dropped, mask)."""
+    xp = array_module(scores)
+    scores = _contiguous(scores)
+    dtype, stats = scores.dtype, _stats_dtype(scores.dtype)
+    keys = scores.shape[-1]
+    rows = scores.size // keys
+    probs = xp.empty(scores.shape, dtype)
+    masked = mask_bias is not None
+    if masked:
+        mask_bias = _contiguous(mask_bias)
+        if mask_bias.size * scores.shape[1] * scores.shape[2] != scores.size:
+            raise ValueError(f"mask bias {mask_bias.shape} does not fit scores {scores.shape}")
+    dropout = dropout_p > 0.0
+    uniform = _uniform(scores, rng) if dropout else _unused(xp, stats)
+    dropped, keep = ((xp.empty(scores.shape, dtype) for _ in range(2)) if dropout
+                     else (_unused(xp, dtype),) * 2)
+    # the keep mask's scale in the activations' dtype, as ops.dropout_forward's
+    scale = stats.type(dtype.type(1.0 / (1.0 - dropout_p)))
+    rows_per_bias = rows // scores.shape[0] if masked else 1
+    _launch_rows("softmax_forward", dtype, rows, scores,
+                 mask_bias if masked else _unused(xp, dtype), numpy.int32(masked),
+                 numpy.int64(rows_per_bias), numpy.int64(rows), numpy.int32(keys), uniform,
+                 stats.type(dropout_p), scale, numpy.int32(dropout), probs, dropped, keep)
+    return (probs, dropped, keep) if dropout else probs
 
 
 def softmax_backward(dout, y):
-    """ops.softmax_backward: one fused kernel after the row sum; float16 computed in
-    float32."""
-    xp = array_module(dout)
-    dtype = dout.dtype
-    dout, y = float32_if_half(dout), float32_if_half(y)
-    row_sum = (dout * y).sum(axis=-1, keepdims=True)
-    return kernels.fused(xp, kernels.softmax_dx)(dout, y, row_sum).astype(dtype, copy=False)
+    """ops.softmax_backward in one kernel, one warp a row; float16 computed in float32."""
+    return _softmax_backward(dout, None, y)
+
+
+def _softmax_backward(dprobs, keep_mask, y):
+    """dropout_backward (if keep_mask is given) then softmax_backward of [..., T]: one
+    kernel (kernels.ROW_KERNELS' softmax_backward)."""
+    xp = array_module(dprobs)
+    dprobs = _contiguous(dprobs)
+    keys = y.shape[-1]
+    dscores = xp.empty(y.shape, dprobs.dtype)
+    dropout = keep_mask is not None
+    _launch_rows("softmax_backward", dprobs.dtype, y.size // keys, dprobs,
+                 keep_mask if dropout else _unused(xp, dprobs.dtype), numpy.int32(dropout),
+                 _contiguous(y), numpy.int64(y.size // keys), numpy.int32(keys), dscores)
+    return dscores
 
 # ------------------------------------------------------------------------------- dropout
 
@@ -421,8 +449,8 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     q, k, v = (xp.empty((B, A, T, D), dtype=x.dtype) for _ in range(3))
     kernels.attention_heads(xp)(*projected, *bias, 1.0 / math.sqrt(D), q, k, v)
     scores = gemm(q, k, xp.empty((B, A, T, T), x.dtype), transpose_b=True)  # q k^T
-    scores += mask_bias
-    probs, probs_dropped, dropout_cache = _attention_probs(scores, dropout_p, rng, training)
+    probs, probs_dropped, dropout_cache = _attention_probs(scores, mask_bias, dropout_p, rng,
+                                                           training)
     context = gemm(probs_dropped, v, xp.empty((B, A, T, D), x.dtype))
     context = xp.ascontiguousarray(context.transpose(0, 2, 1, 3)).reshape(B, T, H)
     cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, probs, probs_dropped,
@@ -430,21 +458,13 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     return context, cache
 
 
-def _attention_probs(scores, dropout_p, rng, training):
-    """softmax_forward then dropout_forward of the scores [B, A, T, T] -> (probs,
-    probs_dropped, dropout mask or None): with dropout, the softmax's normalisation and the
-    dropout in one kernel (kernels.softmax_dropout)."""
+def _attention_probs(scores, mask_bias, dropout_p, rng, training):
+    """The scores [B, A, T, T] plus the mask's bias [B, 1, 1, T], softmax_forward, then
+    dropout_forward, in one kernel -> (probs, probs_dropped, dropout mask or None)."""
     if not training or dropout_p == 0.0:
-        probs = softmax_forward(scores)[0]
+        probs = _softmax(scores, mask_bias, 0.0, None)
         return probs, probs, None
-    xp = array_module(scores)
-    e = _exp_shifted(scores)
-    uniform = _uniform(scores, rng)
-    probs, dropped, mask = (xp.empty(scores.shape, scores.dtype) for _ in range(3))
-    kernels.softmax_dropout(xp)(e, e.sum(axis=-1, keepdims=True), uniform,
-                                uniform.dtype.type(dropout_p),
-                                scores.dtype.type(1.0 / (1.0 - dropout_p)), probs, dropped, mask)
-    return probs, dropped, mask
+    return _softmax(scores, mask_bias, dropout_p, rng)
 
 
 def self_attention_dqkv(dcontext, cache):
@@ -470,18 +490,9 @@ def self_attention_dqkv(dcontext, cache):
 
 
 def _dropout_softmax_backward(dprobs, cache):
-    """dropout_backward then softmax_backward of the attention probabilities [B, A, T, T]:
-    two kernels, the row sum and the elementwise rest. float16: dropout in float16,
-    softmax in float32, as the reference."""
-    xp = array_module(dprobs)
-    y = cache.probs
-    mask = y.dtype.type(1) if cache.dropout_mask is None else cache.dropout_mask
-    if dprobs.dtype == HALF:                 # read as float16, float32 math: no cast kernels
-        row_sum = kernels.softmax_row_sum_half(xp)(dprobs, mask, y, axis=3, keepdims=True)
-        return kernels.dropout_softmax_dx_half(xp)(dprobs, mask, y, row_sum,
-                                                   xp.empty(y.shape, HALF))
-    row_sum = kernels.softmax_row_sum(xp)(dprobs, mask, y, axis=3, keepdims=True)
-    return kernels.fused(xp, kernels.dropout_softmax_dx)(dprobs, mask, y, row_sum)
+    """dropout_backward then softmax_backward of the attention probabilities [B, A, T, T],
+    in one kernel. float16: dropout in float16, softmax in float32, as the reference."""
+    return _softmax_backward(dprobs, cache.dropout_mask, cache.probs)
 
 # ----------------------------------------------------------------------------- inference
 # The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy

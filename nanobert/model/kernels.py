@@ -1,20 +1,23 @@
-"""The kernels of the fast layer's CuPy path (fast_gpu.py): fused elementwise kernels, so that a
-step launches ~1,000 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time,
-whatever its size). fast_gpu.gemm calls cuBLAS itself; every other CuPy kernel is here.
+"""The kernels of the fast layer's CuPy path (fast_gpu.py): fused elementwise kernels and
+row kernels, so that a step launches ~730 kernels rather than ~3,500 (each CuPy call costs
+~10 us of host time, whatever its size). fast_gpu.gemm calls cuBLAS itself; every other
+CuPy kernel is here.
 
 Each function here is the arithmetic of a few lines of an op in ops.py (the reference, whose
 math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place there instead),
 written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
-kernel. Only ufuncs and operators appear inside, no reductions, no indexing: reductions
-(row means, sums) stay separate CuPy calls in fast_gpu.py, but for one sum written as a
-ReductionKernel (softmax_row_sum). Kernels that must write into strided views (attention's
-head layouts) or branch per element (AdamW) are ElementwiseKernels with CUDA C bodies. On
+kernel. Only ufuncs and operators appear inside, no reductions, no indexing. Kernels that
+must write into strided views (attention's head layouts) or branch per element (AdamW) are
+ElementwiseKernels with CUDA C bodies. The ops that reduce over a row and then map it
+(LayerNorm, the attention's softmax) are CUDA C kernels, one warp a row (ROW_KERNELS). On
 NumPy nothing here is used.
 
-Proven on the CPU only (tests/test_cupy_standin.py): the stand-in runs these functions and
-the CUDA C bodies with NumPy and checks that they use nothing but elementwise ops and give
-the NumPy path's numbers; that CuPy compiles them on a GPU, and CUDA's own rounding (fma
-contraction), are not verified until one is lent.
+Proven on the CPU only: the stand-in (tests/test_cupy_standin.py) runs the fused functions
+and the ElementwiseKernel bodies with NumPy, and tests/cuda_emulation.py runs the row
+kernels' CUDA source itself on the CPU, 32 lanes a warp; both give the NumPy path's numbers.
+nvcc compiles all of them (tests/test_kernels_compile.py). CUDA's own rounding (fma
+contraction) and speed are verified only on a lent GPU (tests/test_gpu_numerics.py,
+bench.gpu_profile).
 """
 import math
 
@@ -52,68 +55,6 @@ def dropout_add(x, uniform, residual, p, scale):
     mask = (uniform >= p) * scale
     return x * mask + residual, mask
 
-# ---------------------------------------------------------------------------- layernorm
-
-
-def center_square(x, mean):
-    """-> x - mean and its square (the variance's summands), in one pass."""
-    centered = x - mean
-    return centered, centered * centered
-
-
-def layernorm_rstd(var, eps):
-    """1 / sqrt(var + eps), [..., 1]."""
-    import cupy
-    return 1.0 / cupy.sqrt(var + eps)
-
-# The rest of LayerNorm as ElementwiseKernels typed so that one kernel serves every dtype
-# without a cast kernel: T is the statistics' dtype (float32 in a float16 run, else the
-# run's own); G, B, D and O may be float16 (gamma, beta, dout and the output of a float16
-# run), read into T in registers (`T g = gamma;`) or rounded once on store.
-
-LAYERNORM_APPLY_IN = "T centered, T rstd, G gamma, B beta"
-LAYERNORM_APPLY_OUT = "T xhat, O out"
-# out = xhat * gamma + beta, xhat = centered * rstd (what the backward keeps)
-LAYERNORM_APPLY_BODY = """
-xhat = centered * rstd;
-T g = gamma;
-T b = beta;
-out = xhat * g + b;
-"""
-
-LAYERNORM_PRODUCTS_IN = "D dout, G gamma, T xhat"
-LAYERNORM_PRODUCTS_OUT = "T dxhat, T dout_xhat, T dxhat_xhat"
-# dxhat = dout * gamma, dout * xhat (the gain's gradient summands) and dxhat * xhat (the
-# summands of dx's projection) in one pass: a third output costs a write, a separate product
-# kernel a launch and a read of two [N, H] arrays
-LAYERNORM_PRODUCTS_BODY = """
-T d = dout;
-T g = gamma;
-T dx = d * g;
-dxhat = dx;
-dout_xhat = d * xhat;
-dxhat_xhat = dx * xhat;
-"""
-
-LAYERNORM_DX_IN = "T dxhat, T xhat, T mean_dxhat, T mean_dxhat_xhat, T rstd"
-LAYERNORM_DX_OUT = "O dx"
-# ops.layernorm_backward: (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd, dx
-# rounded once on store into the activations' dtype
-LAYERNORM_DX_BODY = """
-dx = (dxhat - mean_dxhat - xhat * mean_dxhat_xhat) * rstd;
-"""
-
-# (centered, rstd, gamma, beta, xhat, out) -> one kernel.
-layernorm_apply = _elementwise("layernorm_apply", LAYERNORM_APPLY_IN,
-                               LAYERNORM_APPLY_OUT, LAYERNORM_APPLY_BODY)
-
-# (dout, gamma, xhat, dxhat, dout_xhat, dxhat_xhat) -> one kernel.
-layernorm_products = _elementwise("layernorm_products", LAYERNORM_PRODUCTS_IN,
-                                  LAYERNORM_PRODUCTS_OUT, LAYERNORM_PRODUCTS_BODY)
-
-# (dxhat, xhat, mean(dxhat), mean(dxhat * xhat), rstd, dx) -> one kernel.
-layernorm_dx = _elementwise("layernorm_dx", LAYERNORM_DX_IN, LAYERNORM_DX_OUT, LAYERNORM_DX_BODY)
-
 # ---------------------------------------------------------------------------------- gelu
 
 
@@ -129,25 +70,13 @@ def gelu_backward(dout, x, cdf):
     import cupy
     return (cupy.exp(x * x * -0.5) * x * INV_SQRT_2PI + cdf) * dout
 
-# ------------------------------------------------------------------------------- softmax
-
-
-def exp_shifted(x, row_max):
-    import cupy
-    return cupy.exp(x - row_max)
-
-
-def softmax_dx(dout, y, row_sum):
-    """ops.softmax_backward: dout * y - y * sum(dout * y)."""
-    return dout * y - y * row_sum
-
 # ----------------------------------------------------------- float16 without cast kernels
 # Mixed precision computes LayerNorm, GELU and softmax in float32 on float16 activations.
 # Materialising the float32 copies cost 542 cast kernels and 44 ms of a B=128 step on an
 # H200 (docs/gpu.md). These kernels instead convert in registers on load (`float v = x;`)
 # and on store (a float16 output parameter): the same arithmetic as the cast-then-compute
-# sequence, one pass over memory instead of three (LayerNorm's above, typed for any dtype).
-# Measured since: copies 46.0 -> 3.7 ms of that step.
+# sequence, one pass over memory instead of three (LayerNorm's and softmax's: the row kernels
+# below, compiled for each dtype). Measured since: copies 46.0 -> 3.7 ms of that step.
 
 GELU_HALF_IN = "float16 x"
 GELU_HALF_OUT = "float32 cdf, float16 y"
@@ -169,87 +98,10 @@ float g = dout;
 dx = (expf(v * v * -0.5f) * v * 0.39894228040143268f + cdf) * g;
 """
 
-SOFTMAX_EXP_HALF_IN = "float16 x, float16 row_max"
-SOFTMAX_EXP_HALF_OUT = "float32 e"
-# exp_shifted in float32 on float16 scores (the row max of float16 values is exact)
-SOFTMAX_EXP_HALF_BODY = """
-float v = x;
-float m = row_max;
-e = expf(v - m);
-"""
-
-SOFTMAX_NORMALIZE_IN = "float32 e, float32 row_sum"
-SOFTMAX_NORMALIZE_OUT = "float16 y"
-# the probabilities, divided in float32 and rounded once to float16
-SOFTMAX_NORMALIZE_BODY = """
-y = e / row_sum;
-"""
-
-
-SOFTMAX_ROW_SUM_HALF_MAP = "float(float16(dout * mask)) * float(y)"
-# softmax_row_sum on float16: dropout's product rounded to float16 as the reference's
-# (CuPy's float16 has no arithmetic of its own: float16 * float16 is a float, rounded only
-# by the float16(...)), then the product with y and the sum in float32
-
-
-DROPOUT_SOFTMAX_DX_HALF_IN = "float16 dout, float16 mask, float16 y, float32 row_sum"
-DROPOUT_SOFTMAX_DX_HALF_OUT = "float16 dx"
-# dropout_softmax_dx on float16: g = dout * mask in float16 (the reference's dropout), the
-# softmax backward in float32, dx rounded once; no float32 copies of dprobs and y, and no
-# separate dropout kernel (4 launches fewer a layer)
-DROPOUT_SOFTMAX_DX_HALF_BODY = """
-float16 g = dout * mask;
-float gf = g;
-float yf = y;
-dx = gf * yf - yf * row_sum;
-"""
-
-
-def softmax_row_sum_half(xp):
-    key = (xp, "nanobert_softmax_row_sum_half")
-    if key not in _KERNELS:
-        _KERNELS[key] = xp.ReductionKernel("float16 dout, float16 mask, float16 y",
-                                           "float32 row_sum", SOFTMAX_ROW_SUM_HALF_MAP,
-                                           "a + b", "row_sum = a", "0",
-                                           "nanobert_softmax_row_sum_half")
-    return _KERNELS[key]
-
-dropout_softmax_dx_half = _elementwise("dropout_softmax_dx_half", DROPOUT_SOFTMAX_DX_HALF_IN,
-                                       DROPOUT_SOFTMAX_DX_HALF_OUT, DROPOUT_SOFTMAX_DX_HALF_BODY)
-
-
-SOFTMAX_DROPOUT_IN = "E e, E row_sum, U uniform, U p, T scale"
-SOFTMAX_DROPOUT_OUT = "T y, T dropped, T mask"
-# The attention probabilities and their dropout in one pass over [B, A, T, T] (one launch
-# and one read and write of the largest activation fewer than softmax's divide then dropout):
-# y = e / sum rounded to T (the probabilities' dtype), mask = (uniform >= p) * scale, y * mask
-# in T, as the two kernels computed them. Mixed float16 and float arithmetic is kept apart
-# (each line one type): CuPy's float16 converts both ways.
-SOFTMAX_DROPOUT_BODY = """
-T yt = e / row_sum;
-U s = scale;
-U keep = uniform >= p;
-U kept = keep * s;
-T m = kept;
-y = yt;
-mask = m;
-dropped = yt * m;
-"""
-
-# (exp_shifted, its row sums, uniforms, p, scale, y, dropped, mask) -> one kernel.
-softmax_dropout = _elementwise("softmax_dropout", SOFTMAX_DROPOUT_IN,
-                               SOFTMAX_DROPOUT_OUT, SOFTMAX_DROPOUT_BODY)
-
 gelu_half = _elementwise("gelu_half", GELU_HALF_IN, GELU_HALF_OUT, GELU_HALF_BODY)
 
 gelu_backward_half = _elementwise("gelu_backward_half", GELU_BACKWARD_HALF_IN,
                                   GELU_BACKWARD_HALF_OUT, GELU_BACKWARD_HALF_BODY)
-
-softmax_exp_half = _elementwise("softmax_exp_half", SOFTMAX_EXP_HALF_IN,
-                                SOFTMAX_EXP_HALF_OUT, SOFTMAX_EXP_HALF_BODY)
-
-softmax_normalize_half = _elementwise("softmax_normalize_half", SOFTMAX_NORMALIZE_IN,
-                                      SOFTMAX_NORMALIZE_OUT, SOFTMAX_NORMALIZE_BODY)
 
 # ------------------------------------------------------------------------ self-attention
 # CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
@@ -293,22 +145,225 @@ def attention_grads(xp):
                    ATTENTION_GRADS_BODY)
 
 
-def dropout_softmax_dx(dout, mask, y, row_sum):
-    """ops.dropout_backward then ops.softmax_backward: g = dout * mask, g * y - y * row_sum
-    (row_sum = sum(g * y), from softmax_row_sum)."""
-    g = dout * mask
-    return g * y - y * row_sum
+# ------------------------------------------------------------------ row kernels (CUDA C)
+# LayerNorm and softmax reduce over each row, then map it. As CuPy calls that was 5 launches
+# and 8 passes over [N, H] for a LayerNorm forward (row mean, center and square, row mean,
+# rstd, apply), 6 and 12 for its backward, 5 and 12 over [B, A, T, T] for the attention's
+# mask, softmax and dropout. Here each is one kernel, one warp a row: the warp sums (or
+# maxes) its row in registers and shuffles, then maps it, reading the row again from the
+# cache rather than from memory. Forward: 1 launch and 3 passes (LayerNorm), 1 and 5
+# (softmax); backward 1 (+ the two column sums, cuBLAS) and 1.
+#
+# The source is compiled once per activation dtype T, with S the statistics' dtype (float for
+# float16 and float32 activations, double for double). float16 is stored as its 16 bits
+# (half16) and converted by the PTX instructions of HALF_CONVERSIONS: no cuda_fp16.h, which
+# NVRTC does not always find. tests/cuda_emulation.py runs this same source on the CPU (32
+# lanes a warp, shuffles included, HALF_CONVERSIONS replaced by C++'s _Float16, the same
+# round-to-nearest-even), so the stand-in and the tests run these kernels, not a twin.
+
+ROW_KERNEL_TYPES = {"e": ("half16", "float"), "f": ("float", "float"), "d": ("double", "double")}
+ROW_WARPS = 4                                  # rows (warps) a block of 128 threads
+
+HALF_CONVERSIONS = r"""
+__device__ __forceinline__ float widen(half16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ void store(half16* p, float v) {
+    half16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    *p = h;
+}
+"""
+
+ROW_PRELUDE = r"""
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(double* p, double v) { *p = v; }
+// v rounded to the activations' dtype, as the reference's T-typed result
+__device__ __forceinline__ S round_to_T(S v) { T t; store(&t, v); return widen(t); }
+__device__ __forceinline__ float exp_(float v) { return expf(v); }
+__device__ __forceinline__ double exp_(double v) { return exp(v); }
+__device__ __forceinline__ float sqrt_(float v) { return sqrtf(v); }
+__device__ __forceinline__ double sqrt_(double v) { return sqrt(v); }
+__device__ __forceinline__ float minus_infinity(float) { return __int_as_float(0xff800000); }
+__device__ __forceinline__ double minus_infinity(double) {
+    return __longlong_as_double(0xfff0000000000000LL);
+}
+
+// the sum (max) of v over the warp's 32 lanes, in every lane: a butterfly of shuffles
+__device__ __forceinline__ S warp_sum(S v) {
+    for (int lanes = 16; lanes > 0; lanes /= 2) v += __shfl_xor_sync(0xffffffffu, v, lanes);
+    return v;
+}
+__device__ __forceinline__ S warp_max(S v) {
+    for (int lanes = 16; lanes > 0; lanes /= 2) {
+        S other = __shfl_xor_sync(0xffffffffu, v, lanes);
+        v = other > v ? other : v;
+    }
+    return v;
+}
+
+// one warp a row: this thread's row and lane; a warp past the last row leaves whole
+#define ROW_AND_LANE(rows)                                                        \
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; \
+    int lane = threadIdx.x % 32;                                                  \
+    if (row >= rows) return;
+"""
+
+ROW_KERNELS = r"""
+// Each lane walks its row 32 elements apart; `#pragma unroll 4` keeps four of its loads in
+// flight at once: one 2- or 4-byte load a thread at a time is too few bytes in flight to
+// reach the memory's bandwidth (docs/gpu.md, "Where the time still goes").
+
+// ops.layernorm_forward of x [rows, H]: mean, biased variance, rstd = 1/sqrt(var + eps),
+// xhat = (x - mean) rstd, out = xhat gamma + beta. Statistics and xhat in S.
+extern "C" __global__ void nanobert_layernorm_forward(
+        const T* x, const T* gamma, const T* beta, S eps, long long rows, int H,
+        S* xhat, T* out, S* rstd) {
+    ROW_AND_LANE(rows)
+    const long long start = row * H;
+    S sum = 0;
+    #pragma unroll 4
+    for (int i = lane; i < H; i += 32) sum += widen(x[start + i]);
+    const S mean = warp_sum(sum) / H;
+    S squares = 0;
+    #pragma unroll 4
+    for (int i = lane; i < H; i += 32) {
+        S centered = widen(x[start + i]) - mean;
+        squares += centered * centered;
+    }
+    const S r = 1 / sqrt_(warp_sum(squares) / H + eps);
+    #pragma unroll 4
+    for (int i = lane; i < H; i += 32) {
+        S normalized = (widen(x[start + i]) - mean) * r;
+        xhat[start + i] = normalized;
+        store(&out[start + i], normalized * widen(gamma[i]) + widen(beta[i]));
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
+// ops.layernorm_backward's dx of a row, dxhat = dout gamma:
+// dx = (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd; and dout xhat, whose column sums
+// (cuBLAS) are dgamma.
+extern "C" __global__ void nanobert_layernorm_backward(
+        const T* dout, const T* gamma, const S* xhat, const S* rstd, long long rows, int H,
+        T* dx, S* dout_xhat) {
+    ROW_AND_LANE(rows)
+    const long long start = row * H;
+    S sum = 0, projection = 0;
+    #pragma unroll 4
+    for (int i = lane; i < H; i += 32) {
+        S dxhat = widen(dout[start + i]) * widen(gamma[i]);
+        sum += dxhat;
+        projection += dxhat * xhat[start + i];
+    }
+    const S mean = warp_sum(sum) / H;
+    const S mean_projection = warp_sum(projection) / H;
+    const S r = rstd[row];
+    #pragma unroll 4
+    for (int i = lane; i < H; i += 32) {
+        S d = widen(dout[start + i]);
+        S normalized = xhat[start + i];
+        store(&dx[start + i], (d * widen(gamma[i]) - mean - normalized * mean_projection) * r);
+        dout_xhat[start + i] = d * normalized;
+    }
+}
+
+// a score plus its key's mask bias (masked), rounded to T as the reference's `scores += bias`
+__device__ __forceinline__ S score(const T* scores, const T* bias, long long at, int key,
+                                   int masked) {
+    S s = widen(scores[at]);
+    return masked ? round_to_T(s + widen(bias[key])) : s;
+}
+
+// ops.softmax_forward of rows of `keys` scores, each plus the mask bias of its batch element
+// (rows_per_bias rows share one; masked = 0: none), then, if dropout, ops.dropout_forward:
+// keep_mask = (uniform >= p) scale, dropped = probs keep_mask, both rounded to T.
+extern "C" __global__ void nanobert_softmax_forward(
+        const T* scores, const T* bias, int masked, long long rows_per_bias, long long rows,
+        int keys, const S* uniform, S p, S scale, int dropout,
+        T* probs, T* dropped, T* keep_mask) {
+    ROW_AND_LANE(rows)
+    const long long start = row * keys;
+    const T* row_bias = bias + (masked ? row / rows_per_bias * keys : 0);
+    S row_max = minus_infinity(S(0));
+    #pragma unroll 4
+    for (int j = lane; j < keys; j += 32) {
+        S s = score(scores, row_bias, start + j, j, masked);
+        row_max = s > row_max ? s : row_max;
+    }
+    row_max = warp_max(row_max);
+    S sum = 0;
+    #pragma unroll 4
+    for (int j = lane; j < keys; j += 32)
+        sum += exp_(score(scores, row_bias, start + j, j, masked) - row_max);
+    sum = warp_sum(sum);
+    #pragma unroll 4
+    for (int j = lane; j < keys; j += 32) {
+        T y;
+        store(&y, exp_(score(scores, row_bias, start + j, j, masked) - row_max) / sum);
+        probs[start + j] = y;
+        if (dropout) {
+            T keep;
+            store(&keep, uniform[start + j] >= p ? scale : 0);
+            keep_mask[start + j] = keep;
+            store(&dropped[start + j], widen(y) * widen(keep));
+        }
+    }
+}
+
+// ops.dropout_backward (if dropout: g = dprobs keep_mask, rounded to T) then
+// ops.softmax_backward: dscores = g y - y sum(g y).
+extern "C" __global__ void nanobert_softmax_backward(
+        const T* dprobs, const T* keep_mask, int dropout, const T* probs, long long rows,
+        int keys, T* dscores) {
+    ROW_AND_LANE(rows)
+    const long long start = row * keys;
+    S sum = 0;
+    #pragma unroll 4
+    for (int j = lane; j < keys; j += 32) {
+        S g = widen(dprobs[start + j]);
+        if (dropout) g = round_to_T(g * widen(keep_mask[start + j]));
+        sum += g * widen(probs[start + j]);
+    }
+    sum = warp_sum(sum);
+    #pragma unroll 4
+    for (int j = lane; j < keys; j += 32) {
+        S g = widen(dprobs[start + j]);
+        if (dropout) g = round_to_T(g * widen(keep_mask[start + j]));
+        S y = widen(probs[start + j]);
+        store(&dscores[start + j], g * y - y * sum);
+    }
+}
+"""
+
+ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
+                    "softmax_backward")
 
 
-def softmax_row_sum(xp):
-    """(dout, mask, y) -> sum(dout * mask * y) over the given axis: softmax_backward's
-    row sum after dropout's mask, one kernel instead of a product and a sum."""
-    key = (xp, "nanobert_softmax_row_sum")
-    if key not in _KERNELS:
-        _KERNELS[key] = xp.ReductionKernel("T dout, T mask, T y", "T row_sum",
-                                           "dout * mask * y", "a + b", "row_sum = a", "0",
-                                           "nanobert_softmax_row_sum")
-    return _KERNELS[key]
+def row_source(dtype_char):
+    """The CUDA source of the row kernels for activations of this NumPy dtype character."""
+    T, S = ROW_KERNEL_TYPES[dtype_char]
+    return (f"typedef unsigned short half16;\ntypedef {T} T;\ntypedef {S} S;\n"
+            + HALF_CONVERSIONS + ROW_PRELUDE + ROW_KERNELS)
+
+
+_ROW_MODULES = {}            # (namespace, dtype char) -> the compiled module
+_ROW_FUNCTIONS = {}          # (namespace, name, dtype char) -> its kernel
+
+
+def row_kernel(xp, name, dtype):
+    """The RawKernel nanobert_<name> for activations of dtype, its module compiled once per
+    namespace and dtype."""
+    key = (xp, name, dtype.char)
+    if key not in _ROW_FUNCTIONS:
+        if key[::2] not in _ROW_MODULES:
+            _ROW_MODULES[key[::2]] = xp.RawModule(code=row_source(dtype.char))
+        _ROW_FUNCTIONS[key] = _ROW_MODULES[key[::2]].get_function("nanobert_" + name)
+    return _ROW_FUNCTIONS[key]
 
 # --------------------------------------------------------------------------------- AdamW
 

@@ -1,0 +1,157 @@
+"""The CUDA row kernels of the GPU path (kernels.ROW_KERNELS: LayerNorm and the attention's
+mask + softmax + dropout, forward and backward, one warp a row) run on the CPU by
+tests/cuda_emulation.py (the same source, 32 lanes a warp, shuffles included) against the
+reference ops of ops.py, for hypothesis-drawn shapes: rows that leave a block's warps idle,
+rows shorter than a warp and longer, lengths that are no multiple of 32. float64 within
+1e-13; float32 within a few ulp; float16 activations (statistics in float32) within one
+float16 rounding of the float32 reference. CUDA's own rounding (fma contraction) and speed
+are not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
+"""
+import numpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cuda_emulation
+from conftest import record, rel_error
+from nanobert.model import kernels, ops
+
+pytestmark = pytest.mark.skipif(not cuda_emulation.available(),
+                                reason="g++ is needed to run the CUDA kernels on the CPU")
+
+DTYPES = [numpy.float64, numpy.float32, numpy.float16]
+# relative bound on each result against the float64 reference of the same inputs
+BOUND = {numpy.float64: 1e-13, numpy.float32: 3e-6, numpy.float16: 2e-3}
+
+
+def stats(dtype):
+    return numpy.float32 if dtype == numpy.float16 else dtype
+
+
+def run(name, dtype, rows, *args):
+    """The kernel on NumPy arrays, launched as fast_gpu._launch_rows launches it."""
+    source = kernels.row_source(numpy.dtype(dtype).char)
+    blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
+    cuda_emulation.launch(source, "nanobert_" + name)(blocks, 32 * kernels.ROW_WARPS, args)
+
+
+def check(name, actual, expected, dtype, scale=None):
+    """Within BOUND of the result's largest element, or of `scale` where the result can
+    cancel down to far below its terms (a gradient through a normalisation)."""
+    actual = numpy.asarray(actual, numpy.float64)
+    if scale is None:
+        err = rel_error(actual, expected)
+    else:
+        err = numpy.abs(actual - expected).max() / max(scale, 1e-300)
+    err = record(f"row kernel {name} {numpy.dtype(dtype).name}", err)
+    assert err <= BOUND[dtype], f"{name} ({numpy.dtype(dtype).name}): {err:.2e}"
+
+
+shapes = st.tuples(st.integers(1, 11), st.integers(1, 80))      # rows, row length
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=shapes, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
+def test_layernorm_kernels_equal_the_reference(shape, seed, dtype):
+    rows, H = shape
+    rng = numpy.random.default_rng(seed)
+    x = (rng.standard_normal((rows, H)) * 3 + 1).astype(dtype)
+    gamma, beta = (rng.standard_normal(H).astype(dtype) for _ in range(2))
+    dout = rng.standard_normal((rows, H)).astype(dtype)
+    S = stats(dtype)
+    xhat, out = numpy.empty((rows, H), S), numpy.empty((rows, H), dtype)
+    rstd = numpy.empty((rows, 1), S)
+    run("layernorm_forward", dtype, rows, x, gamma, beta, S(1e-12), numpy.int64(rows),
+        numpy.int32(H), xhat, out, rstd)
+    wide = [a.astype(numpy.float64) for a in (x, gamma, beta, dout)]
+    expected, cache = ops.layernorm_forward(*wide[:3], 1e-12)
+    check("layernorm out", out, expected, dtype)
+    check("layernorm xhat", xhat, cache[0], dtype)
+    check("layernorm rstd", rstd, cache[2], dtype)
+
+    dx, dout_xhat = numpy.empty((rows, H), dtype), numpy.empty((rows, H), S)
+    run("layernorm_backward", dtype, rows, dout, gamma, xhat, rstd, numpy.int64(rows),
+        numpy.int32(H), dx, dout_xhat)
+    # the reference from the kernel's own cache, so that only the backward's error counts
+    expected_dx = ops.layernorm_backward(wide[3], (xhat.astype(numpy.float64), wide[1],
+                                                   rstd.astype(numpy.float64)))[0]
+    # dx cancels: with H = 2 it is 0 whatever dout (xhat is +-1); its terms are dxhat rstd
+    terms = numpy.abs(wide[3] * wide[1] * rstd.astype(numpy.float64)).max()
+    check("layernorm dx", dx, expected_dx, dtype, scale=terms)
+    check("layernorm dout*xhat", dout_xhat, wide[3] * xhat, dtype)
+
+
+def attention_case(seed, dtype, B, A, T):
+    rng = numpy.random.default_rng(seed)
+    scores = (rng.standard_normal((B, A, T, T)) * 2).astype(dtype)
+    attention_mask = (rng.random((B, T)) < 0.7).astype(numpy.int64)
+    attention_mask[:, 0] = 1
+    bias = ops.attention_mask_bias(attention_mask, dtype)            # [B, 1, 1, T]
+    uniform = rng.random((B, A, T, T)).astype(stats(dtype))
+    dprobs = rng.standard_normal((B, A, T, T)).astype(dtype)
+    return scores, bias, uniform, dprobs
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 40)),
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       p=st.sampled_from([0.0, 0.1, 0.5]), masked=st.booleans())
+def test_softmax_kernels_equal_the_reference(shape, seed, dtype, p, masked):
+    """Mask bias (each batch element's own), softmax, dropout with the given uniforms; the
+    backward through dropout's mask and softmax."""
+    B, A, T = shape
+    scores, bias, uniform, dprobs = attention_case(seed, dtype, B, A, T)
+    S, rows = stats(dtype), B * A * T
+    probs, dropped, keep = (numpy.empty(scores.shape, dtype) for _ in range(3))
+    scale = S(dtype(1.0 / (1.0 - p)))
+    run("softmax_forward", dtype, rows, scores, bias, numpy.int32(masked),
+        numpy.int64(A * T), numpy.int64(rows), numpy.int32(T), uniform, S(p), scale,
+        numpy.int32(p > 0), probs, dropped, keep)
+    # the reference: the masked scores rounded to the activations' dtype, as the model's
+    # `scores += bias` is, then softmax and dropout in float64
+    masked_scores = (scores + bias).astype(dtype) if masked else scores
+    expected, _ = ops.softmax_forward(masked_scores.astype(numpy.float64))
+    check("softmax probs", probs, expected, dtype)
+    if p > 0:
+        expected_keep = (uniform >= p) * float(scale)
+        assert numpy.array_equal(keep, expected_keep.astype(dtype))
+        check("softmax dropped", dropped, probs.astype(numpy.float64) * expected_keep, dtype)
+
+    dscores = numpy.empty(scores.shape, dtype)
+    run("softmax_backward", dtype, rows, dprobs, keep if p > 0 else dprobs,
+        numpy.int32(p > 0), probs, numpy.int64(rows), numpy.int32(T), dscores)
+    g = dprobs.astype(numpy.float64)
+    if p > 0:
+        g = (dprobs * keep).astype(dtype).astype(numpy.float64)   # dropout's product in dtype
+    expected_dscores = ops.softmax_backward(g, probs.astype(numpy.float64))
+    check("softmax dscores", dscores, expected_dscores, dtype, scale=numpy.abs(g).max())
+
+
+def test_a_fully_masked_row_gives_uniform_probabilities():
+    """A row whose keys are all padding: every score -10000 (ops.attention_mask_bias), a
+    uniform softmax, as the reference (no NaN)."""
+    scores = numpy.zeros((1, 1, 2, 5))
+    bias = numpy.full((1, 1, 1, 5), -10000.0)
+    probs = numpy.empty_like(scores)
+    run("softmax_forward", numpy.float64, 2, scores, bias, numpy.int32(1), numpy.int64(2),
+        numpy.int64(2), numpy.int32(5), numpy.zeros(1), numpy.float64(0.0),
+        numpy.float64(1.0), numpy.int32(0), probs, probs, probs)
+    assert numpy.array_equal(probs, numpy.full_like(scores, 0.2))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda args: args.__setitem__(4, 2), "a numpy.int64 scalar, not a int"),
+    (lambda args: args.__setitem__(3, 1e-12), "a numpy.float64 scalar, not a float"),
+    (lambda args: args.__setitem__(0, numpy.ones((6, 2)).T), "C-contiguous"),
+    (lambda args: args.__setitem__(0, args[0].astype(numpy.float32)), "a float64 array"),
+    (lambda args: args.pop(), "8 arguments for 9 parameters"),
+])
+def test_a_call_that_cuda_would_misread_is_refused(bad, message):
+    """What CuPy would pass wrongly and a kernel misread silently: a Python int (8 bytes) or
+    float (a double) for a typed scalar, a strided view, another dtype, a missing argument."""
+    x = numpy.ones((2, 6))
+    args = [x, numpy.ones(6), numpy.zeros(6), numpy.float64(1e-12), numpy.int64(2),
+            numpy.int32(6), numpy.empty((2, 6)), numpy.empty((2, 6)), numpy.empty(2)]
+    bad(args)
+    with pytest.raises(TypeError, match=message):
+        run("layernorm_forward", numpy.float64, 2, *args)
