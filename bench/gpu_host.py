@@ -73,7 +73,9 @@ def building_blocks(cupy):
               lambda: fused(out)),
              ("bias add out += bias", lambda: out.__iadd__(bias), None),
              ("cupy.empty [64, 48]", lambda: cupy.empty((64, 48), f32), None),
-             ("GELU (fused kernel)", lambda: fast_gpu.gelu_forward(out), None),
+             ("GELU (map kernel)", lambda: fast_gpu.gelu_forward(out), None),
+             ("LayerNorm forward (row kernel)",
+              lambda: fast_gpu.layernorm_forward(out, bias, bias, 1e-12), None),
              ("row mean, keepdims", lambda: out.mean(axis=-1, keepdims=True), None),
              ("reshape view", lambda: out.reshape(-1, 16), None)]
     del kernels
@@ -356,8 +358,8 @@ GELU = "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"
 
 
 def gelu_kernels(cupy):
-    """GELU (erf) on float16: one element a thread (as kernels.py's GELU reads float16 today)
-    and 8 a thread over 16-byte views."""
+    """GELU (erf) on float16: one element a thread (as CuPy's kernels, and the model's GELU
+    before kernels.MAP_KERNELS) and 8 a thread over 16-byte views."""
     narrow = cupy.ElementwiseKernel("float16 x", "float16 y", f"float v = x; y = {GELU};",
                                     "nanobert_experiment_gelu_half")
     wide = cupy.ElementwiseKernel(
@@ -381,6 +383,9 @@ def gelu_half(cupy, shape):
     show("float16 GELU, 8 elements a thread", lambda: wide(
         x.reshape(-1).view(cupy.complex128), y_wide.reshape(-1).view(cupy.complex128)),
         2 * x.nbytes)
+    from nanobert.model import fast_gpu
+    show("float16 GELU, the model's map kernel (also writes Phi, float32)",
+         lambda: fast_gpu.gelu_forward(x), 4 * x.nbytes)
     try:
         print(f"  the two GELUs equal: {bool((y_narrow == y_wide).all())}")
     except Exception as e:

@@ -1,11 +1,12 @@
-"""nanobert's CUDA row kernels (nanobert/model/kernels.py's ROW_KERNELS) compiled for the CPU
-with g++ and run there: the same source a GPU compiles, with tests/cuda_emulation.h for
-threadIdx, blockIdx and __shfl_xor_sync (each warp's 32 lanes as fibers), and the two PTX
-float16 conversions (kernels.HALF_CONVERSIONS) replaced by C++'s _Float16, which rounds to
-nearest even as cvt.rn does. So the tests run the kernels' own indexing, loops, shuffles and
-arithmetic, not a NumPy twin. What this does not show: CUDA's own rounding (nvcc contracts
-a * b + c into an fma; g++ here does not) and its math library's expf/sqrtf, speed, or
-that NVRTC compiles the source (tests/test_kernels_compile.py compiles it with nvcc).
+"""nanobert's CUDA kernels (nanobert/model/kernels.py's cuda_source: row and map kernels)
+compiled for the CPU with g++ and run there: the same source a GPU compiles, with
+tests/cuda_emulation.h for threadIdx, blockIdx and __shfl_xor_sync (each warp's 32 lanes as
+fibers), and the two PTX float16 conversions (kernels.HALF_CONVERSIONS) replaced by C++'s
+_Float16, which rounds to nearest even as cvt.rn does. So the tests run the kernels' own
+indexing, loops, shuffles and arithmetic, not a NumPy twin. What this does not show: CUDA's
+own rounding (nvcc contracts a * b + c into an fma; g++ here does not) and its math
+library's expf/erff/sqrtf, speed, or that NVRTC compiles the source
+(tests/test_kernels_compile.py compiles it with nvcc).
 
 launch(source, name) -> a callable (grid, block, args) taking NumPy arrays for the pointer
 parameters and NumPy scalars of the parameter's exact type for the others, as a CuPy

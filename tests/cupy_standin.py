@@ -1470,12 +1470,12 @@ KERNEL_FUNCTIONS.update(float=lambda v: numpy.asarray(v).astype(numpy.float32),
                         float16=lambda v: numpy.asarray(v).astype(numpy.float16))
 
 # ============================================================================================
-# Raw CUDA kernels (kernels.py's row kernels): cupy.RawModule's source compiled for the CPU
-# and run there by tests/cuda_emulation.py, on the stand-in arrays' own memory. A call passes
-# what CuPy passes: device arrays (here: C-contiguous, of the parameter's dtype, as the
-# kernels index them) and NumPy scalars of the parameter's exact type (CuPy would pass a
-# Python int as 8 bytes, a float as a double, misreading the parameters after it). One launch
-# a call; a 1-D grid of whole warps.
+# Raw CUDA kernels (kernels.py's row and map kernels): cupy.RawModule's source compiled for
+# the CPU and run there by tests/cuda_emulation.py, on the stand-in arrays' own memory. A
+# call passes what CuPy passes: device arrays (here: C-contiguous, of the parameter's dtype,
+# as the kernels index them) and NumPy scalars of the parameter's exact type (CuPy would pass
+# a Python int as 8 bytes, a float as a double, misreading the parameters after it). One
+# launch a call; a 1-D grid of whole warps.
 # ============================================================================================
 
 import cuda_emulation  # noqa: E402

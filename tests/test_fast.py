@@ -73,9 +73,10 @@ def test_every_reference_op_has_a_fast_twin_and_trickless_ones_are_the_reference
     missing = [n for n in names if not callable(getattr(fast, n, None))]
     assert not missing, f"ops.py functions with no fast.py twin: {missing}"
     for name in ("embedding_forward", "embedding_backward", "tanh_forward", "tanh_backward",
-                 "dropout_backward", "attention_mask_bias", "mse_backward",
+                 "attention_mask_bias", "mse_backward",
                  "bce_with_logits_backward", "AttentionCache", "IGNORE_INDEX", "GELU_KINDS"):
         assert getattr(fast, name) is getattr(ops, name), name
+    assert fast_cpu.dropout_backward is ops.dropout_backward   # a twin on CuPy only
 
 # ---------------------------------------------------------------------------------- ops
 

@@ -217,6 +217,26 @@ def test_gelu_forward_backward(xp, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_dropout_add_and_dropout_backward(xp, dtype):
+    """fast.dropout_add_forward (p = 0.25 on [3, 7, 33], plus a residual) and
+    fast.dropout_backward on the device, against the host's arithmetic on the device's own
+    keep mask (its uniforms are the device generator's): the mask is 0 or 1 / (1 - p) in
+    dtype, about 3/4 of it kept; dx = dout * mask bitwise (one rounding either side); out
+    = x * mask + residual within one rounding (CUDA may fuse the product and the sum into
+    an fma)."""
+    x, residual, dout = (draw((3, 7, 33), dtype, seed) for seed in (19, 20, 21))
+    out, mask = fast.dropout_add_forward(xp.asarray(x), xp.asarray(residual), 0.25,
+                                         backend.default_rng(xp, 3), True)
+    dx = fast.dropout_backward(xp.asarray(dout), mask)
+    mask = host(mask)
+    assert mask.dtype == dtype and set(numpy.unique(mask)) <= {dtype(0), dtype(1 / 0.75)}
+    assert 0.6 < (mask != 0).mean() < 0.9, (mask != 0).mean()
+    numpy.testing.assert_array_equal(host(dx), dout * mask)
+    check(f"gpu dropout + residual {numpy.dtype(dtype).name}", out, x * mask + residual,
+          *bound(dtype, K=2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_forward_backward(xp, dtype):
     """fast.softmax_forward/backward over rows of T = 16 scores with a -10000 masked tail
     (the attention mask's bias): probabilities and dx (K = T = 16: the row sums;

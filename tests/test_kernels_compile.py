@@ -1,30 +1,27 @@
-"""Every CUDA kernel of the GPU path (nanobert/model/kernels.py: its ElementwiseKernels, the
-functions fast_gpu.py hands to cupy.fuse, and the row kernels' CUDA source) built for an H100/H200
-(sm_90) with nvcc, for each dtype fast_gpu.py and optim.py call it with, on a machine
-without a GPU: a kernel that would fail on the GPU fails here, naming it and the error, not
-in the first minutes of a lent GPU.
+"""Every CUDA kernel of the GPU path (nanobert/model/kernels.py: its CUDA source, one a dtype,
+and its ElementwiseKernels) built for an H100/H200 (sm_90) with nvcc, for each dtype
+fast_gpu.py and optim.py call it with, on a machine without a GPU: a kernel that would fail
+on the GPU fails here, naming it and the error, not in the first minutes of a lent GPU.
 
-The CUDA source is CuPy's own (CuPy 14, read in its _kernel.pyx, _reduction.pyx, fusion.pyx
-and core.pyx): the real kernel objects are built (kernels.py's factories called with the real
-cupy module), CuPy decides the parameter types as a launch does (_kernel._decide_params_type,
-whose TypeError a launch would raise too: in a parameter list `float` is NumPy's, float64),
-and CuPy's generators, which need no device, write the kernel: _kernel._get_elementwise_
-kernel_code, and for cupy.fuse the tracer
-(fusion._FusionHistory.get_fusion, fed dtype-only arrays on no memory) that turns the
-Python function into an ElementwiseKernel. Prepended are CuPy's headers
+The CUDA kernels (kernels.cuda_source) are compiled as cupy.RawModule compiles them: as
+written, without CuPy's headers. The ElementwiseKernels' source is CuPy's own (CuPy 14, read
+in its _kernel.pyx and core.pyx): the real kernel objects are built (kernels.py's factories
+called with the real cupy module), CuPy decides the parameter types as a launch does
+(_kernel._decide_params_type, whose TypeError a launch would raise too: in a parameter list
+`float` is NumPy's, float64), and CuPy's generator, which needs no device, writes the kernel
+(_kernel._get_elementwise_kernel_code). Prepended are CuPy's headers
 (core._cupy_header_list); CuPy's options (core.assemble_cupy_compiler_options, plus the
 -ftz=true of compiler._compile_with_cache_cuda); compiled by
 cupy.cuda.compiler.compile_using_nvcc. Ours: the argument descriptions a launch derives from
 the arrays (_ArgInfo: dtype, ndim, C-contiguity, 32-bit indexing) in two layouts (contiguous,
-reduced to 1-2 dimensions; strided 4-D views with 64-bit indices). The row kernels are
-raw CUDA (cupy.RawModule, compiled as written, without CuPy's headers or options), one
-source a dtype (kernels.row_source).
+reduced to 1-2 dimensions; strided 4-D views with 64-bit indices).
 
 What this does not prove: on a GPU CuPy compiles with NVRTC, not nvcc (the same NVVM
 compiler behind another driver; CuPy's headers differ only in `#ifndef __CUDACC_RTC__`
 includes), with the GPU machine's CUDA headers rather than this machine's toolkit; nothing
-runs here, so the kernels' numbers are tests/test_cupy_standin.py's business (NumPy
-semantics only).
+runs here, so the kernels' numbers are the business of tests/test_row_kernels.py (the CUDA
+kernels, emulated on the CPU) and tests/test_cupy_standin.py (the ElementwiseKernels' NumPy
+semantics).
 """
 import concurrent.futures
 import inspect
@@ -66,21 +63,12 @@ PY = ("s", None)
 
 # kernel factory in kernels.py -> the calls of fast_gpu.py / optim.py (inputs, then outputs)
 ELEMENTWISE = {
-    "gelu_half": [(a(H), a(F), a(H))],
-    "gelu_backward_half": [(a(H), a(H), a(F), a(H))],
     "attention_heads": [(v(x),) * 3 + (v(x),) * 3 + (PY,) + (a(x),) * 3 for x in (H, F, D)],
     "attention_grads": [(a(x),) * 3 + (PY,) + (v(x),) * 3 for x in (H, F, D)],
     # AdamW: float32 (a float16 model's master weights) or float64; skip is False or the
     # loss scaler's 0-d flag on the device
     "adamw_kernel": [(a(t), a(BOOL), skip) + (PY,) * 9 + (a(t),) * 3
                      for t in (F, D) for skip in (PY, v(BOOL))],
-}
-# functions fast_gpu.py fuses (inputs; the outputs are allocated)
-FUSED = {
-    "gelu": [(a(x),) for x in (F, D)],
-    "gelu_backward": [(a(x), a(x), a(x)) for x in (F, D)],
-    "dropout": [(a(x), a(st), s(st), s(x)) for x, st in RUNS],
-    "dropout_add": [(a(x), a(st), a(x), s(st), s(x)) for x, st in RUNS],
 }
 LAYOUTS = ("contiguous", "strided")
 
@@ -90,11 +78,11 @@ def cupy():
     """The real cupy with the internals read here, or a skip saying what is missing."""
     try:
         import cupy
-        from cupy._core import _kernel, core, fusion
+        from cupy._core import _kernel, core
         from cupy.cuda import compiler
         for module, name in ((_kernel, "_get_elementwise_kernel_code"),
                              (_kernel, "_decide_params_type"), (_kernel, "_ArgInfo"),
-                             (fusion, "_FusionHistory"), (core, "_cupy_header_list"),
+                             (core, "_cupy_header_list"),
                              (core, "assemble_cupy_compiler_options"),
                              (compiler, "compile_using_nvcc")):
             if not hasattr(module, name):
@@ -150,38 +138,7 @@ def _elementwise_source(cupy, kernel, args, layout):
         kernel.preamble, **kernel.kwargs)
 
 
-_NO_MEMORY = None
-
-
-def _dtype_only_array(cupy, dtype, shape):
-    """A cupy.ndarray on no memory: the fusion tracer reads only its dtype and ndim."""
-    global _NO_MEMORY
-    if _NO_MEMORY is None:
-        _NO_MEMORY = cupy.cuda.UnownedMemory(0, 1 << 20, None, device_id=0)
-    return cupy.ndarray(shape, dtype, memptr=cupy.cuda.MemoryPointer(_NO_MEMORY, 0))
-
-
-def _fused_kernel(cupy, fn, args):
-    """The ElementwiseKernel cupy.fuse makes of kernels.fused(cupy, fn) for these argument
-    dtypes: CuPy's tracer (fusion.Fusion.__call__'s path, without the launch)."""
-    from cupy._core import _fusion_thread_local, fusion
-    fused = kernels.fused(cupy, fn)
-    traced = tuple(_dtype_only_array(cupy, t, (2, 3, 4) if k == "a" else (2, 3, 1))
-                   if k != "s" else numpy.dtype(t).type(1) for k, t in args)
-    history, local = fusion._FusionHistory(), _fusion_thread_local.thread_local
-    local.history, local.is_old_fusing = history, True
-    try:
-        kernel, kwargs = history.get_fusion(fused.func, traced, fused.name)
-    finally:
-        local.history, local.is_old_fusing = None, False
-    assert not kwargs, f"{fn.__name__}: cupy.fuse made a reduction"
-    return kernel
-
-
-def _source(cupy, kind, name, args, layout):
-    if kind == "fused":
-        kernel = _fused_kernel(cupy, getattr(kernels, name), args)
-        return _elementwise_source(cupy, kernel, args, layout)
+def _source(cupy, name, args, layout):
     kernel = getattr(kernels, name)(cupy)
     assert isinstance(kernel, cupy.ElementwiseKernel), name
     return _elementwise_source(cupy, kernel, args, layout)
@@ -194,18 +151,17 @@ def _label(name, args, layout):
 
 
 def _variants():
-    """(kernel name in kernels.py, kind, label, args, layout) of every compile: each call
+    """(kernel name in kernels.py, label, args, layout) of every compile: each call
     contiguous, the first one also strided (the layout changes only the template arguments
     of CuPy's CArray and CIndexer, not the types the body computes with)."""
     labels = set()
-    for kind, table in (("elementwise", ELEMENTWISE), ("fused", FUSED)):
-        for name, calls in table.items():
-            for i, args in enumerate(calls):
-                for layout in LAYOUTS[:2 if i == 0 else 1]:
-                    label = _label(name, args, layout)
-                    assert label not in labels, label
-                    labels.add(label)
-                    yield name, kind, label, args, layout
+    for name, calls in ELEMENTWISE.items():
+        for i, args in enumerate(calls):
+            for layout in LAYOUTS[:2 if i == 0 else 1]:
+                label = _label(name, args, layout)
+                assert label not in labels, label
+                labels.add(label)
+                yield name, label, args, layout
 
 # ----------------------------------------------------------------------------- nvcc
 
@@ -249,9 +205,9 @@ def generated(cupy):
     CuPy refuses before compiling (its parameter types do not fit the arrays) raises the
     same TypeError at the launch on a GPU."""
     out = []
-    for name, kind, label, args, layout in _variants():
+    for name, label, args, layout in _variants():
         try:
-            out.append((name, label, _source(cupy, kind, name, args, layout), None))
+            out.append((name, label, _source(cupy, name, args, layout), None))
         except (TypeError, ValueError) as e:
             out.append((name, label, None, f"CuPy refuses the call before compiling: "
                                            f"{type(e).__name__}: {e}"))
@@ -282,67 +238,66 @@ def _failures(results):
     return "\n\n".join(f"{label}:\n{errors}" for label, errors in results.items() if errors)
 
 
-@pytest.mark.parametrize("name", [*ELEMENTWISE, *FUSED])
+@pytest.mark.parametrize("name", [*ELEMENTWISE])
 def test_kernel_compiles_for_sm90(compiled, name):
     failures = _failures(compiled[name])
     assert not failures, f"kernels.{name} cannot be built for sm_{ARCH}:\n{failures}"
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_row_kernels_compile_for_sm90(cupy, nvcc, dtype):
-    """kernels.row_source for each activation dtype, as cupy.RawModule compiles it; the
+def test_cuda_kernels_compile_for_sm90(cupy, nvcc, dtype):
+    """kernels.cuda_source for each activation dtype, as cupy.RawModule compiles it; the
     emulated runs (tests/test_row_kernels.py) do not show that nvcc accepts the PTX
     conversions and CUDA's shuffles."""
-    errors = _nvcc_errors(cupy, kernels.row_source(numpy.dtype(dtype).char), raw=True)
-    assert errors is None, f"the row kernels cannot be built for sm_{ARCH} ({dtype}):\n{errors}"
+    errors = _nvcc_errors(cupy, kernels.cuda_source(numpy.dtype(dtype).char), raw=True)
+    assert errors is None, f"the CUDA kernels cannot be built for sm_{ARCH} ({dtype}):\n{errors}"
 
 
 def test_every_kernel_of_the_gpu_path_is_compiled():
     """The tables above name every kernel there is: kernels.py's factories (functions of
-    `xp`), the functions fast_gpu.py / optim.py fuse, and no CuPy kernel defined elsewhere."""
+    `xp`), the CUDA source's kernels (each launched by fast_gpu.py), and no CuPy kernel
+    defined elsewhere."""
     factories = {name for name, f in vars(kernels).items()
                  if inspect.isfunction(f) and list(inspect.signature(f).parameters) == ["xp"]}
     assert factories == set(ELEMENTWISE)
     sources = {p: p.read_text() for p in (ROOT / "nanobert").rglob("*.py")}
-    fused = {name for text in sources.values()
-             for name in re.findall(r"kernels\.fused\(\s*xp,\s*kernels\.(\w+)\)", text)}
-    assert fused == set(FUSED)
     for path, text in sources.items():
         if path.name != "kernels.py":
             found = re.findall(r"ElementwiseKernel\(|ReductionKernel\(|RawKernel|RawModule|"
                                r"\.fuse\(", text)
             assert not found, f"{path}: {found} defines a CuPy kernel outside kernels.py"
-    # every row kernel fast_gpu.py launches is in the source, and every one there is launched
-    launched = set(re.findall(r'_launch_rows\("(\w+)"', sources[ROOT / "nanobert" / "model" /
-                                                                 "fast_gpu.py"]))
+    # every CUDA kernel fast_gpu.py launches is in the source, and every one there is launched
+    fast_gpu = sources[ROOT / "nanobert" / "model" / "fast_gpu.py"]
+    rows = set(re.findall(r'_launch_rows\("(\w+)"', fast_gpu))
+    maps = set(re.findall(r'_launch_map\("(\w+)"', fast_gpu))
     defined = set(re.findall(r'extern "C" __global__ void nanobert_(\w+)\(',
-                             kernels.row_source("f")))
-    assert launched == defined == set(kernels.ROW_KERNEL_NAMES), (launched, defined)
+                             kernels.cuda_source("f")))
+    assert rows == set(kernels.ROW_KERNEL_NAMES) and maps == set(kernels.MAP_KERNEL_NAMES)
+    assert rows | maps == defined, (rows, maps, defined)
 
 
 def test_planted_errors_are_reported(cupy, nvcc):
     """The checker itself: a body with a syntax error and one with a float16 type error
     (a conditional between float16 and float: each converts to the other, so C++ finds it
     ambiguous) fail, named, with nvcc's message; the body as written compiles."""
-    body = kernels.GELU_BACKWARD_HALF_BODY
+    body = "float v = x;\ny = v * c;\n"         # a float16 read into float32 arithmetic
     planted = {
         "as_written": body,
-        "planted_syntax": body.replace("float g = dout;", "float g = dout"),
-        "planted_half_type": body.replace("float g = dout;",
-                                          "float g = cdf > 0 ? dout : cdf;"),
+        "planted_syntax": body.replace("float v = x;", "float v = x"),
+        "planted_half_type": body.replace("float v = x;", "float v = c > 0 ? x : c;"),
     }
     assert len(set(planted.values())) == 3
-    args = (a(H), a(H), a(F), a(H))
+    args = (a(H), a(F), a(H))
     sources = [(label, _elementwise_source(
-        cupy, cupy.ElementwiseKernel(kernels.GELU_BACKWARD_HALF_IN,
-                                     kernels.GELU_BACKWARD_HALF_OUT, text, "nanobert_" + label),
+        cupy, cupy.ElementwiseKernel("float16 x, float32 c", "float16 y", text,
+                                     "nanobert_" + label),
         args, "contiguous")) for label, text in planted.items()]
     results = _compile_all(cupy, sources)
     assert results["as_written"] is None
     assert "error" in results["planted_syntax"] and "expected a \";\"" in \
         results["planted_syntax"], results["planted_syntax"]
     assert 'error: ambiguous "?" operation: second operand of type "const float16"' in \
-        results["planted_half_type"] and "at: float g = cdf > 0" in \
+        results["planted_half_type"] and "at: float v = c > 0" in \
         results["planted_half_type"], results["planted_half_type"]
     failures = _failures(results)                   # what test_kernel_compiles shows
     assert "as_written" not in failures

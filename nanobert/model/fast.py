@@ -16,8 +16,8 @@ from ..backend import array_module, float32_if_half
 from . import fast_cpu, fast_gpu
 from .fast_cpu import ERF32_CLAMP, ERF32_ULP, erf_float32  # noqa: F401 (bench/erf_ulp.py)
 from .ops import (GELU_KINDS, IGNORE_INDEX, AttentionCache, attention_mask_bias,  # noqa: F401
-                  bce_with_logits_backward, dropout_backward, embedding_backward,
-                  embedding_forward, mse_backward, tanh_backward, tanh_forward)
+                  bce_with_logits_backward, embedding_backward, embedding_forward,
+                  mse_backward, tanh_backward, tanh_forward)
 
 
 def _layer(x):
@@ -80,6 +80,11 @@ def dropout_forward(x, p, rng, training):
 
 def dropout_add_forward(x, residual, p, rng, training):
     return _layer(x).dropout_add_forward(x, residual, p, rng, training)
+
+
+def dropout_backward(dout, mask):
+    """ops.dropout_backward (the reference itself on NumPy: one multiply, nothing to gain)."""
+    return _layer(dout).dropout_backward(dout, mask)
 
 
 def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):

@@ -247,22 +247,40 @@ def linear_forward(x, weight, bias):
     return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
 
 
-# ---------------------------------------------------------------------------- row kernels
+# --------------------------------------------------------------------------- CUDA kernels
 
 
 def _stats_dtype(dtype):
-    """float32 for float16 activations (their LayerNorm and softmax compute in float32),
-    else the activations' own."""
+    """float32 for float16 activations (their LayerNorm, softmax and GELU compute in
+    float32), else the activations' own."""
     return numpy.dtype(numpy.float32 if dtype == HALF else dtype)
 
 
 def _launch_rows(name, dtype, rows, *args):
-    """kernels.row_kernel `name` for activations of dtype over `rows` rows, one warp a row."""
+    """The row kernel `name` (kernels.ROW_KERNELS) for activations of dtype over `rows`
+    rows, one warp a row."""
     if rows == 0:
         return
     xp = array_module(args[0])
     blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
-    kernels.row_kernel(xp, name, dtype)((blocks,), (32 * kernels.ROW_WARPS,), args)
+    kernels.cuda_kernel(xp, name, dtype)((blocks,), (32 * kernels.ROW_WARPS,), args)
+
+
+def _launch_map(name, dtype, n, *args):
+    """The map kernel `name` (kernels.MAP_KERNELS) for activations of dtype over n elements,
+    16 bytes of each activation input a thread."""
+    if n == 0:
+        return
+    xp = array_module(args[0])
+    per_block = kernels.MAP_THREADS * (kernels.MAP_BYTES // dtype.itemsize)
+    kernels.cuda_kernel(xp, name, dtype)(((n + per_block - 1) // per_block,),
+                                         (kernels.MAP_THREADS,), args)
+
+
+def _keep_scale(dtype, p):
+    """1 / (1 - p), dropout's scale, in the activations' dtype (as ops.dropout_forward's
+    mask), passed in the statistics' dtype."""
+    return _stats_dtype(dtype).type(dtype.type(1.0 / (1.0 - p)))
 
 
 def _contiguous(x):
@@ -314,31 +332,30 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
 
 
 def gelu_forward(x, kind="gelu"):
-    """ops.gelu_forward: "gelu" in one fused kernel; float16 computed in float32 (erf has no
-    float16), the output cast back."""
+    """ops.gelu_forward: "gelu" in one map kernel; float16 computed in float32 (erf has no
+    float16), Phi(x) kept in float32 for the backward, the output rounded to float16 (the
+    cache keeps x as it came: no float32 copy). The tanh kinds: the reference, float16 cast
+    to float32 and back."""
     xp = array_module(x)
-    dtype = x.dtype
     if kind != "gelu":
         out, cache = ops.gelu_forward(float32_if_half(x), kind)
-        return out.astype(dtype, copy=False), cache
-    if dtype == HALF:                                      # no float32 copy of x: cached as is
-        cdf, out = xp.empty(x.shape, numpy.float32), xp.empty(x.shape, dtype)
-        return kernels.gelu_half(xp)(x, cdf, out)[1], (x, cdf, kind)
-    out, cdf = kernels.fused(xp, kernels.gelu)(x)
+        return out.astype(x.dtype, copy=False), cache
+    x = _contiguous(x)
+    out, cdf = xp.empty(x.shape, x.dtype), xp.empty(x.shape, _stats_dtype(x.dtype))
+    _launch_map("gelu_forward", x.dtype, x.size, x, numpy.int64(x.size), out, cdf)
     return out, (x, cdf, kind)
 
 
 def gelu_backward(dout, cache):
-    """ops.gelu_backward: "gelu" in one fused kernel; float16 dout computed in float32."""
+    """ops.gelu_backward: "gelu" in one map kernel; float16 dout computed in float32."""
     xp = array_module(dout)
     x, saved, kind = cache
-    if kind == "gelu" and dout.dtype == HALF:
-        return kernels.gelu_backward_half(xp)(dout, x, saved, xp.empty(x.shape, HALF))
-    if dout.dtype == HALF:
-        return gelu_backward(dout.astype(numpy.float32), cache).astype(HALF)
     if kind != "gelu":
-        return ops.gelu_backward(dout, cache)
-    return kernels.fused(xp, kernels.gelu_backward)(dout, x, saved)
+        return ops.gelu_backward(float32_if_half(dout), cache).astype(dout.dtype, copy=False)
+    dout = _contiguous(dout)
+    dx = xp.empty(x.shape, dout.dtype)
+    _launch_map("gelu_backward", dout.dtype, x.size, dout, x, saved, numpy.int64(x.size), dx)
+    return dx
 
 # ------------------------------------------------------------------------------- softmax
 
@@ -370,8 +387,7 @@ def _softmax(scores, mask_bias, dropout_p, rng):
     uniform = _uniform(scores, rng) if dropout else _unused(xp, stats)
     dropped, keep = ((xp.empty(scores.shape, dtype) for _ in range(2)) if dropout
                      else (_unused(xp, dtype),) * 2)
-    # the keep mask's scale in the activations' dtype, as ops.dropout_forward's
-    scale = stats.type(dtype.type(1.0 / (1.0 - dropout_p)))
+    scale = _keep_scale(dtype, dropout_p)
     rows_per_bias = rows // scores.shape[0] if masked else 1
     _launch_rows("softmax_forward", dtype, rows, scores,
                  mask_bias if masked else _unused(xp, dtype), numpy.int32(masked),
@@ -402,26 +418,51 @@ def _softmax_backward(dprobs, keep_mask, y):
 
 
 def dropout_forward(x, p, rng, training):
-    """ops.dropout_forward: one fused kernel after the uniform draw."""
+    """ops.dropout_forward: one map kernel after the uniform draw."""
     if not training or p == 0.0:
         return x, None
-    xp = array_module(x)
-    scale, uniform = x.dtype.type(1.0 / (1.0 - p)), _uniform(x, rng)
-    # p in the uniforms' dtype: CuPy 13 would compare a Python float in float64
-    return kernels.fused(xp, kernels.dropout)(x, uniform, uniform.dtype.type(p), scale)
+    return _dropout(x, None, p, rng)
 
 
 def dropout_add_forward(x, residual, p, rng, training):
-    """ops.dropout_add_forward: dropout and add in one fused kernel. `residual` is not
+    """ops.dropout_add_forward: dropout and add in one map kernel. `residual` is not
     modified."""
     if not training or p == 0.0:
-        out, mask = dropout_forward(x, p, rng, training)
-        out += residual
-        return out, mask
+        return x + residual, None
+    return _dropout(x, residual, p, rng)
+
+
+def _dropout(x, residual, p, rng):
+    """dropout of x with probability p (+ residual, if given) -> (out, keep mask), one map
+    kernel (kernels.MAP_KERNELS' dropout)."""
     xp = array_module(x)
-    scale, uniform = x.dtype.type(1.0 / (1.0 - p)), _uniform(x, rng)
-    return kernels.fused(xp, kernels.dropout_add)(x, uniform, residual, uniform.dtype.type(p),
-                                                  scale)
+    x = _contiguous(x)
+    dtype = x.dtype
+    added = residual is not None
+    if added and residual.shape != x.shape:
+        raise ValueError(f"dropout_add_forward: residual {residual.shape} is not shaped like "
+                         f"x {x.shape}")
+    out, keep = xp.empty(x.shape, dtype), xp.empty(x.shape, dtype)
+    _launch_map("dropout", dtype, x.size, x, _uniform(x, rng), _stats_dtype(dtype).type(p),
+                _keep_scale(dtype, p), numpy.int32(added),
+                _contiguous(residual) if added else _unused(xp, dtype), numpy.int64(x.size),
+                out, keep)
+    return out, keep
+
+
+def dropout_backward(dout, mask):
+    """ops.dropout_backward: dout * mask in one map kernel (dout itself without a mask)."""
+    if mask is None:
+        return dout
+    xp = array_module(dout)
+    dout, mask = _contiguous(dout), _contiguous(mask)
+    if mask.shape != dout.shape or mask.dtype != dout.dtype:
+        raise ValueError(f"dropout_backward: mask {mask.shape} {mask.dtype} does not match "
+                         f"dout {dout.shape} {dout.dtype}")
+    dx = xp.empty(dout.shape, dout.dtype)
+    _launch_map("dropout_backward", dout.dtype, dout.size, dout, mask, numpy.int64(dout.size),
+                dx)
+    return dx
 
 
 def _uniform(x, rng):

@@ -1,107 +1,22 @@
-"""The kernels of the fast layer's CuPy path (fast_gpu.py): fused elementwise kernels and
-row kernels, so that a step launches ~730 kernels rather than ~3,500 (each CuPy call costs
-~10 us of host time, whatever its size). fast_gpu.gemm calls cuBLAS itself; every other
-CuPy kernel is here.
+"""The kernels of the fast layer's CuPy path (fast_gpu.py), so that a step launches ~730
+kernels rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size), and
+each reads and writes its arrays once. fast_gpu.gemm calls cuBLAS itself; every other CuPy
+kernel is here, each the arithmetic of a few lines of an op in ops.py (the reference, whose
+math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place there instead):
 
-Each function here is the arithmetic of a few lines of an op in ops.py (the reference, whose
-math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place there instead),
-written as a pure elementwise function of arrays and scalars that cupy.fuse compiles into one
-kernel. Only ufuncs and operators appear inside, no reductions, no indexing. Kernels that
-must write into strided views (attention's head layouts) or branch per element (AdamW) are
-ElementwiseKernels with CUDA C bodies. The ops that reduce over a row and then map it
-(LayerNorm, the attention's softmax) are CUDA C kernels, one warp a row (ROW_KERNELS). On
-NumPy nothing here is used.
+- CUDA kernels (cupy.RawModule, one source a dtype): row kernels for the ops that reduce over
+  a row and then map it (LayerNorm, the attention's mask + softmax + dropout), one warp a row;
+  map kernels for GELU and dropout, 16 bytes of each input a thread.
+- ElementwiseKernels with CUDA C bodies for the kernels that write into strided views (the
+  attention's head layouts) or branch per element (AdamW).
+On NumPy nothing here is used.
 
-Proven on the CPU only: the stand-in (tests/test_cupy_standin.py) runs the fused functions
-and the ElementwiseKernel bodies with NumPy, and tests/cuda_emulation.py runs the row
-kernels' CUDA source itself on the CPU, 32 lanes a warp; both give the NumPy path's numbers.
-nvcc compiles all of them (tests/test_kernels_compile.py). CUDA's own rounding (fma
-contraction) and speed are verified only on a lent GPU (tests/test_gpu_numerics.py,
-bench.gpu_profile).
+Proven on the CPU only: tests/cuda_emulation.py runs the CUDA kernels' source itself on the
+CPU, 32 lanes a warp, and the stand-in (tests/test_cupy_standin.py) runs the ElementwiseKernel
+bodies with NumPy; both give the NumPy path's numbers. nvcc compiles all of them
+(tests/test_kernels_compile.py). CUDA's own rounding (fma contraction) and speed are verified
+only on a lent GPU (tests/test_gpu_numerics.py, bench.gpu_profile).
 """
-import math
-
-INV_SQRT_2 = 1.0 / math.sqrt(2.0)
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-_FUSED = {}
-
-
-def fused(xp, fn):
-    """cupy.fuse(fn), compiled once per namespace (the stand-in of the tests is another)."""
-    key = (xp, fn)
-    if key not in _FUSED:
-        _FUSED[key] = xp.fuse(kernel_name="nanobert_" + fn.__name__)(fn)
-    return _FUSED[key]
-
-def _elementwise(name, in_params, out_params, body):
-    """-> xp -> the ElementwiseKernel "nanobert_<name>", built once per namespace."""
-    def kernel(xp):
-        return _kernel(xp, "nanobert_" + name, in_params, out_params, body)
-    kernel.__name__ = name
-    return kernel
-
-# ------------------------------------------------------------------------------ dropout
-
-
-def dropout(x, uniform, p, scale):
-    """ops.dropout_forward: mask = (uniform >= p) * scale (scale a scalar of x's dtype)."""
-    mask = (uniform >= p) * scale
-    return x * mask, mask
-
-
-def dropout_add(x, uniform, residual, p, scale):
-    """dropout(x) + residual, the post-LN layer's `y = drop(sublayer(h)); y += h`."""
-    mask = (uniform >= p) * scale
-    return x * mask + residual, mask
-
-# ---------------------------------------------------------------------------------- gelu
-
-
-def gelu(x):
-    """ops.gelu_forward ("gelu"): -> x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2."""
-    import cupyx.scipy.special
-    cdf = (cupyx.scipy.special.erf(x * INV_SQRT_2) + 1.0) * 0.5
-    return x * cdf, cdf
-
-
-def gelu_backward(dout, x, cdf):
-    """ops.gelu_backward ("gelu"): dout * (Phi(x) + x * phi(x))."""
-    import cupy
-    return (cupy.exp(x * x * -0.5) * x * INV_SQRT_2PI + cdf) * dout
-
-# ----------------------------------------------------------- float16 without cast kernels
-# Mixed precision computes LayerNorm, GELU and softmax in float32 on float16 activations.
-# Materialising the float32 copies cost 542 cast kernels and 44 ms of a B=128 step on an
-# H200 (docs/gpu.md). These kernels instead convert in registers on load (`float v = x;`)
-# and on store (a float16 output parameter): the same arithmetic as the cast-then-compute
-# sequence, one pass over memory instead of three (LayerNorm's and softmax's: the row kernels
-# below, compiled for each dtype). Measured since: copies 46.0 -> 3.7 ms of that step.
-
-GELU_HALF_IN = "float16 x"
-GELU_HALF_OUT = "float32 cdf, float16 y"
-# gelu in float32 on a float16 x: Phi(x) kept in float32 for the backward, x Phi(x) rounded
-# to float16 (the cache keeps x as it came, float16, not a float32 copy)
-GELU_HALF_BODY = """
-float v = x;
-float c = (erff(v * 0.70710678118654752f) + 1.0f) * 0.5f;
-cdf = c;
-y = v * c;
-"""
-
-GELU_BACKWARD_HALF_IN = "float16 dout, float16 x, float32 cdf"
-GELU_BACKWARD_HALF_OUT = "float16 dx"
-# gelu_backward in float32: (Phi(x) + x phi(x)) dout, 1/sqrt(2 pi) = 0.3989...
-GELU_BACKWARD_HALF_BODY = """
-float v = x;
-float g = dout;
-dx = (expf(v * v * -0.5f) * v * 0.39894228040143268f + cdf) * g;
-"""
-
-gelu_half = _elementwise("gelu_half", GELU_HALF_IN, GELU_HALF_OUT, GELU_HALF_BODY)
-
-gelu_backward_half = _elementwise("gelu_backward_half", GELU_BACKWARD_HALF_IN,
-                                  GELU_BACKWARD_HALF_OUT, GELU_BACKWARD_HALF_BODY)
 
 # ------------------------------------------------------------------------ self-attention
 # CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
@@ -145,24 +60,37 @@ def attention_grads(xp):
                    ATTENTION_GRADS_BODY)
 
 
-# ------------------------------------------------------------------ row kernels (CUDA C)
-# LayerNorm and softmax reduce over each row, then map it. As CuPy calls that was 5 launches
-# and 8 passes over [N, H] for a LayerNorm forward (row mean, center and square, row mean,
-# rstd, apply), 6 and 12 for its backward, 5 and 12 over [B, A, T, T] for the attention's
-# mask, softmax and dropout. Here each is one kernel, one warp a row: the warp sums (or
-# maxes) its row in registers and shuffles, then maps it, reading the row again from the
-# cache rather than from memory. Forward: 1 launch and 3 passes (LayerNorm), 1 and 5
-# (softmax); backward 1 (+ the two column sums, cuBLAS) and 1.
+# -------------------------------------------------------------------- CUDA kernels
+# The kernels of the step's elementwise and row-wise work, written in CUDA C (cupy.RawModule)
+# rather than generated by CuPy, for two reasons measured on an H200 (docs/gpu.md):
+#
+# Row kernels (ROW_KERNELS). LayerNorm and softmax reduce over a row, then map it. As CuPy
+# calls that was 5 launches and 8 passes over [N, H] for a LayerNorm forward (row mean,
+# center and square, row mean, rstd, apply), 6 and 12 for its backward, 5 and 12 over
+# [B, A, T, T] for the attention's mask, softmax and dropout. Here each is one kernel, one
+# warp a row: the warp sums (or maxes) its row in registers and shuffles, then maps it,
+# reading the row again from the cache rather than from memory. Forward: 1 launch and 3
+# passes (LayerNorm), 1 and 5 (softmax); backward 1 (+ the two column sums, cuBLAS) and 1.
+#
+# Map kernels (MAP_KERNELS). CuPy's elementwise kernels start one thread per element, and
+# took the same time per element in float16 as in float32 (GELU: 2.9 ms a step either way
+# at B=128): one 2- or 4-byte load a thread is too few bytes in flight to reach the
+# memory's bandwidth. Here a thread loads 16 bytes of each input (8 float16, 4 float32
+# elements), all before computing any.
 #
 # The source is compiled once per activation dtype T, with S the statistics' dtype (float for
-# float16 and float32 activations, double for double). float16 is stored as its 16 bits
-# (half16) and converted by the PTX instructions of HALF_CONVERSIONS: no cuda_fp16.h, which
-# NVRTC does not always find. tests/cuda_emulation.py runs this same source on the CPU (32
-# lanes a warp, shuffles included, HALF_CONVERSIONS replaced by C++'s _Float16, the same
-# round-to-nearest-even), so the stand-in and the tests run these kernels, not a twin.
+# float16 and float32 activations, double for double): float16 activations are read into
+# float32 in registers and rounded once on store, never cast by a kernel of their own.
+# float16 is stored as its 16 bits (half16) and converted by the PTX instructions of
+# HALF_CONVERSIONS: no cuda_fp16.h, which NVRTC does not always find. tests/cuda_emulation.py
+# runs this same source on the CPU (32 lanes a warp, shuffles included, HALF_CONVERSIONS
+# replaced by C++'s _Float16, the same round-to-nearest-even), so the stand-in and the tests
+# run these kernels, not a twin.
 
-ROW_KERNEL_TYPES = {"e": ("half16", "float"), "f": ("float", "float"), "d": ("double", "double")}
+CUDA_TYPES = {"e": ("half16", "float"), "f": ("float", "float"), "d": ("double", "double")}
 ROW_WARPS = 4                                  # rows (warps) a block of 128 threads
+MAP_THREADS = 256                              # threads a block of a map kernel
+MAP_BYTES = 16                                 # bytes of each array a map thread loads
 
 HALF_CONVERSIONS = r"""
 __device__ __forceinline__ float widen(half16 h) {
@@ -177,7 +105,7 @@ __device__ __forceinline__ void store(half16* p, float v) {
 }
 """
 
-ROW_PRELUDE = r"""
+PRELUDE = r"""
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ double widen(double v) { return v; }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
@@ -186,6 +114,8 @@ __device__ __forceinline__ void store(double* p, double v) { *p = v; }
 __device__ __forceinline__ S round_to_T(S v) { T t; store(&t, v); return widen(t); }
 __device__ __forceinline__ float exp_(float v) { return expf(v); }
 __device__ __forceinline__ double exp_(double v) { return exp(v); }
+__device__ __forceinline__ float erf_(float v) { return erff(v); }
+__device__ __forceinline__ double erf_(double v) { return erf(v); }
 __device__ __forceinline__ float sqrt_(float v) { return sqrtf(v); }
 __device__ __forceinline__ double sqrt_(double v) { return sqrt(v); }
 __device__ __forceinline__ float minus_infinity(float) { return __int_as_float(0xff800000); }
@@ -340,30 +270,124 @@ extern "C" __global__ void nanobert_softmax_backward(
 }
 """
 
+
+MAP_KERNELS = r"""
+// Maps over flat arrays of n elements: a thread maps ELEMENTS of them, a block's width apart
+// (each of its loads coalesced with its neighbours'), loading its inputs for all of them
+// before computing any: 16 bytes of each T-typed input in flight a thread.
+constexpr int ELEMENTS = 16 / sizeof(T);
+
+// the index of this thread's k-th element
+__device__ __forceinline__ long long element(int k) {
+    return ((long long)blockIdx.x * ELEMENTS + k) * blockDim.x + threadIdx.x;
+}
+
+// ops.gelu_forward ("gelu"): cdf = (1 + erf(x / sqrt 2)) / 2, kept in S for the backward;
+// y = x cdf
+extern "C" __global__ void nanobert_gelu_forward(const T* x, long long n, T* y, S* cdf) {
+    S v[ELEMENTS];
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) v[k] = element(k) < n ? widen(x[element(k)]) : 0;
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        if (i >= n) break;
+        const S c = (erf_(v[k] * (S)0.70710678118654752440) + 1) * (S)0.5;
+        cdf[i] = c;
+        store(&y[i], v[k] * c);
+    }
+}
+
+// ops.gelu_backward ("gelu"): dx = (cdf + x phi(x)) dout, phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+extern "C" __global__ void nanobert_gelu_backward(const T* dout, const T* x, const S* cdf,
+                                                  long long n, T* dx) {
+    S d[ELEMENTS], v[ELEMENTS], c[ELEMENTS];
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        d[k] = i < n ? widen(dout[i]) : 0;
+        v[k] = i < n ? widen(x[i]) : 0;
+        c[k] = i < n ? cdf[i] : 0;
+    }
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        if (i >= n) break;
+        store(&dx[i], (exp_(v[k] * v[k] * (S)-0.5) * v[k] * (S)0.39894228040143267794 + c[k])
+                      * d[k]);
+    }
+}
+
+// ops.dropout_forward: keep_mask = (uniform >= p) scale, rounded to T; out = x keep_mask,
+// rounded to T, and if add_residual, out + residual (ops.dropout_add_forward), rounded again
+extern "C" __global__ void nanobert_dropout(const T* x, const S* uniform, S p, S scale,
+                                            int add_residual, const T* residual, long long n,
+                                            T* out, T* keep_mask) {
+    S v[ELEMENTS], u[ELEMENTS], r[ELEMENTS];
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        v[k] = i < n ? widen(x[i]) : 0;
+        u[k] = i < n ? uniform[i] : 0;
+        r[k] = i < n && add_residual ? widen(residual[i]) : 0;
+    }
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        if (i >= n) break;
+        T keep;
+        store(&keep, u[k] >= p ? scale : 0);
+        keep_mask[i] = keep;
+        const S dropped = round_to_T(v[k] * widen(keep));
+        store(&out[i], add_residual ? dropped + r[k] : dropped);
+    }
+}
+
+// ops.dropout_backward: dx = dout keep_mask, rounded to T
+extern "C" __global__ void nanobert_dropout_backward(const T* dout, const T* keep_mask,
+                                                     long long n, T* dx) {
+    S d[ELEMENTS], m[ELEMENTS];
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        d[k] = i < n ? widen(dout[i]) : 0;
+        m[k] = i < n ? widen(keep_mask[i]) : 0;
+    }
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        if (i >= n) break;
+        store(&dx[i], d[k] * m[k]);
+    }
+}
+"""
+
 ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
                     "softmax_backward")
+MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward")
 
 
-def row_source(dtype_char):
-    """The CUDA source of the row kernels for activations of this NumPy dtype character."""
-    T, S = ROW_KERNEL_TYPES[dtype_char]
+def cuda_source(dtype_char):
+    """The CUDA source of the row and map kernels for activations of this NumPy dtype
+    character."""
+    T, S = CUDA_TYPES[dtype_char]
     return (f"typedef unsigned short half16;\ntypedef {T} T;\ntypedef {S} S;\n"
-            + HALF_CONVERSIONS + ROW_PRELUDE + ROW_KERNELS)
+            + HALF_CONVERSIONS + PRELUDE + ROW_KERNELS + MAP_KERNELS)
 
 
-_ROW_MODULES = {}            # (namespace, dtype char) -> the compiled module
-_ROW_FUNCTIONS = {}          # (namespace, name, dtype char) -> its kernel
+_MODULES = {}                # (namespace, dtype char) -> the compiled module
+_FUNCTIONS = {}              # (namespace, name, dtype char) -> its kernel
 
 
-def row_kernel(xp, name, dtype):
+def cuda_kernel(xp, name, dtype):
     """The RawKernel nanobert_<name> for activations of dtype, its module compiled once per
     namespace and dtype."""
     key = (xp, name, dtype.char)
-    if key not in _ROW_FUNCTIONS:
-        if key[::2] not in _ROW_MODULES:
-            _ROW_MODULES[key[::2]] = xp.RawModule(code=row_source(dtype.char))
-        _ROW_FUNCTIONS[key] = _ROW_MODULES[key[::2]].get_function("nanobert_" + name)
-    return _ROW_FUNCTIONS[key]
+    if key not in _FUNCTIONS:
+        if key[::2] not in _MODULES:
+            _MODULES[key[::2]] = xp.RawModule(code=cuda_source(dtype.char))
+        _FUNCTIONS[key] = _MODULES[key[::2]].get_function("nanobert_" + name)
+    return _FUNCTIONS[key]
 
 # --------------------------------------------------------------------------------- AdamW
 

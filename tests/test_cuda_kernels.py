@@ -1,11 +1,12 @@
-"""The CUDA row kernels of the GPU path (kernels.ROW_KERNELS: LayerNorm and the attention's
-mask + softmax + dropout, forward and backward, one warp a row) run on the CPU by
-tests/cuda_emulation.py (the same source, 32 lanes a warp, shuffles included) against the
-reference ops of ops.py, for hypothesis-drawn shapes: rows that leave a block's warps idle,
-rows shorter than a warp and longer, lengths that are no multiple of 32. float64 within
-1e-13; float32 within a few ulp; float16 activations (statistics in float32) within one
-float16 rounding of the float32 reference. CUDA's own rounding (fma contraction) and speed
-are not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
+"""The CUDA kernels of the GPU path (kernels.cuda_source: the row kernels, LayerNorm and the
+attention's mask + softmax + dropout, forward and backward, one warp a row; the map kernels,
+GELU and dropout, 16 bytes of each input a thread) run on the CPU by tests/cuda_emulation.py
+(the same source, 32 lanes a warp, shuffles included) against the reference ops of ops.py,
+for hypothesis-drawn shapes: rows that leave a block's warps idle, rows shorter than a warp
+and longer, lengths that are no multiple of 32, arrays that end inside a thread's elements.
+float64 within 1e-13; float32 within a few ulp; float16 activations (statistics in float32)
+within one float16 rounding of the float32 reference. CUDA's own rounding (fma contraction)
+and speed are not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
 """
 import numpy
 import pytest
@@ -29,10 +30,18 @@ def stats(dtype):
 
 
 def run(name, dtype, rows, *args):
-    """The kernel on NumPy arrays, launched as fast_gpu._launch_rows launches it."""
-    source = kernels.row_source(numpy.dtype(dtype).char)
+    """The row kernel on NumPy arrays, launched as fast_gpu._launch_rows launches it."""
+    source = kernels.cuda_source(numpy.dtype(dtype).char)
     blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
     cuda_emulation.launch(source, "nanobert_" + name)(blocks, 32 * kernels.ROW_WARPS, args)
+
+
+def run_map(name, dtype, n, *args):
+    """The map kernel on NumPy arrays, launched as fast_gpu._launch_map launches it."""
+    source = kernels.cuda_source(numpy.dtype(dtype).char)
+    per_block = kernels.MAP_THREADS * (kernels.MAP_BYTES // numpy.dtype(dtype).itemsize)
+    cuda_emulation.launch(source, "nanobert_" + name)(-(-n // per_block), kernels.MAP_THREADS,
+                                                      args)
 
 
 def check(name, actual, expected, dtype, scale=None):
@@ -43,7 +52,7 @@ def check(name, actual, expected, dtype, scale=None):
         err = rel_error(actual, expected)
     else:
         err = numpy.abs(actual - expected).max() / max(scale, 1e-300)
-    err = record(f"row kernel {name} {numpy.dtype(dtype).name}", err)
+    err = record(f"cuda kernel {name} {numpy.dtype(dtype).name}", err)
     assert err <= BOUND[dtype], f"{name} ({numpy.dtype(dtype).name}): {err:.2e}"
 
 
@@ -155,3 +164,54 @@ def test_a_call_that_cuda_would_misread_is_refused(bad, message):
     bad(args)
     with pytest.raises(TypeError, match=message):
         run("layernorm_forward", numpy.float64, 2, *args)
+
+
+# ---------------------------------------------------------------------------- map kernels
+# lengths around a block's span (256 threads of 2-8 elements): a partial thread, a partial
+# block, several blocks
+lengths = st.one_of(st.integers(1, 40), st.integers(500, 5000))
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=lengths, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
+def test_gelu_kernels_equal_the_reference(n, seed, dtype):
+    rng = numpy.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 3).astype(dtype)
+    dout = rng.standard_normal(n).astype(dtype)
+    S = stats(dtype)
+    y, cdf = numpy.empty(n, dtype), numpy.empty(n, S)
+    run_map("gelu_forward", dtype, n, x, numpy.int64(n), y, cdf)
+    expected, (_, expected_cdf, _) = ops.gelu_forward(x.astype(numpy.float64))
+    check("gelu y", y, expected, dtype)
+    check("gelu Phi", cdf, expected_cdf, dtype)
+    dx = numpy.empty(n, dtype)
+    run_map("gelu_backward", dtype, n, dout, x, cdf, numpy.int64(n), dx)
+    # the reference from the kernel's own Phi, so that only the backward's error counts
+    expected_dx = ops.gelu_backward(dout.astype(numpy.float64),
+                                    (x.astype(numpy.float64), cdf.astype(numpy.float64), "gelu"))
+    check("gelu dx", dx, expected_dx, dtype)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=lengths, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       p=st.sampled_from([0.1, 0.5]), add=st.booleans())
+def test_dropout_kernels_equal_the_reference(n, seed, dtype, p, add):
+    """The keep mask exactly (uniform >= p) * 1/(1 - p) in the activations' dtype; out the
+    reference's x * mask (+ residual), each product and sum rounded to the dtype; the
+    backward dout * mask."""
+    rng = numpy.random.default_rng(seed)
+    x, residual, dout = (rng.standard_normal(n).astype(dtype) for _ in range(3))
+    uniform = rng.random(n).astype(stats(dtype))
+    out, keep = numpy.empty(n, dtype), numpy.empty(n, dtype)
+    scale = stats(dtype)(dtype(1.0 / (1.0 - p)))
+    run_map("dropout", dtype, n, x, uniform, stats(dtype)(p), scale, numpy.int32(add),
+            residual if add else x, numpy.int64(n), out, keep)
+    expected_keep = ((uniform >= p) * dtype(1.0 / (1.0 - p))).astype(dtype)
+    assert numpy.array_equal(keep, expected_keep)
+    expected = x * expected_keep                       # rounded to dtype, as the reference
+    if add:
+        expected = expected + residual
+    assert numpy.array_equal(out, expected), numpy.abs(out - expected).max()
+    dx = numpy.empty(n, dtype)
+    run_map("dropout_backward", dtype, n, dout, keep, numpy.int64(n), dx)
+    assert numpy.array_equal(dx, ops.dropout_backward(dout, keep))
