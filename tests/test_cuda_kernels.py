@@ -5,8 +5,9 @@ GELU and dropout, 16 bytes of each input a thread) run on the CPU by tests/cuda_
 for hypothesis-drawn shapes: rows that leave a block's warps idle, rows shorter than a warp
 and longer, lengths that are no multiple of 32, arrays that end inside a thread's elements.
 float64 within 1e-13; float32 within a few ulp; float16 activations (statistics in float32)
-within one float16 rounding of the float32 reference. CUDA's own rounding (fma contraction)
-and speed are not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
+within one float16 rounding of the float32 reference; every call with its arrays between
+guard bytes, which no kernel may write. CUDA's own rounding (fma contraction) and speed are
+not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
 """
 import numpy
 import pytest
@@ -31,17 +32,41 @@ def stats(dtype):
 
 def run(name, dtype, rows, *args):
     """The row kernel on NumPy arrays, launched as fast_gpu._launch_rows launches it."""
-    source = kernels.cuda_source(numpy.dtype(dtype).char)
     blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
-    cuda_emulation.launch(source, "nanobert_" + name)(blocks, 32 * kernels.ROW_WARPS, args)
+    guarded(name, dtype, blocks, 32 * kernels.ROW_WARPS, args)
 
 
 def run_map(name, dtype, n, *args):
     """The map kernel on NumPy arrays, launched as fast_gpu._launch_map launches it."""
-    source = kernels.cuda_source(numpy.dtype(dtype).char)
     per_block = kernels.MAP_THREADS * (kernels.MAP_BYTES // numpy.dtype(dtype).itemsize)
-    cuda_emulation.launch(source, "nanobert_" + name)(-(-n // per_block), kernels.MAP_THREADS,
-                                                      args)
+    guarded(name, dtype, -(-n // per_block), kernels.MAP_THREADS, args)
+
+
+GUARD = 64                   # elements of a sentinel on either side of each array
+
+
+def guarded(name, dtype, grid, block, args):
+    """The kernel called with each C-contiguous array moved into the middle of a buffer
+    whose GUARD elements on either side hold a sentinel byte pattern; then each array is
+    copied back, and every sentinel must be intact: a kernel that writes past an end of one
+    of its arrays (a bounds check off by one, a wrong row length) fails here."""
+    run = cuda_emulation.launch(kernels.cuda_source(numpy.dtype(dtype).char), "nanobert_" + name)
+    placed, call = [], []
+    for i, a in enumerate(args):
+        if isinstance(a, numpy.ndarray) and a.flags.c_contiguous:
+            buffer = numpy.empty(a.size + 2 * GUARD, a.dtype)
+            buffer.view(numpy.uint8)[:] = 0xA5
+            view = buffer[GUARD:GUARD + a.size].reshape(a.shape)
+            view[...] = a
+            placed.append((i, a, buffer, view))
+            a = view
+        call.append(a)
+    run(grid, block, tuple(call))
+    for i, a, buffer, view in placed:
+        for edge in (buffer[:GUARD], buffer[-GUARD:]):
+            assert not (edge.view(numpy.uint8) != 0xA5).any(), \
+                f"{name} wrote outside its argument {i} ({a.dtype}, {a.shape})"
+        a[...] = view
 
 
 def check(name, actual, expected, dtype, scale=None):
@@ -144,7 +169,7 @@ def test_a_fully_masked_row_gives_uniform_probabilities():
     probs = numpy.empty_like(scores)
     run("softmax_forward", numpy.float64, 2, scores, bias, numpy.int32(1), numpy.int64(2),
         numpy.int64(2), numpy.int32(5), numpy.zeros(1), numpy.float64(0.0),
-        numpy.float64(1.0), numpy.int32(0), probs, probs, probs)
+        numpy.float64(1.0), numpy.int32(0), probs, numpy.empty(1), numpy.empty(1))
     assert numpy.array_equal(probs, numpy.full_like(scores, 0.2))
 
 
