@@ -1,9 +1,10 @@
 """The CUDA kernels of the GPU path (kernels.cuda_source: the row kernels, LayerNorm and the
 attention's mask + softmax + dropout, forward and backward, one warp a row; the map kernels,
-GELU and dropout, 16 bytes of each input a thread) run on the CPU by tests/cuda_emulation.py
-(the same source, 32 lanes a warp, shuffles included) against the reference ops of ops.py,
-for hypothesis-drawn shapes: rows that leave a block's warps idle, rows shorter than a warp
-and longer, lengths that are no multiple of 32, arrays that end inside a thread's elements.
+GELU, dropout and the attention's head layouts, 16 bytes of each input a thread) run on the
+CPU by tests/cuda_emulation.py (the same source, 32 lanes a warp, shuffles included) against
+the reference ops of ops.py, for hypothesis-drawn shapes: rows that leave a block's warps
+idle, rows shorter than a warp and longer, lengths that are no multiple of 32, arrays that
+end inside a thread's elements.
 float64 within 1e-13; float32 within a few ulp; float16 activations (statistics in float32)
 within one float16 rounding of the float32 reference; every call with its arrays between
 guard bytes, which no kernel may write. CUDA's own rounding (fma contraction) and speed are
@@ -240,3 +241,42 @@ def test_dropout_kernels_equal_the_reference(n, seed, dtype, p, add):
     dx = numpy.empty(n, dtype)
     run_map("dropout_backward", dtype, n, dout, keep, numpy.int64(n), dx)
     assert numpy.array_equal(dx, ops.dropout_backward(dout, keep))
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 9),
+                       st.integers(1, 9)),
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
+def test_head_kernels_move_every_element_to_its_place(shape, seed, dtype):
+    """The attention's layouts, for head sizes that leave a thread's elements spanning heads,
+    positions and batch rows: q, k, v [B, A, T, D] from the projection [B, T, 3H] plus its
+    bias, q times 1/sqrt(D), each rounded to dtype as the reference's `+` and `*` (bitwise);
+    the gradients back into [B, T, 3H]; the context to [B, T, H] and its gradient back."""
+    B, A, T, D = shape
+    H = A * D
+    rng = numpy.random.default_rng(seed)
+    qkv = rng.standard_normal((B, T, 3 * H)).astype(dtype)
+    bias = rng.standard_normal(3 * H).astype(dtype)
+    scale = dtype(1.0 / numpy.sqrt(D))
+    heads = (qkv + bias).reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D]
+    n, dims = B * A * T * D, (numpy.int32(A), numpy.int32(T), numpy.int32(D))
+    q, k, v = (numpy.empty((B, A, T, D), dtype) for _ in range(3))
+    run_map("attention_heads", dtype, n, qkv, bias, stats(dtype)(scale), *dims, numpy.int64(n),
+            q, k, v)
+    for name, actual, expected in (("q", q, heads[0] * scale), ("k", k, heads[1]),
+                                   ("v", v, heads[2])):
+        assert numpy.array_equal(actual, expected), name
+
+    dq, dk, dv = (rng.standard_normal((B, A, T, D)).astype(dtype) for _ in range(3))
+    dqkv = numpy.empty((B, T, 3 * H), dtype)
+    run_map("attention_grads", dtype, n, dq, dk, dv, stats(dtype)(scale), *dims,
+            numpy.int64(n), dqkv)
+    expected = numpy.stack([dq * scale, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * H)
+    assert numpy.array_equal(dqkv, expected)
+
+    context = numpy.empty((B, T, H), dtype)
+    run_map("move_heads", dtype, n, q, numpy.int32(1), *dims, numpy.int64(n), context)
+    assert numpy.array_equal(context, q.transpose(0, 2, 1, 3).reshape(B, T, H))
+    back = numpy.empty((B, A, T, D), dtype)
+    run_map("move_heads", dtype, n, context, numpy.int32(0), *dims, numpy.int64(n), back)
+    assert numpy.array_equal(back, q)

@@ -63,8 +63,6 @@ PY = ("s", None)
 
 # kernel factory in kernels.py -> the calls of fast_gpu.py / optim.py (inputs, then outputs)
 ELEMENTWISE = {
-    "attention_heads": [(v(x),) * 3 + (v(x),) * 3 + (PY,) + (a(x),) * 3 for x in (H, F, D)],
-    "attention_grads": [(a(x),) * 3 + (PY,) + (v(x),) * 3 for x in (H, F, D)],
     # AdamW: float32 (a float16 model's master weights) or float64; skip is False or the
     # loss scaler's 0-d flag on the device
     "adamw_kernel": [(a(t), a(BOOL), skip) + (PY,) * 9 + (a(t),) * 3

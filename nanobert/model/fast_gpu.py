@@ -475,25 +475,27 @@ def _uniform(x, rng):
 
 
 def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
-    """ops.self_attention_forward: one kernel (kernels.attention_heads) adds the
-    projection's bias, scales q and writes q, k and v as contiguous heads [B, A, T, D] (the
-    stacked projection's heads are not equally spaced, so cuBLAS cannot read them in place);
-    the products are gemm calls (k^T an op flag, no copy); the context leaves [B, A, T, D]
-    through one transposing copy. Same math as the NumPy path in the same order."""
+    """ops.self_attention_forward: one kernel (kernels.MAP_KERNELS' attention_heads) adds
+    the projection's bias, scales q and writes q, k and v as contiguous heads [B, A, T, D]
+    (the stacked projection's heads are not equally spaced, so cuBLAS cannot read them in
+    place); the products are gemm calls (k^T an op flag, no copy); one kernel (move_heads)
+    brings the context back to [B, T, H]. Same math as the NumPy path in the same order."""
     xp = array_module(x)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
+    dtype = x.dtype
     x2 = x.reshape(-1, H)                                  # [N, H]
-    qkv = matmul(x2, w_qkv.T)                              # [N, 3H], no bias yet
-    projected = qkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
-    bias = b_qkv.reshape(3, A, 1, D)
-    q, k, v = (xp.empty((B, A, T, D), dtype=x.dtype) for _ in range(3))
-    kernels.attention_heads(xp)(*projected, *bias, 1.0 / math.sqrt(D), q, k, v)
-    scores = gemm(q, k, xp.empty((B, A, T, T), x.dtype), transpose_b=True)  # q k^T
+    qkv = _contiguous(matmul(x2, w_qkv.T))                 # [N, 3H], no bias yet
+    q, k, v = (xp.empty((B, A, T, D), dtype=dtype) for _ in range(3))
+    _launch_map("attention_heads", dtype, q.size, qkv, _contiguous(b_qkv),
+                _head_scale(dtype, D), *_head_shape(A, T, D), numpy.int64(q.size), q, k, v)
+    scores = gemm(q, k, xp.empty((B, A, T, T), dtype), transpose_b=True)  # q k^T
     probs, probs_dropped, dropout_cache = _attention_probs(scores, mask_bias, dropout_p, rng,
                                                            training)
-    context = gemm(probs_dropped, v, xp.empty((B, A, T, D), x.dtype))
-    context = xp.ascontiguousarray(context.transpose(0, 2, 1, 3)).reshape(B, T, H)
+    heads = gemm(probs_dropped, v, xp.empty((B, A, T, D), dtype))
+    context = xp.empty((B, T, H), dtype)
+    _launch_map("move_heads", dtype, heads.size, heads, numpy.int32(1), *_head_shape(A, T, D),
+                numpy.int64(heads.size), context)
     cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, probs, probs_dropped,
                            dropout_cache, A)
     return context, cache
@@ -511,23 +513,36 @@ def _attention_probs(scores, mask_bias, dropout_p, rng, training):
 def self_attention_dqkv(dcontext, cache):
     """ops.self_attention_backward up to the projection's gradient dqkv [B, T, 3H] (fast.py
     then runs linear_backward): the products are gemm calls with transposes as op flags;
-    one kernel (kernels.attention_grads) scales dq and writes dq, dk, dv into the stacked
-    projection's layout. One copy: dcontext into contiguous heads."""
+    one kernel (kernels.MAP_KERNELS' attention_grads) scales dq and writes dq, dk, dv into
+    the stacked projection's layout. One kernel (move_heads) brings dcontext into
+    contiguous heads."""
     xp = array_module(dcontext)
     B, T, H = dcontext.shape
     A = cache.num_heads
     D = H // A
     dtype = dcontext.dtype
-    dcontext = xp.ascontiguousarray(dcontext.reshape(B, T, A, D).transpose(0, 2, 1, 3))
+    rows, dcontext = _contiguous(dcontext), xp.empty((B, A, T, D), dtype)
+    _launch_map("move_heads", dtype, rows.size, rows, numpy.int32(0), *_head_shape(A, T, D),
+                numpy.int64(rows.size), dcontext)
     dv = gemm(cache.probs_dropped, dcontext, xp.empty((B, A, T, D), dtype), transpose_a=True)
     dprobs = gemm(dcontext, cache.v, xp.empty((B, A, T, T), dtype), transpose_b=True)
     dscores = _dropout_softmax_backward(dprobs, cache)     # [B, A, T, T]
     dq = gemm(dscores, cache.k, xp.empty((B, A, T, D), dtype))  # dq / scale
     dk = gemm(dscores, cache.q, xp.empty((B, A, T, D), dtype), transpose_a=True)
     dqkv = xp.empty((B, T, 3 * H), dtype=dtype)
-    places = dqkv.reshape(B, T, 3, A, D).transpose(2, 0, 3, 1, 4)  # [3, B, A, T, D] views
-    kernels.attention_grads(xp)(dq, dk, dv, 1.0 / math.sqrt(D), *places)
+    _launch_map("attention_grads", dtype, dq.size, dq, dk, dv, _head_scale(dtype, D),
+                *_head_shape(A, T, D), numpy.int64(dq.size), dqkv)
     return dqkv
+
+
+def _head_shape(A, T, D):
+    """The heads' shape as the head kernels take it: heads, positions, head size."""
+    return numpy.int32(A), numpy.int32(T), numpy.int32(D)
+
+
+def _head_scale(dtype, D):
+    """1 / sqrt(D), q's scaling, in the activations' dtype, passed in the statistics'."""
+    return _stats_dtype(dtype).type(dtype.type(1.0 / math.sqrt(D)))
 
 
 def _dropout_softmax_backward(dprobs, cache):

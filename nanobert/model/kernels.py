@@ -6,9 +6,9 @@ math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place th
 
 - CUDA kernels (cupy.RawModule, one source a dtype): row kernels for the ops that reduce over
   a row and then map it (LayerNorm, the attention's mask + softmax + dropout), one warp a row;
-  map kernels for GELU and dropout, 16 bytes of each input a thread.
-- ElementwiseKernels with CUDA C bodies for the kernels that write into strided views (the
-  attention's head layouts) or branch per element (AdamW).
+  map kernels for GELU, dropout and the attention's head layouts, 16 bytes of each input a
+  thread.
+- An ElementwiseKernel with a CUDA C body for AdamW (a whole step over the flat buffers).
 On NumPy nothing here is used.
 
 Proven on the CPU only: tests/cuda_emulation.py runs the CUDA kernels' source itself on the
@@ -17,48 +17,6 @@ bodies with NumPy; both give the NumPy path's numbers. nvcc compiles all of them
 (tests/test_kernels_compile.py). CUDA's own rounding (fma contraction) and speed are verified
 only on a lent GPU (tests/test_gpu_numerics.py, bench.gpu_profile).
 """
-
-# ------------------------------------------------------------------------ self-attention
-# CuPy's batched matmul calls cuBLAS without trans flags: an operand that is not C-contiguous
-# (a head view of the [B, T, 3, A, D] projection, a transposed k) costs a copy kernel, and
-# so does an out= that is not C-contiguous; fast_gpu.gemm (cuBLAS directly) reads any row
-# stride but needs equally spaced matrices, which the heads of the [B, T, 3, A, D] projection
-# are not. fast_gpu's attention therefore keeps its heads in contiguous buffers
-# (q, k, v [B, A, T, D]) and moves data between them and the projection's layout in the
-# kernels below, which do the elementwise work due at that point anyway.
-
-ATTENTION_HEADS_IN = "T q_in, T k_in, T v_in, T q_bias, T k_bias, T v_bias, T scale"
-ATTENTION_HEADS_OUT = "T q, T k, T v"
-# ops.linear_forward's `+ bias` and the 1/sqrt(D) of q, in the reference's order
-ATTENTION_HEADS_BODY = """
-q = (q_in + q_bias) * scale;
-k = k_in + k_bias;
-v = v_in + v_bias;
-"""
-
-ATTENTION_GRADS_IN = "T dq_in, T dk_in, T dv_in, T scale"
-ATTENTION_GRADS_OUT = "T dq, T dk, T dv"
-# dq through q's scaling, all three written into their places in [B, T, 3H]
-ATTENTION_GRADS_BODY = """
-dq = dq_in * scale;
-dk = dk_in;
-dv = dv_in;
-"""
-
-
-def attention_heads(xp):
-    """(q, k, v views of the projection [B, A, T, D], their biases [A, 1, D], 1/sqrt(D),
-    q, k, v outputs, contiguous [B, A, T, D]) -> one kernel."""
-    return _kernel(xp, "nanobert_attention_heads", ATTENTION_HEADS_IN, ATTENTION_HEADS_OUT,
-                   ATTENTION_HEADS_BODY)
-
-
-def attention_grads(xp):
-    """(dq, dk, dv as [B, A, T, D] views, 1/sqrt(D), their places in [B, T, 3H]) -> one
-    kernel."""
-    return _kernel(xp, "nanobert_attention_grads", ATTENTION_GRADS_IN, ATTENTION_GRADS_OUT,
-                   ATTENTION_GRADS_BODY)
-
 
 # -------------------------------------------------------------------- CUDA kernels
 # The kernels of the step's elementwise and row-wise work, written in CUDA C (cupy.RawModule)
@@ -72,11 +30,11 @@ def attention_grads(xp):
 # reading the row again from the cache rather than from memory. Forward: 1 launch and 3
 # passes (LayerNorm), 1 and 5 (softmax); backward 1 (+ the two column sums, cuBLAS) and 1.
 #
-# Map kernels (MAP_KERNELS). CuPy's elementwise kernels start one thread per element, and
-# took the same time per element in float16 as in float32 (GELU: 2.9 ms a step either way
-# at B=128): one 2- or 4-byte load a thread is too few bytes in flight to reach the
-# memory's bandwidth. Here a thread loads 16 bytes of each input (8 float16, 4 float32
-# elements), all before computing any.
+# Map kernels (MAP_KERNELS): GELU, dropout, the attention's head layouts. CuPy's elementwise
+# kernels start one thread per element, and took the same time per element in float16 as in
+# float32 (GELU: 2.9 ms a step either way at B=128): one 2- or 4-byte load a thread is too
+# few bytes in flight to reach the memory's bandwidth. Here a thread loads 16 bytes of each
+# input (8 float16, 4 float32 elements), all before computing any.
 #
 # The source is compiled once per activation dtype T, with S the statistics' dtype (float for
 # float16 and float32 activations, double for double): float16 activations are read into
@@ -343,6 +301,123 @@ extern "C" __global__ void nanobert_dropout(const T* x, const S* uniform, S p, S
     }
 }
 
+// The attention's two layouts: rows [B, T, row_length] (the stacked projection qkv, row_length
+// 3H, or the context, H), where head a of a position is the D columns from a D (plus the
+// block's offset: 0, H or 2H for q, k, v), and contiguous heads [B, A, T, D], which cuBLAS
+// multiplies (it needs equally spaced matrices, which the heads in the rows are not). A
+// thread moves ELEMENTS consecutive elements of the heads, walking their place in the rows
+// from one division of its first index.
+struct HeadWalk {
+    long long b, a, t, d;
+    int heads, seq, D;
+    long long row_length;
+    __device__ HeadWalk(long long j, int heads_, int seq_, int D_, long long row_length_)
+        : heads(heads_), seq(seq_), D(D_), row_length(row_length_) {
+        d = j % D;                                 // j = ((b A + a) T + t) D + d
+        long long rest = j / D;
+        t = rest % seq;
+        rest /= seq;
+        a = rest % heads;
+        b = rest / heads;
+    }
+    __device__ long long in_rows() const { return (b * seq + t) * row_length + a * D + d; }
+    __device__ void next() {
+        if (++d < D) return;
+        d = 0;
+        if (++t < seq) return;
+        t = 0;
+        if (++a < heads) return;
+        a = 0;
+        ++b;
+    }
+};
+
+// the first of this thread's ELEMENTS consecutive elements
+__device__ __forceinline__ long long first_element() {
+    return ((long long)blockIdx.x * blockDim.x + threadIdx.x) * ELEMENTS;
+}
+
+// ops.self_attention_forward's q, k, v [B, A, T, D] from the projection qkv [B, T, 3H]
+// (x W^T, no bias yet): the projection's bias added, q scaled by 1/sqrt(D), in the
+// reference's order, each rounded to T
+extern "C" __global__ void nanobert_attention_heads(const T* qkv, const T* bias, S scale,
+                                                    int heads, int seq, int D, long long n,
+                                                    T* q, T* k, T* v) {
+    const long long first = first_element();
+    if (first >= n) return;
+    const long long H = (long long)heads * D;
+    HeadWalk walk(first, heads, seq, D, 3 * H);
+    S qs[ELEMENTS], ks[ELEMENTS], vs[ELEMENTS];
+    int column[ELEMENTS];
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        const long long at = walk.in_rows();
+        column[e] = walk.a * D + walk.d;
+        qs[e] = first + e < n ? widen(qkv[at]) : 0;
+        ks[e] = first + e < n ? widen(qkv[at + H]) : 0;
+        vs[e] = first + e < n ? widen(qkv[at + 2 * H]) : 0;
+        walk.next();
+    }
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        const long long j = first + e;
+        if (j >= n) break;
+        store(&q[j], round_to_T(qs[e] + widen(bias[column[e]])) * scale);
+        store(&k[j], ks[e] + widen(bias[H + column[e]]));
+        store(&v[j], vs[e] + widen(bias[2 * H + column[e]]));
+    }
+}
+
+// ops.self_attention_backward's dqkv [B, T, 3H] from dq, dk, dv [B, A, T, D]: dq through
+// q's scaling, each written into its block of the projection's layout
+extern "C" __global__ void nanobert_attention_grads(const T* dq, const T* dk, const T* dv,
+                                                    S scale, int heads, int seq, int D,
+                                                    long long n, T* dqkv) {
+    const long long first = first_element();
+    if (first >= n) return;
+    const long long H = (long long)heads * D;
+    S qs[ELEMENTS], ks[ELEMENTS], vs[ELEMENTS];
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        const long long j = first + e;
+        qs[e] = j < n ? widen(dq[j]) : 0;
+        ks[e] = j < n ? widen(dk[j]) : 0;
+        vs[e] = j < n ? widen(dv[j]) : 0;
+    }
+    HeadWalk walk(first, heads, seq, D, 3 * H);
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        if (first + e >= n) break;
+        const long long at = walk.in_rows();
+        store(&dqkv[at], qs[e] * scale);
+        store(&dqkv[at + H], ks[e]);
+        store(&dqkv[at + 2 * H], vs[e]);
+        walk.next();
+    }
+}
+
+// between the layouts, H = A D: to_rows, heads [B, A, T, D] -> rows [B, T, H] (the context
+// leaving the attention); else rows -> heads (its gradient coming back)
+extern "C" __global__ void nanobert_move_heads(const T* in, int to_rows, int heads, int seq,
+                                               int D, long long n, T* out) {
+    const long long first = first_element();
+    if (first >= n) return;
+    HeadWalk walk(first, heads, seq, D, (long long)heads * D);
+    S values[ELEMENTS];
+    long long at[ELEMENTS];
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        at[e] = walk.in_rows();
+        values[e] = first + e < n ? widen(in[to_rows ? first + e : at[e]]) : 0;
+        walk.next();
+    }
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        if (first + e >= n) break;
+        store(&out[to_rows ? at[e] : first + e], values[e]);
+    }
+}
+
 // ops.dropout_backward: dx = dout keep_mask, rounded to T
 extern "C" __global__ void nanobert_dropout_backward(const T* dout, const T* keep_mask,
                                                      long long n, T* dx) {
@@ -364,7 +439,8 @@ extern "C" __global__ void nanobert_dropout_backward(const T* dout, const T* kee
 
 ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
                     "softmax_backward")
-MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward")
+MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward",
+                    "attention_heads", "attention_grads", "move_heads")
 
 
 def cuda_source(dtype_char):
