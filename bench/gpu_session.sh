@@ -7,18 +7,19 @@
 #     bash bench/gpu_session.sh tests profile    # only these phases, in this order
 #     BASE=path/to/older/checkout bash bench/gpu_session.sh   # also that code's nanobert profile
 #
-# Phases (default: env profile tests train base):
+# Phases (default: env tests profile train base):
 #   env      the GPU, versions, load
+#   tests    every test marked gpu: first, so that a kernel CUDA refuses shows at once
 #   profile  bench.gpu_profile: nanobert and torch, BERT-base B=32,128, tf32 and float16, and
 #            the float64 parity line
-#   tests    every test marked gpu
 #   train    train.py --device gpu, short: the progress line and the checkpoint
 #   base     $BASE's nanobert (an older checkout), profiled by this bench.gpu_profile, alone
 #   host     bench.gpu_host: host cost per call, and where the host waits (the GPU kept busy
 #            200 ms before each step), BERT-base and BERT-mini at B=32
-#   adds     bench.gpu_host --adds --vector --graph: GPU time of the step's adds and row means
-#            against the alternatives, of adds that move 16 bytes a thread; a CUDA graph's
-#            replay against eager launches, and cuBLAS (through ctypes) inside a graph
+#   adds     bench.gpu_host --adds --vector --graph: GPU time of the step's adds, row means
+#            and row kernels against the alternatives, of adds that move 16 bytes a thread;
+#            a CUDA graph's replay against eager launches, and cuBLAS (through ctypes)
+#            inside a graph
 set -u
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -52,11 +53,11 @@ run_phase() {
     host) TAIL=45 phase host 90 bash -c "$PY -m bench.gpu_host --busy-ms 200 --top 30 && \
         $PY -m bench.gpu_host --no-calls --preset mini --busy-ms 200 --top 8" ;;
     adds) phase adds 60 $PY -m bench.gpu_host --adds --vector --graph --no-calls --no-profile ;;
-    *) echo "bench/gpu_session.sh: no phase '$1' (env profile tests train base host adds)"
+    *) echo "bench/gpu_session.sh: no phase '$1' (env tests profile train base host adds)"
        return 2 ;;
     esac
 }
 
-for name in "${@:-env profile tests train base}"; do
+for name in "${@:-env tests profile train base}"; do
     for one in $name; do run_phase "$one"; done
 done
