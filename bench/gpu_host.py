@@ -359,7 +359,7 @@ GELU = "0.5f * v * (1.0f + erff(v * 0.7071067811865476f))"
 
 def gelu_kernels(cupy):
     """GELU (erf) on float16: one element a thread (as CuPy's kernels, and the model's GELU
-    before kernels.MAP_KERNELS) and 8 a thread over 16-byte views."""
+    before kernels.cu) and 8 a thread over 16-byte views."""
     narrow = cupy.ElementwiseKernel("float16 x", "float16 y", f"float v = x; y = {GELU};",
                                     "nanobert_experiment_gelu_half")
     wide = cupy.ElementwiseKernel(

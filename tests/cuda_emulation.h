@@ -1,9 +1,10 @@
-// What a CUDA kernel of nanobert's row kernels needs, on the CPU (tests/cuda_emulation.py):
-// threadIdx, blockIdx, blockDim, the qualifiers, two bit casts, and __shfl_xor_sync across
-// the 32 lanes of a warp. A warp's lanes are 32 fibers (ucontext) on one thread: each runs
-// until its next shuffle, writes its value, and yields; when all 32 have, each reads its
-// partner's. Blocks and their warps run one after another. Only what the kernels use:
-// no __syncthreads, no shared memory (a kernel using them does not compile here).
+// What nanobert's CUDA kernels (nanobert/model/kernels.cu) need, on the CPU
+// (tests/cuda_emulation.py): threadIdx, blockIdx, blockDim, the qualifiers, two bit casts,
+// the float16 conversions, and __shfl_xor_sync across the 32 lanes of a warp. A warp's lanes
+// are 32 fibers (ucontext) on one thread: each runs until its next shuffle, writes its value,
+// and yields; when all 32 have, each reads its partner's. Blocks and their warps run one
+// after another. Only what the kernels use: no __syncthreads, no shared memory (a kernel
+// using them does not compile here).
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +24,13 @@ static dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 static inline double __longlong_as_double(long long i) { return std::bit_cast<double>(i); }
+
+// kernels.cu's float16 conversions are PTX; here C++'s _Float16, which rounds to nearest even
+// as cvt.rn does
+#define NANOBERT_CPU_EMULATION
+typedef unsigned short half16;
+static inline float widen(half16 h) { return (float)std::bit_cast<_Float16>(h); }
+static inline void store(half16* p, float v) { *p = std::bit_cast<half16>((_Float16)v); }
 
 namespace emulation {
 constexpr int LANES = 32;

@@ -1,12 +1,12 @@
-"""nanobert's CUDA kernels (nanobert/model/kernels.py's cuda_source: row and map kernels)
+"""nanobert's CUDA kernels (nanobert/model/kernels.cu, as kernels.cuda_source gives it)
 compiled for the CPU with g++ and run there: the same source a GPU compiles, with
 tests/cuda_emulation.h for threadIdx, blockIdx and __shfl_xor_sync (each warp's 32 lanes as
-fibers), and the two PTX float16 conversions (kernels.HALF_CONVERSIONS) replaced by C++'s
-_Float16, which rounds to nearest even as cvt.rn does. So the tests run the kernels' own
-indexing, loops, shuffles and arithmetic, not a NumPy twin. What this does not show: CUDA's
-own rounding (nvcc contracts a * b + c into an fma; g++ here does not) and its math
-library's expf/erff/sqrtf, speed, or that NVRTC compiles the source
-(tests/test_kernels_compile.py compiles it with nvcc).
+fibers) and for the two float16 conversions (PTX on the GPU; C++'s _Float16 here, which
+rounds to nearest even as cvt.rn does). So the tests run the kernels' own indexing, loops,
+shuffles and arithmetic, not a NumPy twin. What this does not show: CUDA's own rounding
+(nvcc contracts a * b + c into an fma; g++ here does not) and its math library's
+expf/erff/sqrtf, speed, or that NVRTC compiles the source (tests/test_kernels_compile.py
+compiles it with nvcc).
 
 launch(source, name) -> a callable (grid, block, args) taking NumPy arrays for the pointer
 parameters and NumPy scalars of the parameter's exact type for the others, as a CuPy
@@ -23,13 +23,8 @@ from pathlib import Path
 
 import numpy
 
-from nanobert.model import kernels
 
 HEADER = Path(__file__).with_name("cuda_emulation.h")
-HALF_ON_THE_CPU = r"""
-static inline float widen(half16 h) { return (float)std::bit_cast<_Float16>(h); }
-static inline void store(half16* p, float v) { *p = std::bit_cast<half16>((_Float16)v); }
-"""
 C_TYPES = {"half16": numpy.float16, "float": numpy.float32, "double": numpy.float64,
            "int": numpy.int32, "long long": numpy.int64}
 CTYPES = {numpy.int32: ctypes.c_int, numpy.int64: ctypes.c_longlong,
@@ -64,10 +59,6 @@ def signatures(source):
 
 
 def _cpu_source(source):
-    if kernels.HALF_CONVERSIONS not in source:
-        raise ValueError("the source lacks kernels.HALF_CONVERSIONS, which the emulation "
-                         "replaces")
-    body = source.replace(kernels.HALF_CONVERSIONS, HALF_ON_THE_CPU)
     wrappers = []
     for name, params in signatures(source).items():
         args = ", ".join(f"{'void*' if p.pointer else _c_name(p.dtype)} {p.name}"
@@ -76,7 +67,7 @@ def _cpu_source(source):
                          for p in params)
         wrappers.append(f'extern "C" void launch_{name}(unsigned grid, unsigned block, {args}) '
                         f'{{ emulate_launch(grid, block, [=] {{ {name}({call}); }}); }}')
-    return f'#include "{HEADER}"\n{body}\n' + "\n".join(wrappers) + "\n"
+    return f'#include "{HEADER}"\n{source}\n' + "\n".join(wrappers) + "\n"
 
 
 def _c_name(dtype):

@@ -262,7 +262,7 @@ def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
     1,080 and 1,112 after, 974 and 1,032 once LayerNorm's row means (CUB's sum and a divide)
     became one cuBLAS call each, 733 and 791 once LayerNorm (5 launches forward, 6 backward)
     and the attention's mask + softmax + dropout (5 forward, 2 backward) became one row
-    kernel each (kernels.ROW_KERNELS; the backward LayerNorm's two column sums stay cuBLAS
+    kernel each (kernels.cu's row kernels; the backward LayerNorm's two column sums stay cuBLAS
     calls); the budgets, 735 and 793, leave room for the fills of the ones vectors the
     column sums multiply by, made once per process. CUPTI saw 1,000 kernels for a whole
     B=32 TF32 step on an H200 where the stand-in counted 968 (cuBLAS splits some products in

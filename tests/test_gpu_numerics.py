@@ -186,7 +186,7 @@ def test_linear_forward_backward(xp, dtype):
 def test_layernorm_forward_backward(xp, dtype):
     """fast.layernorm_forward/backward over H = 48 (rows offset and scaled, as residual
     streams are): out, dx, dgamma, dbeta (float16: statistics in float32, gradients of
-    gamma and beta into float32 buffers; one warp a row, kernels.ROW_KERNELS). K = 4 H:
+    gamma and beta into float32 buffers; one warp a row, kernels.cu). K = 4 H:
     mean, variance and the two row means of the backward each sum H terms; float16 outputs:
     2 eps16 (xhat's float32 rounding amplified by gamma, then the float16 rounding)."""
     x = draw((3, 5, 48), dtype, 8, 3.0) + dtype(1.5)

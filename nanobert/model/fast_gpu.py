@@ -257,7 +257,7 @@ def _stats_dtype(dtype):
 
 
 def _launch_rows(name, dtype, rows, *args):
-    """The row kernel `name` (kernels.ROW_KERNELS) for activations of dtype over `rows`
+    """The row kernel `name` (kernels.cu) for activations of dtype over `rows`
     rows, one warp a row."""
     if rows == 0:
         return
@@ -267,7 +267,7 @@ def _launch_rows(name, dtype, rows, *args):
 
 
 def _launch_map(name, dtype, n, *args):
-    """The map kernel `name` (kernels.MAP_KERNELS) for activations of dtype over n elements,
+    """The map kernel `name` (kernels.cu) for activations of dtype over n elements,
     16 bytes of each activation input a thread."""
     if n == 0:
         return
@@ -296,10 +296,10 @@ def _unused(xp, dtype):
 
 
 def layernorm_forward(x, gamma, beta, eps):
-    """ops.layernorm_forward in one kernel (kernels.ROW_KERNELS, one warp a row: the mean,
-    the variance and the output from one read of x). float16 x: statistics and xhat in
-    float32, the output in float16, converted in registers (no cast kernel). The cache keeps
-    gamma as given (float16 in a float16 run)."""
+    """ops.layernorm_forward in one kernel (kernels.cu's layernorm_forward, one warp a row:
+    the mean, the variance and the output from one read of x). float16 x: statistics and
+    xhat in float32, the output in float16, converted in registers (no cast kernel). The
+    cache keeps gamma as given (float16 in a float16 run)."""
     xp = array_module(x)
     x = _contiguous(x)
     H = x.shape[-1]
@@ -371,7 +371,7 @@ def softmax_forward(x, overwrite_x=False):
 def _softmax(scores, mask_bias, dropout_p, rng):
     """The probabilities of scores [..., T] (+ mask_bias [B, 1, 1, T] for scores
     [B, A, T, T], if given), and with dropout_p > 0 dropout's (dropped, keep mask): one
-    kernel (kernels.ROW_KERNELS' softmax_forward) -> probs, or (probs, dropped, mask)."""
+    kernel (kernels.cu's softmax_forward) -> probs, or (probs, dropped, mask)."""
     xp = array_module(scores)
     scores = _contiguous(scores)
     dtype, stats = scores.dtype, _stats_dtype(scores.dtype)
@@ -403,7 +403,7 @@ def softmax_backward(dout, y):
 
 def _softmax_backward(dprobs, keep_mask, y):
     """dropout_backward (if keep_mask is given) then softmax_backward of [..., T]: one
-    kernel (kernels.ROW_KERNELS' softmax_backward)."""
+    kernel (kernels.cu's softmax_backward)."""
     xp = array_module(dprobs)
     dprobs = _contiguous(dprobs)
     keys = y.shape[-1]
@@ -434,7 +434,7 @@ def dropout_add_forward(x, residual, p, rng, training):
 
 def _dropout(x, residual, p, rng):
     """dropout of x with probability p (+ residual, if given) -> (out, keep mask), one map
-    kernel (kernels.MAP_KERNELS' dropout)."""
+    kernel (kernels.cu's dropout)."""
     xp = array_module(x)
     x = _contiguous(x)
     dtype = x.dtype
@@ -475,7 +475,7 @@ def _uniform(x, rng):
 
 
 def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
-    """ops.self_attention_forward: one kernel (kernels.MAP_KERNELS' attention_heads) adds
+    """ops.self_attention_forward: one kernel (kernels.cu's attention_heads) adds
     the projection's bias, scales q and writes q, k and v as contiguous heads [B, A, T, D]
     (the stacked projection's heads are not equally spaced, so cuBLAS cannot read them in
     place); the products are gemm calls (k^T an op flag, no copy); one kernel (move_heads)
@@ -513,7 +513,7 @@ def _attention_probs(scores, mask_bias, dropout_p, rng, training):
 def self_attention_dqkv(dcontext, cache):
     """ops.self_attention_backward up to the projection's gradient dqkv [B, T, 3H] (fast.py
     then runs linear_backward): the products are gemm calls with transposes as op flags;
-    one kernel (kernels.MAP_KERNELS' attention_grads) scales dq and writes dq, dk, dv into
+    one kernel (kernels.cu's attention_grads) scales dq and writes dq, dk, dv into
     the stacked projection's layout. One kernel (move_heads) brings dcontext into
     contiguous heads."""
     xp = array_module(dcontext)
