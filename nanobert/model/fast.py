@@ -6,7 +6,8 @@ equal to it, bitwise or within a stated rounding bound. This file only routes: a
 NumPy arrays runs in fast_cpu.py (in-place passes on a pool of threads), on CuPy arrays in
 fast_gpu.py (fused kernels from kernels.py), as llm.c keeps train_gpt2.c beside its .cu.
 What is the same code on both, the losses (whose results stay on the device: device_loss),
-lives here; ops with no trick to add are the reference itself, imported below.
+lives here, but for the cross-entropy's CuPy path (a CUDA row kernel, fast_gpu); ops with no
+trick to add are the reference itself, imported below.
 """
 from typing import NamedTuple
 
@@ -137,11 +138,14 @@ def device_loss(total, denominator):
 
 
 def cross_entropy_forward(logits, labels, denominator=None, count=None):
-    """ops.cross_entropy_forward, with no host wait on the GPU: `count`, the number of
-    labels that are not -100, comes from the caller's host labels (else it is read from the
-    device), and the loss stays on the device (device_loss). One [N, C] buffer, which the
-    backward turns into dlogits; float16 logits computed in float32."""
+    """ops.cross_entropy_forward: on CuPy one row kernel (fast_gpu), with no host wait:
+    `count`, the number of labels that are not -100, comes from the caller's host labels
+    (else it is read from the device), and the loss stays on the device. On NumPy, one
+    [N, C] buffer, which the backward turns into dlogits; float16 logits computed in
+    float32."""
     xp = array_module(logits)
+    if xp is not numpy:
+        return fast_gpu.cross_entropy_forward(logits, labels, denominator, count)
     valid = labels != IGNORE_INDEX                         # [N]
     if count is None:
         count = int(valid.sum())                           # a host wait on the GPU
@@ -162,7 +166,9 @@ def cross_entropy_forward(logits, labels, denominator=None, count=None):
 def cross_entropy_backward(dloss, cache):
     """ops.cross_entropy_backward, built in the forward's [N, C] buffer (for the MLM head,
     [M, V] is the largest array of the step): one pass, no new array; so call it once per
-    forward."""
+    forward. A CuPy forward's cache: fast_gpu's row kernel."""
+    if isinstance(cache, fast_gpu.CrossEntropyCache):
+        return fast_gpu.cross_entropy_backward(dloss, cache)
     xp = array_module(cache.exp_shifted)
     row_scale = (dloss / cache.denominator) * cache.valid                  # [N]
     dlogits = cache.exp_shifted

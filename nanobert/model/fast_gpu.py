@@ -19,6 +19,7 @@ dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; 
 gradients summed into float32 buffers.
 """
 import math
+from typing import NamedTuple
 
 import numpy
 
@@ -549,6 +550,57 @@ def _dropout_softmax_backward(dprobs, cache):
     """dropout_backward then softmax_backward of the attention probabilities [B, A, T, T],
     in one kernel. float16: dropout in float16, softmax in float32, as the reference."""
     return _softmax_backward(dprobs, cache.dropout_mask, cache.probs)
+
+# ------------------------------------------------------------------------- cross-entropy
+
+
+class CrossEntropyCache(NamedTuple):
+    """What the CUDA cross-entropy's backward needs: the logits themselves (it recomputes the
+    softmax), not an [N, C] buffer of the forward's."""
+    logits: object             # [N, C], as given
+    labels: object             # [N] int64, -100 where not counted
+    row_max: object            # [N] statistics' dtype
+    sum_exp: object            # [N] sum of exp(logits - row max)
+    count: int                 # how many rows the loss counts
+    denominator: float         # what their summed loss is divided by
+
+
+def cross_entropy_forward(logits, labels, denominator=None, count=None):
+    """ops.cross_entropy_forward in one row kernel (kernels.cu's cross_entropy_forward: the
+    row max, the sum of exponentials and -log p(label) from two reads of each row; float16
+    logits read into float32) and the sum of its [N] losses; the loss stays on the device,
+    and `count` comes from the caller's host labels (else it is read from the device)."""
+    xp = array_module(logits)
+    if count is None:
+        count = int((labels != ops.IGNORE_INDEX).sum())     # a host wait
+    logits, labels = _contiguous(logits), _contiguous(labels.astype(numpy.int64, copy=False))
+    N, C = logits.shape
+    stats = _stats_dtype(logits.dtype)
+    row_max, sum_exp, nll = (xp.empty(N, stats) for _ in range(3))
+    _launch_rows("cross_entropy_forward", logits.dtype, N, logits, labels, numpy.int64(N),
+                 numpy.int32(C), row_max, sum_exp, nll)
+    denominator = max(count, 1) if denominator is None else denominator
+    return (nll.sum() / denominator,
+            CrossEntropyCache(logits, labels, row_max, sum_exp, count, denominator))
+
+
+def cross_entropy_backward(dloss, cache):
+    """ops.cross_entropy_backward in one row kernel (kernels.cu's cross_entropy_backward:
+    the softmax recomputed from the forward's row statistics, minus the one-hot, times
+    dloss / denominator) -> dlogits [N, C] in the statistics' dtype. dloss: a number, or a
+    0-d device array (a loss scale: never read by the host)."""
+    xp = array_module(cache.logits)
+    N, C = cache.logits.shape
+    stats = cache.row_max.dtype
+    if isinstance(dloss, xp.ndarray):
+        dloss = dloss.astype(stats, copy=False)
+    else:
+        dloss = xp.full((), dloss, stats)                   # a fill: no copy from the host
+    dlogits = xp.empty((N, C), stats)
+    _launch_rows("cross_entropy_backward", cache.logits.dtype, N, cache.logits, cache.labels,
+                 cache.row_max, cache.sum_exp, dloss, stats.type(cache.denominator),
+                 numpy.int64(N), numpy.int32(C), dlogits)
+    return dlogits
 
 # ----------------------------------------------------------------------------- inference
 # The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy

@@ -1,4 +1,4 @@
-"""The kernels of the fast layer's CuPy path (fast_gpu.py), so that a step launches ~730
+"""The kernels of the fast layer's CuPy path (fast_gpu.py), so that a step launches ~680
 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size), and
 each reads and writes its arrays once. fast_gpu.gemm calls cuBLAS itself; every other CuPy
 kernel is here, each the arithmetic of a few lines of an op in ops.py (the reference, whose
@@ -6,8 +6,8 @@ math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place th
 
 - CUDA kernels (kernels.cu, compiled by cupy.RawModule once a dtype): row kernels for the ops
   that reduce over a row and then map it (LayerNorm, the attention's mask + softmax +
-  dropout), one warp a row; map kernels for GELU, dropout and the attention's head layouts,
-  16 bytes of each input a thread.
+  dropout, the cross-entropy), one warp a row; map kernels for GELU, dropout and the
+  attention's head layouts, 16 bytes of each input a thread.
 - An ElementwiseKernel with a CUDA C body for AdamW (a whole step over the flat buffers).
 On NumPy nothing here is used.
 
@@ -20,8 +20,9 @@ only on a lent GPU (tests/test_gpu_numerics.py, bench.gpu_profile).
 from pathlib import Path
 
 # -------------------------------------------------------------------- CUDA kernels
-# kernels.cu: the row kernels (LayerNorm, the attention's softmax) and the map kernels (GELU,
-# dropout, the attention's layouts), with what each costs and why it is shaped so.
+# kernels.cu: the row kernels (LayerNorm, the attention's softmax, the cross-entropy) and the
+# map kernels (GELU, dropout, the attention's layouts), with what each costs and why it is
+# shaped so.
 
 CUDA_SOURCE = Path(__file__).with_name("kernels.cu")
 CUDA_TYPES = {"e": ("half16", "float"), "f": ("float", "float"), "d": ("double", "double")}
@@ -30,7 +31,7 @@ MAP_THREADS = 256                              # threads a block of a map kernel
 MAP_BYTES = 16                                 # bytes of each array a map thread loads
 
 ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
-                    "softmax_backward")
+                    "softmax_backward", "cross_entropy_forward", "cross_entropy_backward")
 MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward",
                     "attention_heads", "attention_grads", "move_heads")
 
