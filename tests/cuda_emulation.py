@@ -27,8 +27,6 @@ import numpy
 HEADER = Path(__file__).with_name("cuda_emulation.h")
 C_TYPES = {"half16": numpy.float16, "float": numpy.float32, "double": numpy.float64,
            "int": numpy.int32, "long long": numpy.int64}
-CTYPES = {numpy.int32: ctypes.c_int, numpy.int64: ctypes.c_longlong,
-          numpy.float32: ctypes.c_float, numpy.float64: ctypes.c_double}
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 CACHE = Path(tempfile.gettempdir()) / "nanobert-cuda-emulation"
 _LIBRARIES = {}
@@ -121,7 +119,7 @@ def launch(source, name):
                     raise TypeError(f"{where}: a numpy.{p.dtype} scalar, not "
                                     f"{_describe(value)} (CuPy passes a Python int as 8 "
                                     f"bytes and a float as a double)")
-                converted.append(CTYPES[p.dtype.type](value.item()))
+                converted.append(numpy.ctypeslib.as_ctypes_type(p.dtype)(value.item()))
         function(ctypes.c_uint(grid), ctypes.c_uint(block), *converted)
 
     return run

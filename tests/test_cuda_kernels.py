@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import cuda_emulation
 from conftest import record, rel_error
-from nanobert.model import kernels, ops
+from nanobert.model import fast_gpu, kernels, ops
 
 pytestmark = pytest.mark.skipif(not cuda_emulation.available(),
                                 reason="g++ is needed to run the CUDA kernels on the CPU")
@@ -33,14 +33,14 @@ def stats(dtype):
 
 def run(name, dtype, rows, *args):
     """The row kernel on NumPy arrays, launched as fast_gpu._launch_rows launches it."""
-    blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
-    guarded(name, dtype, blocks, 32 * kernels.ROW_WARPS, args)
+    (grid,), (block,) = fast_gpu._row_grid(rows)
+    guarded(name, dtype, grid, block, args)
 
 
 def run_map(name, dtype, n, *args):
     """The map kernel on NumPy arrays, launched as fast_gpu._launch_map launches it."""
-    per_block = kernels.MAP_THREADS * (kernels.MAP_BYTES // numpy.dtype(dtype).itemsize)
-    guarded(name, dtype, -(-n // per_block), kernels.MAP_THREADS, args)
+    (grid,), (block,) = fast_gpu._map_grid(n, dtype)
+    guarded(name, dtype, grid, block, args)
 
 
 GUARD = 64                   # elements of a sentinel on either side of each array

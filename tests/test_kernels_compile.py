@@ -38,25 +38,17 @@ from nanobert.model import kernels
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "90"                                    # H100 / H200
 H, F, D, BOOL = "float16", "float32", "float64", "bool"
-# (activations' dtype, statistics' dtype) of the three precisions: fast_gpu computes float16
-# runs' LayerNorm, softmax, GELU and dropout's uniforms in float32
-RUNS = ((H, F), (F, F), (D, D))
 
 
 # An argument of a call: ("a", dtype) an array shaped like the output, C-contiguous;
 # ("v", dtype) an array that is not (a broadcast row statistic or bias, a strided head view,
-# a 0-d flag); ("s", dtype) a NumPy scalar; PY a Python scalar (CuPy gives it the type of
-# its parameter).
+# a 0-d flag); PY a Python scalar (CuPy gives it the type of its parameter).
 def a(dtype):
     return ("a", dtype)
 
 
 def v(dtype):
     return ("v", dtype)
-
-
-def s(dtype):
-    return ("s", dtype)
 
 
 PY = ("s", None)

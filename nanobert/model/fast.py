@@ -4,7 +4,7 @@ Each function here has the signature, the cache and the results of its reference
 ops.py (read the math there); tests/test_fast.py and tests/test_cupy_standin.py prove each
 equal to it, bitwise or within a stated rounding bound. This file only routes: an op on
 NumPy arrays runs in fast_cpu.py (in-place passes on a pool of threads), on CuPy arrays in
-fast_gpu.py (fused kernels from kernels.py), as llm.c keeps train_gpt2.c beside its .cu.
+fast_gpu.py (CUDA kernels from kernels.cu), as llm.c keeps train_gpt2.c beside its .cu.
 What is the same code on both, the losses (whose results stay on the device: device_loss),
 lives here, but for the cross-entropy's CuPy path (a CUDA row kernel, fast_gpu); ops with no
 trick to add are the reference itself, imported below.

@@ -1,4 +1,4 @@
-"""The fast layer on CuPy (GPU): fused kernels (kernels.py) in place of NumPy's in-place
+"""The fast layer on CuPy (GPU): CUDA kernels (kernels.cu) in place of NumPy's in-place
 sequences. fast.py routes each op here for CuPy arrays (fast_cpu.py holds the NumPy twin);
 each function has the signature, the cache and the results of its reference twin in ops.py
 (read the math there), proven equal to it on the CPU stand-in of CuPy
@@ -9,10 +9,12 @@ host time whatever its size, so a step should make few of them (fused kernels); 
 never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
 products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
-fraction of the bandwidth. LayerNorm and the attention's mask + softmax + dropout are one
-row kernel each (one warp a row), forward and backward. What each choice measured on an H200
-is in its comment and in docs/gpu.md ("What each change did"); the row kernels are not
-measured yet (docs/gpu.md says what they are expected to save).
+fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
+cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
+and the attention's layout moves one map kernel each (16 bytes of each input a thread). What
+each choice measured on an H200 is in its comment and in docs/gpu.md ("What each change
+did"); the CUDA kernels are not measured yet (docs/gpu.md says what they are expected to
+save).
 
 Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
 dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter
@@ -258,24 +260,27 @@ def _stats_dtype(dtype):
 
 
 def _launch_rows(name, dtype, rows, *args):
-    """The row kernel `name` (kernels.cu) for activations of dtype over `rows`
-    rows, one warp a row."""
-    if rows == 0:
-        return
-    xp = array_module(args[0])
-    blocks = (rows + kernels.ROW_WARPS - 1) // kernels.ROW_WARPS
-    kernels.cuda_kernel(xp, name, dtype)((blocks,), (32 * kernels.ROW_WARPS,), args)
+    """The row kernel `name` (kernels.cu) for activations of dtype over `rows` rows."""
+    if rows:
+        kernels.cuda_kernel(array_module(args[0]), name, dtype)(*_row_grid(rows), args)
 
 
 def _launch_map(name, dtype, n, *args):
-    """The map kernel `name` (kernels.cu) for activations of dtype over n elements,
-    16 bytes of each activation input a thread."""
-    if n == 0:
-        return
-    xp = array_module(args[0])
-    per_block = kernels.MAP_THREADS * (kernels.MAP_BYTES // dtype.itemsize)
-    kernels.cuda_kernel(xp, name, dtype)(((n + per_block - 1) // per_block,),
-                                         (kernels.MAP_THREADS,), args)
+    """The map kernel `name` (kernels.cu) for activations of dtype over n elements."""
+    if n:
+        kernels.cuda_kernel(array_module(args[0]), name, dtype)(*_map_grid(n, dtype), args)
+
+
+def _row_grid(rows):
+    """(grid, block) of a row kernel: one warp a row, ROW_WARPS warps a block."""
+    return (-(-rows // kernels.ROW_WARPS),), (32 * kernels.ROW_WARPS,)
+
+
+def _map_grid(n, dtype):
+    """(grid, block) of a map kernel over n elements: MAP_BYTES of each activation input a
+    thread, MAP_THREADS threads a block."""
+    per_block = kernels.MAP_THREADS * (kernels.MAP_BYTES // numpy.dtype(dtype).itemsize)
+    return (-(-n // per_block),), (kernels.MAP_THREADS,)
 
 
 def _keep_scale(dtype, p):
@@ -365,14 +370,15 @@ def softmax_forward(x, overwrite_x=False):
     """ops.softmax_forward in one kernel, one warp a row; float16 read as float16 and
     computed in float32, the probabilities written as float16. overwrite_x is NumPy's
     (fast_cpu), ignored here."""
-    y = _softmax(x, None, 0.0, None)
+    y = _softmax(x, None, 0.0, None)[0]
     return y, y
 
 
 def _softmax(scores, mask_bias, dropout_p, rng):
     """The probabilities of scores [..., T] (+ mask_bias [B, 1, 1, T] for scores
-    [B, A, T, T], if given), and with dropout_p > 0 dropout's (dropped, keep mask): one
-    kernel (kernels.cu's softmax_forward) -> probs, or (probs, dropped, mask)."""
+    [B, A, T, T], if given), then dropout with probability dropout_p, in one kernel
+    (kernels.cu's softmax_forward) -> (probs, probs after dropout, the keep mask or None:
+    without dropout, (probs, probs, None))."""
     xp = array_module(scores)
     scores = _contiguous(scores)
     dtype, stats = scores.dtype, _stats_dtype(scores.dtype)
@@ -394,7 +400,7 @@ def _softmax(scores, mask_bias, dropout_p, rng):
                  mask_bias if masked else _unused(xp, dtype), numpy.int32(masked),
                  numpy.int64(rows_per_bias), numpy.int64(rows), numpy.int32(keys), uniform,
                  stats.type(dropout_p), scale, numpy.int32(dropout), probs, dropped, keep)
-    return (probs, dropped, keep) if dropout else probs
+    return (probs, dropped, keep) if dropout else (probs, probs, None)
 
 
 def softmax_backward(dout, y):
@@ -408,11 +414,12 @@ def _softmax_backward(dprobs, keep_mask, y):
     xp = array_module(dprobs)
     dprobs = _contiguous(dprobs)
     keys = y.shape[-1]
+    rows = y.size // keys
     dscores = xp.empty(y.shape, dprobs.dtype)
     dropout = keep_mask is not None
-    _launch_rows("softmax_backward", dprobs.dtype, y.size // keys, dprobs,
+    _launch_rows("softmax_backward", dprobs.dtype, rows, dprobs,
                  keep_mask if dropout else _unused(xp, dprobs.dtype), numpy.int32(dropout),
-                 _contiguous(y), numpy.int64(y.size // keys), numpy.int32(keys), dscores)
+                 _contiguous(y), numpy.int64(rows), numpy.int32(keys), dscores)
     return dscores
 
 # ------------------------------------------------------------------------------- dropout
@@ -467,10 +474,9 @@ def dropout_backward(dout, mask):
 
 
 def _uniform(x, rng):
-    """A uniform draw shaped like x, float32 for float16 x (Generators draw no float16),
-    which the fused kernels compare with p."""
-    dtype = numpy.float32 if x.dtype == HALF else x.dtype
-    return rng.random(x.shape, dtype=dtype)
+    """A uniform draw shaped like x in the statistics' dtype (float32 for float16 x:
+    Generators draw no float16), which the dropout kernels compare with p."""
+    return rng.random(x.shape, dtype=_stats_dtype(x.dtype))
 
 # ---------------------------------------------------------------------- self-attention
 
@@ -491,8 +497,8 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     _launch_map("attention_heads", dtype, q.size, qkv, _contiguous(b_qkv),
                 _head_scale(dtype, D), *_head_shape(A, T, D), numpy.int64(q.size), q, k, v)
     scores = gemm(q, k, xp.empty((B, A, T, T), dtype), transpose_b=True)  # q k^T
-    probs, probs_dropped, dropout_cache = _attention_probs(scores, mask_bias, dropout_p, rng,
-                                                           training)
+    probs, probs_dropped, dropout_cache = _softmax(scores, mask_bias,
+                                                   dropout_p if training else 0.0, rng)
     heads = gemm(probs_dropped, v, xp.empty((B, A, T, D), dtype))
     context = xp.empty((B, T, H), dtype)
     _launch_map("move_heads", dtype, heads.size, heads, numpy.int32(1), *_head_shape(A, T, D),
@@ -500,15 +506,6 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, probs, probs_dropped,
                            dropout_cache, A)
     return context, cache
-
-
-def _attention_probs(scores, mask_bias, dropout_p, rng, training):
-    """The scores [B, A, T, T] plus the mask's bias [B, 1, 1, T], softmax_forward, then
-    dropout_forward, in one kernel -> (probs, probs_dropped, dropout mask or None)."""
-    if not training or dropout_p == 0.0:
-        probs = _softmax(scores, mask_bias, 0.0, None)
-        return probs, probs, None
-    return _softmax(scores, mask_bias, dropout_p, rng)
 
 
 def self_attention_dqkv(dcontext, cache):
@@ -527,7 +524,9 @@ def self_attention_dqkv(dcontext, cache):
                 numpy.int64(rows.size), dcontext)
     dv = gemm(cache.probs_dropped, dcontext, xp.empty((B, A, T, D), dtype), transpose_a=True)
     dprobs = gemm(dcontext, cache.v, xp.empty((B, A, T, T), dtype), transpose_b=True)
-    dscores = _dropout_softmax_backward(dprobs, cache)     # [B, A, T, T]
+    # dropout_backward then softmax_backward (float16: dropout in float16, softmax in
+    # float32, as the reference), one kernel
+    dscores = _softmax_backward(dprobs, cache.dropout_mask, cache.probs)   # [B, A, T, T]
     dq = gemm(dscores, cache.k, xp.empty((B, A, T, D), dtype))  # dq / scale
     dk = gemm(dscores, cache.q, xp.empty((B, A, T, D), dtype), transpose_a=True)
     dqkv = xp.empty((B, T, 3 * H), dtype=dtype)
@@ -545,11 +544,6 @@ def _head_scale(dtype, D):
     """1 / sqrt(D), q's scaling, in the activations' dtype, passed in the statistics'."""
     return _stats_dtype(dtype).type(dtype.type(1.0 / math.sqrt(D)))
 
-
-def _dropout_softmax_backward(dprobs, cache):
-    """dropout_backward then softmax_backward of the attention probabilities [B, A, T, T],
-    in one kernel. float16: dropout in float16, softmax in float32, as the reference."""
-    return _softmax_backward(dprobs, cache.dropout_mask, cache.probs)
 
 # ------------------------------------------------------------------------- cross-entropy
 

@@ -80,16 +80,11 @@ v = skip ? v : v_new;
 param = skip ? param : p_new;
 """
 
-_KERNELS = {}
-
-
-def _kernel(xp, name, in_params, out_params, body):
-    """xp.ElementwiseKernel, built once per namespace (the stand-in of the tests is another)."""
-    key = (xp, name)
-    if key not in _KERNELS:
-        _KERNELS[key] = xp.ElementwiseKernel(in_params, out_params, body, name)
-    return _KERNELS[key]
+_ADAMW = {}                  # namespace -> the kernel (the stand-in of the tests is another)
 
 
 def adamw_kernel(xp):
-    return _kernel(xp, "nanobert_adamw", ADAMW_IN, ADAMW_OUT, ADAMW_BODY)
+    """The AdamW ElementwiseKernel, built once per namespace."""
+    if xp not in _ADAMW:
+        _ADAMW[xp] = xp.ElementwiseKernel(ADAMW_IN, ADAMW_OUT, ADAMW_BODY, "nanobert_adamw")
+    return _ADAMW[xp]
