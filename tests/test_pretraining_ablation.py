@@ -1,95 +1,206 @@
-"""bench/pretraining_ablation.py's bookkeeping, on made-up results (the runs themselves take
-an hour: a benchmark): which runs it would start, and the table's means, sample standard
-deviations and differences in units of the pooled seed spread."""
+"""bench/pretraining_ablation.py's protocol and bookkeeping, on made-up runs (the real ones take
+hours: a benchmark): the rate is chosen on dev and never on test, which runs it would start,
+what it keeps on disk, and the table's means, sample standard deviations and differences in
+units of the pooled seed spread."""
 import json
 import math
 import os
 import statistics
+import sys
+import textwrap
+
+import pytest
 
 from bench import pretraining_ablation as ablation
 
+# A stand-in for finetune.py whose dev and test disagree: on dev seed 0 is best at 3e-4 and
+# seed 1 at 1e-4, on test every seed is best at 1e-3. It writes what finetune.py writes
+# (results.json, metrics.jsonl) and one line per call to calls.txt beside --out's parent.
+FAKE_FINETUNE = textwrap.dedent("""
+    import json, os, sys
+    argv = sys.argv[1:]
+    value = lambda flag: argv[argv.index(flag) + 1]
+    lr, seed, out = float(value("--lr")), int(value("--seed")), value("--out")
+    dev = {(0, 1e-4): 0.70, (0, 3e-4): 0.80, (0, 1e-3): 0.60,
+           (1, 1e-4): 0.85, (1, 3e-4): 0.75, (1, 1e-3): 0.65}[seed, lr]
+    test = {1e-4: 0.50, 3e-4: 0.55, 1e-3: 0.95}[lr]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+        for epoch, score in enumerate((dev - 0.1, dev, dev - 0.05), 1):
+            f.write(json.dumps({"kind": "train", "loss": 1.0 / epoch}) + "\\n")
+            f.write(json.dumps({"kind": "eval", "split": "dev", "accuracy": score}) + "\\n")
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"best": {"score": dev, "epoch": 2.0}, "test": {"accuracy": test},
+                   "train_minutes": 0.01}, f)
+    with open(os.path.join(os.path.dirname(os.path.dirname(out)), "calls.txt"), "a") as f:
+        f.write(" ".join(argv) + "\\n")
+""")
 
-def write_result(args, task, start, seed, score):
-    folder = ablation.finetune_folder(args, task, start, seed)
-    os.makedirs(folder)
-    with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"test": {ablation.TASKS[task][1]: score}}, f)
+
+@pytest.fixture
+def fake_finetune(tmp_path, monkeypatch):
+    script = tmp_path / "fake_finetune.py"
+    script.write_text(FAKE_FINETUNE)
+    monkeypatch.setattr(ablation, "FINETUNE", [sys.executable, str(script)])
+    return tmp_path
 
 
-def touch(path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("")
+def run(tmp_path, *flags):
+    return ablation.main(["--starts", "random-init", "--tasks", "trec", "--seeds", "0", "1",
+                          "--lr-grid", "1e-4", "3e-4", "1e-3", "--out", str(tmp_path / "runs"),
+                          "--results", str(tmp_path / "results"), *flags])
 
 
-def parse(tmp_path):
-    return ablation.argparse.Namespace(out=str(tmp_path), tasks=["trec"], seeds=[0, 1, 2],
-                                       corpora=["brown", "sotu-wiki"], force=False,
-                                       pretrain_steps=10, parallel=1)
+def calls(tmp_path):
+    path = tmp_path / "runs" / "trec" / "calls.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_rate_is_chosen_on_dev_and_only_its_test_score_counts(fake_finetune, capsys):
+    tmp_path = fake_finetune
+    assert run(tmp_path, "--parallel", "2") == 0
+    assert len(calls(tmp_path)) == 2 * 3                       # two seeds, three rates
+    numbers = json.loads((tmp_path / "results" / "results.json").read_text())["tasks"]
+    row = numbers["trec"]["random-init"]
+    assert row["rates"] == {"0": 3e-4, "1": 1e-4}, row         # dev's choice, seed by seed
+    assert math.isclose(row["mean"], (55.0 + 50.0) / 2), row   # their test scores, not 95
+    assert math.isclose(row["dev_mean"], (80.0 + 85.0) / 2)
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "| random init | 52.5 +- 3.5 | 2 | 3e-04, 1e-04 | 82.5 |" in table, table
+    assert "| TREC question type, 6 classes, 4,305 train | random init | 77.5 (2) | " \
+        "77.5 (2) | 62.5 (2) |" in table                       # the dev grid, mean over seeds
+    record = json.loads((tmp_path / "results" / "trec" /
+                         "random-init-seed0-lr3e-04.json").read_text())
+    assert record["dev_curve"] == [70.0, 80.0, 75.0] and record["last_train_loss"] == 1 / 3
+    assert math.isclose(record["test"], 55.0) and record["best_epoch"] == 2.0
+    capsys.readouterr()
+    # finished runs are kept: nothing runs again, unless --force
+    assert run(tmp_path, "--parallel", "1") == 0 and len(calls(tmp_path)) == 6
+    assert run(tmp_path, "--parallel", "1", "--force") == 0 and len(calls(tmp_path)) == 12
+
+
+def test_a_seed_enters_the_table_only_once_its_whole_grid_has_run(fake_finetune):
+    tmp_path = fake_finetune
+    assert run(tmp_path, "--parallel", "1") == 0
+    os.remove(tmp_path / "results" / "trec" / "random-init-seed1-lr1e-03.json")
+    text, numbers = ablation.table(ablation.parse_args(
+        ["--starts", "random-init", "--tasks", "trec", "--lr-grid", "1e-4", "3e-4", "1e-3",
+         "--results", str(tmp_path / "results")]))
+    assert numbers["trec"]["random-init"]["seeds"] == 1
+    assert numbers["trec"]["random-init"]["pending_seeds"] == [1]
+    assert "| 1 (1 pending) | 3e-04 |" in text
+    # the run's folder is still there: it is recorded again, not repeated
+    assert run(tmp_path, "--parallel", "1") == 0 and len(calls(tmp_path)) == 6
+    assert (tmp_path / "results" / "trec" / "random-init-seed1-lr1e-03.json").exists()
+
+
+def test_select_reads_dev_alone_and_breaks_ties_to_the_lower_rate():
+    def runs(**dev):
+        return {float(lr): {"lr": float(lr), "dev": d, "test": -d} for lr, d in dev.items()}
+    grid = [1e-4, 3e-4]
+    assert ablation.select(runs(**{"1e-4": 80.0, "3e-4": 81.0}), grid)["lr"] == 3e-4
+    assert ablation.select(runs(**{"1e-4": 80.0, "3e-4": 80.0}), grid)["lr"] == 1e-4
+    assert ablation.select(runs(**{"1e-4": 80.0}), grid) is None          # 3e-4 not yet run
+
+
+def write_record(args, task, start, seed, lr, dev, test):
+    ablation.write_json(ablation.record_path(args, task, start, seed, lr),
+                        {"task": task, "start": start, "seed": seed, "lr": lr, "dev": dev,
+                         "test": test})
 
 
 def test_table_means_stds_and_differences(tmp_path):
-    args = parse(tmp_path)
-    scores = {"MLM + NSP, Brown": [0.80, 0.82, 0.84], "MLM only, Brown": [0.79, 0.80, 0.81],
-              "random init": [0.70, 0.71, 0.75]}
+    args = ablation.parse_args(["--tasks", "trec", "--lr-grid", "1e-4", "--results",
+                                str(tmp_path)])
+    scores = {"brown-mlm-nsp": [80, 82, 84], "brown-mlm": [79, 80, 81],
+              "random-init": [70, 71, 75]}
     for start, values in scores.items():
         for seed, value in zip(args.seeds, values):
-            write_result(args, "trec", start, seed, value)
+            write_record(args, "trec", start, seed, 1e-4, dev=value - 1, test=value)
     text, numbers = ablation.table(args)
-    pretrained, scratch = numbers["trec"]["MLM + NSP, Brown"], numbers["trec"]["random init"]
+    pretrained, scratch = numbers["trec"]["brown-mlm-nsp"], numbers["trec"]["random-init"]
     assert math.isclose(pretrained["mean"], 82.0) and math.isclose(scratch["mean"], 72.0)
     assert math.isclose(pretrained["std"], statistics.stdev([80, 82, 84]))      # sample std
     pooled = math.sqrt((statistics.stdev([80, 82, 84]) ** 2
                         + statistics.stdev([70, 71, 75]) ** 2) / 2)
     assert math.isclose(pretrained["difference"], 10.0)
     assert math.isclose(pretrained["in_stds"], 10.0 / pooled)
-    assert "| TREC question type, 6 classes, 4,305 train | MLM + NSP, Brown | 82.0 +- 2.0 | 3 | " \
-        "+10.0 (" in text
-    assert "| MLM + NSP, sotu-wiki | not run | 0 |" in text      # a corpus not yet run
-    write_result(args, "trec", "MLM + NSP, Brown", 3, 0.86)      # an earlier --seeds 3
-    write_result(args, "trec", "MLM only, Brown", 10, 0.80)
+    assert pretrained["best_on_dev"] and not numbers["trec"]["brown-mlm"]["best_on_dev"]
+    assert "| TREC question type, 6 classes, 4,305 train | MLM + NSP, Brown (best on dev) | " \
+        "82.0 +- 2.0 | 3 | 1e-04, 1e-04, 1e-04 | 81.0 | +10.0 (" in text, text
+    assert "| MLM + NSP, sotu-wiki | not run | 0 |" in text      # a start not yet run
+    write_record(args, "trec", "brown-mlm-nsp", 3, 1e-4, dev=85, test=86)   # an earlier seed
     _, numbers = ablation.table(args)
-    assert numbers["trec"]["MLM + NSP, Brown"]["seeds"] == 4
-    assert math.isclose(numbers["trec"]["MLM + NSP, Brown"]["mean"], 83.0)
-    assert numbers["trec"]["MLM only, Brown"]["seeds"] == 4
+    assert numbers["trec"]["brown-mlm-nsp"]["seeds"] == 4
+    assert math.isclose(numbers["trec"]["brown-mlm-nsp"]["mean"], 83.0)
 
 
-def test_only_missing_runs_are_started(tmp_path):
-    """Per corpus: its two pretraining runs (MLM + NSP, --no-nsp), then every fine-tuning from
-    its checkpoints whose results are missing; random init (Brown's config and vocab, no
-    weights) belongs to Brown's turn and serves both corpora."""
-    args = parse(tmp_path)
-    jobs = ablation.pretraining_jobs(args, "brown")
-    assert len(jobs) == 2 and "--no-nsp" in jobs[1][0] and "--no-nsp" not in jobs[0][0]
-    sotu = ablation.pretraining_jobs(args, "sotu-wiki")
-    assert all("sotu-wiki" in cmd and ablation.BROWN_VOCAB in cmd for cmd, _ in sotu)
-    write_result(args, "trec", "random init", 1, 0.7)
-    runs = ablation.finetune_jobs(args, "brown")
-    assert len(runs) == 3 * 3 - 1
-    scratch = [cmd for cmd, _ in runs if "--from-scratch" in cmd]
-    brown_checkpoint = os.path.join(tmp_path, "pretrain-brown-mlm-nsp", "checkpoint")
-    assert len(scratch) == 2 and all(brown_checkpoint in cmd for cmd in scratch)
-    runs = ablation.finetune_jobs(args, "sotu-wiki")
-    assert len(runs) == 2 * 3 and not any("--from-scratch" in cmd for cmd, _ in runs)
-    assert all(os.path.join(tmp_path, "pretrain-sotu-wiki-") in cmd[cmd.index("--model") + 1]
-               for cmd, _ in runs)
-    # an interrupted pretraining run is resumed, a finished one is not started again
-    touch(tmp_path / "pretrain-brown-mlm" / "checkpoint" / "trainer_state.json")
-    touch(tmp_path / "pretrain-brown-mlm-nsp" / "eval.json")
-    jobs = ablation.pretraining_jobs(args, "brown")
-    assert len(jobs) == 1 and "--no-nsp" in jobs[0][0] and "--resume" in jobs[0][0]
+def test_only_missing_runs_are_started_and_random_init_needs_no_pretraining(tmp_path):
+    args = ablation.parse_args(["--tasks", "trec", "sentiment-1k", "--seeds", "0", "--starts",
+                                "brown-mlm", "random-init", "--lr-grid", "1e-4", "1e-3",
+                                "--out", str(tmp_path / "runs"),
+                                "--results", str(tmp_path / "results")])
+    jobs = ablation.pretraining_jobs(args)
+    assert len(jobs) == 1 and "--no-nsp" in jobs[0].cmd and "--resume" not in jobs[0].cmd
+    runs = ablation.finetune_jobs(args)
+    assert len(runs) == 2 * 2 * 2                           # tasks x starts x rates
+    scratch = [job for job in runs if "--from-scratch" in job.cmd]
+    assert len(scratch) == 4 and all(job.needs is None for job in scratch)
+    assert all(job.cmd[job.cmd.index("--model") + 1] == str(tmp_path / "runs" / "random-init")
+               for job in scratch)
+    assert all(job.needs == jobs[0].out for job in runs if job not in scratch)
+    # each run's epochs given once: the task's (finetune.py would take the last of two)
+    for job in runs:
+        assert job.cmd.count("--epochs") == 1
+        epochs = 10 if "--max-train-examples" in job.cmd else 3
+        assert finetune_args(job.cmd).epochs == epochs
+    write_record(args, "trec", "random-init", 0, 1e-3, dev=1, test=1)
+    assert len(ablation.finetune_jobs(args)) == 7
+    # an interrupted pretraining run is resumed, a finished one not started again
+    touch(tmp_path / "runs" / "pretrain-brown-mlm" / "checkpoint" / "trainer_state.json")
+    assert "--resume" in ablation.pretraining_jobs(args)[0].cmd
+    touch(tmp_path / "runs" / "pretrain-brown-mlm" / "eval.json", "{}")
+    assert ablation.pretraining_jobs(args) == []
+    assert json.loads((tmp_path / "results" / "pretrain-brown-mlm.json").read_text()) == {}
 
 
-def test_the_few_label_setting_overrides_the_recipe(tmp_path):
-    """finetune.py takes the last of a repeated flag: the subset's 10 epochs must come after
-    the recipe's 3."""
-    args = parse(tmp_path)
-    args.tasks = ["trec-1k"]
-    cmd = ablation.finetune_jobs(args, "brown")[0][0]
-    epochs = [cmd[i + 1] for i, flag in enumerate(cmd) if flag == "--epochs"]
-    assert epochs[-1] == "10" and "--max-train-examples" in cmd
-    assert finetune_epochs(cmd) == 10.0
-
-
-def finetune_epochs(cmd):
+def finetune_args(cmd):
     import finetune
-    return finetune.parse_args(cmd[cmd.index("finetune.py") + 1:]).epochs
+    return finetune.parse_args(cmd[cmd.index(ablation.FINETUNE[1]) + 1:])
+
+
+def touch(path, text=""):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_random_init_has_the_pretrained_runs_architecture_and_vocab(tmp_path):
+    """The folder random init fine-tunes from holds the config train.py builds from the same
+    flags (so it is the pretrained starts' architecture) and Brown's vocab."""
+    import train
+    args = ablation.parse_args(["--out", str(tmp_path)])
+    folder = ablation.random_init_folder(args)
+    pretraining = train.parse_args([*ablation.PRETRAIN, "--out", str(tmp_path / "pretrain")])
+    written = ablation.BertConfig.from_json_file(folder)
+    assert written == train.model_config(pretraining, written.vocab_size)
+    with open(os.path.join(ablation.REPOSITORY, ablation.BROWN_VOCAB), encoding="utf-8") as f:
+        assert (tmp_path / "random-init" / "vocab.txt").read_text(encoding="utf-8") == f.read()
+    assert written.vocab_size == 8192
+
+
+def test_a_run_that_needs_a_pretraining_waits_for_it_and_not_after_a_failure(tmp_path):
+    def job(name, code, needs=None, seconds=0.1):
+        # sleeps, writes <its folder>/ok and exits `code`; exits 3 if what it needs has no ok
+        needed = str(tmp_path / needs / "ok") if needs else ""
+        script = (f"import os, sys, time\ntime.sleep({seconds})\n"
+                  f"if {needed!r} and not os.path.exists({needed!r}): sys.exit(3)\n"
+                  f"open({str(tmp_path / name / 'ok')!r}, 'w').close()\nsys.exit({code})")
+        return ablation.Job([sys.executable, "-c", script], str(tmp_path / name),
+                            needs and str(tmp_path / needs))
+    jobs = [job("pretrain", 0, seconds=1.0), job("waits", 0, "pretrain"), job("free", 0)]
+    ablation.run_all(jobs, parallel=2)
+    assert all((tmp_path / name / "ok").exists() for name in ("pretrain", "waits", "free"))
+    failed = [job("bad", 1), job("after-bad", 0, "bad")]
+    with pytest.raises(SystemExit, match="some runs failed"):
+        ablation.run_all(failed, parallel=2)
+    assert not (tmp_path / "after-bad").exists()               # never started
