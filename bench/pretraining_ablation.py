@@ -141,6 +141,7 @@ class Job:
     out: str             # its output folder; the command's output goes to <out>/log.txt
     needs: str = None    # a pretraining folder that must be finished first
     done: object = None  # called with the job once the command succeeded (writes its record)
+    cpu_seconds: float = None    # the command's CPU time (user + system), once it has run
 
 
 def run_all(jobs, parallel):
@@ -163,8 +164,12 @@ def run_all(jobs, parallel):
         say("$ " + " ".join(job.cmd[1:] if job.cmd[0] == sys.executable else job.cmd))
         start = time.time()
         with open(os.path.join(job.out, "log.txt"), "w", encoding="utf-8") as log:
-            code = subprocess.run(job.cmd, cwd=REPOSITORY, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT).returncode
+            process = subprocess.Popen(job.cmd, cwd=REPOSITORY, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT)
+            # wait4: this child's own CPU time (the cost, on a machine others share)
+            _, status, usage = os.wait4(process.pid, 0)
+        code = process.returncode = os.waitstatus_to_exitcode(status)
+        job.cpu_seconds = usage.ru_utime + usage.ru_stime
         if code == 0 and job.done:
             job.done(job)
         say(f"  {'done' if code == 0 else f'FAILED (exit {code})'} in "
@@ -269,7 +274,7 @@ def finetune_jobs(args):
                                *TASKS[task].args, "--lr", f"{lr:g}", "--model", model, *extra,
                                "--seed", str(seed), "--out", out], out, needs,
                               done=lambda job, key=(task, start, seed, lr): record_run(
-                                  args, *key, job.out, job.cmd))
+                                  args, *key, job))
                     if os.path.isfile(record_path(args, task, start, seed, lr)) \
                             and not args.force:
                         continue
@@ -284,10 +289,12 @@ def percent(task, score):
     return score if TASKS[task].metric == "f1" else 100 * score     # conlleval: a percent
 
 
-def record_run(args, task, start, seed, lr, out, cmd):
+def record_run(args, task, start, seed, lr, job):
     """The run's record from its results.json and metrics.jsonl: the best dev score (what
-    chooses), its epoch, the dev curve (one score per epoch), the last training loss, and the
-    test score of the best dev epoch (what the table reports), scores in percent."""
+    chooses), its epoch, the dev curve (one score per epoch), the last training loss, the
+    test score of the best dev epoch (what the table reports), scores in percent; and the
+    CPU minutes it took (None for a run recorded after the fact)."""
+    out, cmd = job.out, job.cmd
     with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     metric, curve, loss = TASKS[task].metric, [], None
@@ -304,6 +311,7 @@ def record_run(args, task, start, seed, lr, out, cmd):
               "epochs": TASKS[task].epochs, "dev_curve": curve,
               "test": percent(task, results["test"][metric]), "last_train_loss": loss,
               "train_minutes": results["train_minutes"],
+              "cpu_minutes": job.cpu_seconds and job.cpu_seconds / 60,
               "command": " ".join(os.path.relpath(c, REPOSITORY) if os.path.isabs(c) else c
                                   for c in cmd[1:])}
     write_json(record_path(args, task, start, seed, lr), record)

@@ -74,6 +74,7 @@ def test_the_rate_is_chosen_on_dev_and_only_its_test_score_counts(fake_finetune,
                          "random-init-seed0-lr3e-04.json").read_text())
     assert record["dev_curve"] == [70.0, 80.0, 75.0] and record["last_train_loss"] == 1 / 3
     assert math.isclose(record["test"], 55.0) and record["best_epoch"] == 2.0
+    assert 0 < record["cpu_minutes"] < 1                       # the fake's own CPU time
     capsys.readouterr()
     # finished runs are kept: nothing runs again, unless --force
     assert run(tmp_path, "--parallel", "1") == 0 and len(calls(tmp_path)) == 6
@@ -92,7 +93,8 @@ def test_a_seed_enters_the_table_only_once_its_whole_grid_has_run(fake_finetune)
     assert "| 1 (1 pending) | 3e-04 |" in text
     # the run's folder is still there: it is recorded again, not repeated
     assert run(tmp_path, "--parallel", "1") == 0 and len(calls(tmp_path)) == 6
-    assert (tmp_path / "results" / "trec" / "random-init-seed1-lr1e-03.json").exists()
+    record = tmp_path / "results" / "trec" / "random-init-seed1-lr1e-03.json"
+    assert json.loads(record.read_text())["cpu_minutes"] is None       # not measured then
 
 
 def test_select_reads_dev_alone_and_breaks_ties_to_the_lower_rate():
