@@ -27,8 +27,19 @@ def resolve_device(device=None):
 def tf32_enabled():
     """TF32 for float32 matmuls on the GPU: on unless $NANOBERT_TF32 is 0 (train.py's and
     the benchmark's --no-tf32 set it). TF32 keeps float32's range with a 10-bit mantissa,
-    as cuBLAS's tensor cores compute; float32 accumulation either way."""
-    return os.environ.get("NANOBERT_TF32", "1") != "0"
+    as cuBLAS's tensor cores compute; float32 accumulation either way. The variable is read
+    when the process starts, at get_xp("gpu") and at set_tf32, not at every product
+    (fast_gpu.gemm asks ~1,900 times a BERT-base step)."""
+    return _TF32[0]
+
+
+def _read_tf32():
+    _TF32[0] = os.environ.get("NANOBERT_TF32", "1") != "0"
+    return _TF32[0]
+
+
+_TF32 = [True]
+_read_tf32()
 
 
 def set_tf32(enabled):
@@ -40,7 +51,7 @@ def set_tf32(enabled):
 
 
 def _apply_tf32():
-    enabled = tf32_enabled()
+    enabled = _read_tf32()
     os.environ["CUPY_TF32"] = "1" if enabled else "0"
     try:
         from cupy._core import _routines_linalg as linalg

@@ -55,6 +55,7 @@ import cupy as real_cupy
 import cupyx as real_cupyx
 import cupyx.scipy.special as real_special
 
+from nanobert.model import cublas as nanobert_cublas
 from nanobert.model import special as nanobert_special
 
 
@@ -76,6 +77,9 @@ class Counts:
         self.pageable_copies = 0                 # host waits too (pinned memory below)
         self.pinned_copies = 0
         self.generators = 0
+        self.captures = 0                        # stream captures ended (graphs made)
+        self.graph_launches = 0
+        self.graph_nodes = 0                     # operations those launches replayed
         self.kernels = collections.Counter()     # name -> kernels, memsets and copies of it
         self.sync_sites = collections.Counter()  # what synced -> count
 
@@ -100,10 +104,12 @@ class Counts:
         self.kernels[f"memcpy: {name}"] += 1
 
     def host_wait(self, what):
+        _refuse_in_capture(f"{what} (a host wait)")
         self.host_waits += 1
         self.sync_sites[f"host wait: {what}"] += 1
 
     def sync(self, what):
+        _refuse_in_capture(f"{what} (the host reads the device)")
         self.syncs += 1
         self.sync_sites[what] += 1
         _copies_land()                           # the host caught up with the device
@@ -114,9 +120,54 @@ counts = Counts()
 
 class _State:
     fusing = False
+    capture = None           # the _Capture of the stream being captured, if any
+    allocator = None         # what cupy.cuda.using_allocator set (None: the default pool)
 
 
 _state = _State()
+
+
+def _device_op(compute, on_replay=None):
+    """Run one operation of the device now: compute() does it with NumPy (reading its inputs'
+    memory as it is now) and returns its result array (or None where it wrote in place).
+    While a stream is captured the operation is also recorded, so that a graph's replay
+    recomputes it from whatever that memory holds then, into the same result memory; host
+    values in compute's closure (a Python float, a host draw) are baked in, as a CUDA graph
+    bakes a kernel's arguments. on_replay: run before each replay (a copy's bookkeeping)."""
+    return _record(compute, compute(), on_replay)
+
+
+def _record(compute, result, on_replay=None):
+    """While a stream is captured: remember an operation already run (see _device_op)."""
+    if _state.capture is not None:
+        _state.capture.ops.append((compute, result, on_replay))
+    return result
+
+
+def _array(r):
+    """A NumPy scalar result as a 0-d array (memory a replay can write into)."""
+    return numpy.asarray(r) if isinstance(r, numpy.generic) else r
+
+
+def _into(target, value):
+    """target[...] = value -> target (an operation whose result memory is target)."""
+    target[...] = value
+    return target
+
+
+def _refuse_in_capture(what):
+    if _state.capture is not None:
+        raise StandinError(f"{what} during stream capture: CUDA invalidates the capture "
+                           f"(cudaErrorStreamCaptureUnsupported); the captured step must "
+                           f"not read the device or copy from pageable memory")
+
+
+def _refuse_cupy_cublas(what):
+    """CuPy 14's cuBLAS wrappers (cupy_backends' cublas, hence matmul, dot, vdot) check
+    stream capture and raise this; ctypes calls into libcublas are not checked."""
+    if _state.capture is not None:
+        raise NotImplementedError(f"{what}: calling cuBLAS API during stream capture is "
+                                  f"currently unsupported")
 
 
 class StandinError(TypeError):
@@ -390,13 +441,15 @@ class ndarray:
     def __getitem__(self, index):
         _no_fusing("indexing")
         idx = _unwrap(index, "indexing")
-        r = _wrap(self._a[idx], (self,))
         parts = idx if isinstance(idx, tuple) else (idx,)
         if any(isinstance(p, numpy.ndarray) and p.dtype == bool for p in parts):
             counts.sync("boolean-mask indexing")
+        taken = self._a[idx]
+        r = _wrap(taken, (self,))
         if not _is_view(r, (self,)):
             _flat_index("getitem", parts)
             counts.launch("getitem (take)")
+            _record(lambda: self._a[idx], taken)
         return r
 
     def __setitem__(self, index, value):
@@ -418,7 +471,8 @@ class ndarray:
                 counts.copy("setitem (device to device)")
         else:
             counts.launch("setitem (cupy_copy)")
-        self._a[idx] = _unwrap(value, "item assignment")
+        source = _unwrap(value, "item assignment")
+        _device_op(lambda: self._a.__setitem__(idx, source))
 
     # -- methods: only those of cupy.ndarray, with its keywords
     def __getattr__(self, name):
@@ -433,9 +487,12 @@ class ndarray:
         def call(*args, **kwargs):
             _no_fusing(f"ndarray.{name}")
             _check_call(f"cupy.ndarray.{name}", signature, (self, *args), kwargs)
-            r = method(*_unwrap(args, f"ndarray.{name}"),
-                       **{k: _unwrap(v, f"ndarray.{name}") for k, v in kwargs.items()})
-            r = _wrap(r, (self,))
+            uargs = _unwrap(args, f"ndarray.{name}")
+            ukwargs = {k: _unwrap(v, f"ndarray.{name}") for k, v in kwargs.items()}
+            computed = _array(method(*uargs, **ukwargs))
+            r = _wrap(computed, (self,))
+            if r is None or (r is not self and not _is_view(r, (self,))):
+                _record(lambda: _array(method(*uargs, **ukwargs)), computed)  # a copy, in place
             if name in REDUCTIONS:
                 for kernel in _reduction_call(name, self._a, args, kwargs):
                     counts.launch(f"ndarray.{name}: {kernel}")
@@ -539,10 +596,12 @@ class Ufunc:
             kwargs["casting"] = casting
         if _state.fusing and out is not None:
             raise StandinError(f"cupy.{self.name}(out=) inside cupy.fuse: not allowed here")
-        with numpy.errstate(all="ignore"):          # the GPU never warns
-            r = self._np(*inputs, **kwargs)
+        def compute():
+            with numpy.errstate(all="ignore"):      # the GPU never warns
+                return _array(_c_order(self._np(*inputs, **kwargs)))
+        r = _device_op(compute)
         counts.launch(self.name)
-        return out if out is not None else _wrap(_c_order(r))
+        return out if out is not None else _wrap(r)
 
     def _loop_output(self, inputs):
         """The output dtype of the real ufunc's first loop that takes the input (cupyx's erf
@@ -561,8 +620,9 @@ class Ufunc:
 
         def call(*args, **kwargs):
             _no_fusing(f"{self.name}.{method}")
-            r = np_method(*_unwrap(args, f"{self.name}.{method}"),
-                          **{k: _unwrap(v, method) for k, v in kwargs.items()})
+            uargs = _unwrap(args, f"{self.name}.{method}")
+            ukwargs = {k: _unwrap(v, method) for k, v in kwargs.items()}
+            r = _device_op(lambda: _array(np_method(*uargs, **ukwargs)))
             counts.launch(f"{self.name}.{method}")
             return _wrap(r)
         return call
@@ -660,6 +720,7 @@ class Matmul:
 
     def __call__(self, a, b, out=None, **kwargs):
         _no_fusing("cupy.matmul")
+        _refuse_cupy_cublas("cupy.matmul")
         if kwargs:
             raise StandinError(f"cupy.matmul{tuple(kwargs)}: the stand-in models only out=")
         x, y = _unwrap(a, "cupy.matmul"), _unwrap(b, "cupy.matmul")
@@ -672,12 +733,12 @@ class Matmul:
                                f"{y.dtype} goes through the gufunc machinery (not modelled)")
         for kernel in _matmul_launches(x, y, o):
             counts.launch(kernel)
-        with numpy.errstate(all="ignore"):
-            r = numpy.matmul(x, y)
-        if out is None:
-            return ndarray(r)
-        o[...] = r                                    # out may be an operand: written last
-        return out
+        def compute():
+            with numpy.errstate(all="ignore"):
+                r = numpy.matmul(x, y)
+            return _array(r) if o is None else _into(o, r)   # out may be an operand: last
+        r = _device_op(compute)
+        return ndarray(r) if out is None else out
 
 
 matmul = Matmul()
@@ -685,6 +746,7 @@ matmul = Matmul()
 
 # ------------------------------------------------------------------------- functions
 
+CUPY_CUBLAS = {"matmul", "dot", "vdot", "inner", "tensordot", "einsum"}   # through cuBLAS
 NO_LAUNCH = {"empty", "empty_like", "asarray", "asanyarray", "ascontiguousarray", "shape",
              "ndim", "result_type", "can_cast", "dtype", "promote_types", "iinfo", "finfo"}
 SYNCING = {"flatnonzero", "nonzero", "argwhere", "unique", "extract"}   # output size from data
@@ -766,23 +828,29 @@ def _function(name):
         _check_call(f"cupy.{name}", signature, args, kwargs)
         if np_fn is None:
             raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
+        if name in CUPY_CUBLAS:
+            _refuse_cupy_cublas(f"cupy.{name}")
         if name in HOST_TO_DEVICE and args and not isinstance(args[0], ndarray):
             source = args[0]
             host = numpy.array(source, dtype=kwargs.get("dtype"), copy=True)
             pinned = isinstance(source, numpy.ndarray) and source.dtype == host.dtype
             _host_to_device(f"cupy.{name}", source if pinned else host)
-            return ndarray(host)
+            return ndarray(_device_op(lambda: _into(host, source)))
         uargs = _unwrap(args, f"cupy.{name}")
         if name in SYNCING:
             counts.sync(f"cupy.{name}")
         ukwargs = {k: _unwrap(v, f"cupy.{name}") for k, v in kwargs.items()}
-        if name == "vdot":                           # CuPy returns a 0-d array, not a scalar
-            r = numpy.asarray(numpy.vdot(*uargs))
-        else:
+        def compute():
+            if name == "vdot":                       # CuPy returns a 0-d array, not a scalar
+                return numpy.asarray(numpy.vdot(*uargs))
             with numpy.errstate(all="ignore"):
                 r = np_fn(*uargs, **ukwargs)
+            return _array(r)
+        r = compute()
         flat_inputs = [a for a in args if isinstance(a, ndarray)] + [
             v for a in args if isinstance(a, (list, tuple)) for v in a if isinstance(v, ndarray)]
+        if name not in NO_LAUNCH and not _is_view(_wrap(r, flat_inputs), flat_inputs):
+            _record(compute, r)                      # views cost nothing: not recorded
         out = kwargs.get("out")
         result = out if out is not None else _wrap(r, flat_inputs)
         if name in FUNCTION_RULES:
@@ -830,15 +898,14 @@ class Generator:
             _no_fusing(f"Generator.{name}")
             _check_call(f"cupy.random.Generator.{name}", signature, (self, *args), kwargs)
             out = kwargs.pop("out", None)
-            r = method(*args, **kwargs)
+            r = method(*args, **kwargs)     # cuRAND's host API: a replay draws these again
             for kernel in DRAW_KERNELS.get(name, ("draw",)):
                 counts.launch(f"Generator.{name}: {kernel}")
             if out is not None and name == "random":
                 counts.launch("Generator.random: copy into out")
-            if out is not None:
-                out._a[...] = r
-                return out
-            return _wrap(r)
+            target = out._a if out is not None else numpy.empty_like(r)
+            _device_op(lambda: _into(target, r))
+            return out if out is not None else ndarray(target)
         return call
 
 
@@ -983,17 +1050,21 @@ class ElementwiseKernel:
         bound, namespace = _bind(self.name, params, args)
         outs = [value for (_, pname), value in zip(self.out_params, args[len(self.in_params):])]
         env = KERNEL_FUNCTIONS
-        with numpy.errstate(all="ignore"):
-            for ctype, target, op, expr in self.statements:
-                value = eval(expr, env, namespace)
-                if op != "=":
-                    value = eval(f"_x {op[0]} _y", env, {"_x": namespace[target], "_y": value})
-                if ctype is not None:
-                    dtype = C_TYPES.get(ctype) or bound[ctype]
-                    value = numpy.asarray(value).astype(dtype)
-                namespace[target] = value
-            for (ctype, pname), out in zip(self.out_params, outs):
-                out._a[...] = namespace[pname]
+
+        def compute():
+            names = dict(namespace)
+            with numpy.errstate(all="ignore"):
+                for ctype, target, op, expr in self.statements:
+                    value = eval(expr, env, names)
+                    if op != "=":
+                        value = eval(f"_x {op[0]} _y", env, {"_x": names[target], "_y": value})
+                    if ctype is not None:
+                        dtype = C_TYPES.get(ctype) or bound[ctype]
+                        value = numpy.asarray(value).astype(dtype)
+                    names[target] = value
+                for (ctype, pname), out in zip(self.out_params, outs):
+                    out._a[...] = names[pname]
+        _device_op(compute)
         counts.launch(f"ElementwiseKernel:{self.name}")
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -1025,9 +1096,14 @@ class ReductionKernel:
         ctype = self.out_params[0][0]
         dtype = _param_dtype(ctype) or bound[ctype]
         shape = numpy.broadcast_shapes(*(a.shape for a in args if isinstance(a, ndarray)))
-        with numpy.errstate(all="ignore"):
-            mapped = numpy.broadcast_to(eval(self.map_expr, KERNEL_FUNCTIONS, namespace), shape)
-            r = mapped.sum(axis=axis, keepdims=keepdims, dtype=dtype)
+        def compute():
+            with numpy.errstate(all="ignore"):
+                mapped = numpy.broadcast_to(eval(self.map_expr, KERNEL_FUNCTIONS, namespace),
+                                            shape)
+                return numpy.ascontiguousarray(mapped.sum(axis=axis, keepdims=keepdims,
+                                                          dtype=dtype))
+        r = _device_op(compute)
+        mapped = numpy.broadcast_to(numpy.empty(()), shape)        # the shape, no memory
         # _reduction.pyx: CUB's block reduction takes one input only (two passes for a full
         # reduction); with more, CuPy's generic kernel, one launch
         single = len(args) == 1 and isinstance(args[0], ndarray)
@@ -1035,7 +1111,7 @@ class ReductionKernel:
             if single else [self.name]
         for _ in launches:
             counts.launch(f"ReductionKernel:{self.name}")
-        return ndarray(numpy.ascontiguousarray(r))
+        return ndarray(r)
 
 # ---------------------------------------------------------------------------- cuda
 
@@ -1061,14 +1137,9 @@ cuda.Device = _Device
 
 # ------------------------------------------------------------------------- modules
 
-class _MemoryPool:
-    def total_bytes(self):
-        return 0
-
-
 OWN = {"ndarray": ndarray, "random": random, "cuda": cuda, "fuse": fuse, "matmul": matmul,
        "ElementwiseKernel": ElementwiseKernel, "ReductionKernel": ReductionKernel,
-       "get_default_memory_pool": _MemoryPool}
+       "get_default_memory_pool": lambda: _DEFAULT_POOL}
 
 
 class _CupyModule(types.ModuleType):
@@ -1115,7 +1186,8 @@ def scatter_add(a, slices, value):
         counts.launch("cupyx.scatter_add (scatter_add)")
     else:
         counts.launch("cupyx.scatter_add (add)")
-    numpy.add.at(_unwrap(a, "scatter_add"), idx, _unwrap(value, "scatter_add"))
+    target, source = _unwrap(a, "scatter_add"), _unwrap(value, "scatter_add")
+    _device_op(lambda: numpy.add.at(target, idx, source))
 
 
 cupyx.scatter_add = scatter_add
@@ -1238,7 +1310,8 @@ def _set(self, arr, stream=None):
         _async_copy(arr, stream, f"ndarray.set of a pinned {arr.shape} {arr.dtype} array")
     else:
         _pageable_copy("ndarray.set")
-    self._a[...] = arr
+    _device_op(lambda: _into(self._a, arr),
+               on_replay=lambda: _async_copy(arr, stream, "a replayed copy from pinned memory"))
 
 
 ndarray.set = _set
@@ -1268,11 +1341,37 @@ class Event:
 
 
 class Stream:
-    """cupy.cuda.Stream: `with stream:` makes it current; kernels run at once regardless."""
+    """cupy.cuda.Stream: `with stream:` makes it current; kernels run at once regardless.
+    begin_capture / end_capture: see 'CUDA graphs' below."""
     null = None
+    _next_ptr = 0x5000
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
-        pass
+        self.ptr = 0 if null else Stream._next_ptr
+        Stream._next_ptr += 0x10
+
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise StandinError("begin_capture on the null stream: CUDA cannot capture the "
+                               "legacy default stream; capture on a Stream of your own")
+        if _state.capture is not None:
+            raise StandinError("begin_capture while a capture is under way")
+        if _state.allocator is None:
+            raise StandinError("a capture that allocates from CuPy's default pool: memory "
+                               "the step frees after capture goes back to the pool and to "
+                               "other arrays while the graph still writes it; capture under "
+                               "cupy.cuda.using_allocator(a MemoryPool of the graph's own)")
+        _state.capture = _Capture(self)
+
+    def end_capture(self):
+        capture = _state.capture
+        if capture is None or capture.stream is not self:
+            raise StandinError("end_capture without a capture begun on this stream")
+        _state.capture = None
+        return capture.end()
+
+    def is_capturing(self):
+        return _state.capture is not None and _state.capture.stream is self
 
     def __enter__(self):
         _CURRENT_STREAMS.append(self)
@@ -1322,6 +1421,88 @@ cuda.get_elapsed_time = get_elapsed_time
 cuda.memory = types.SimpleNamespace(OutOfMemoryError=real_cupy.cuda.memory.OutOfMemoryError)
 cupyx.empty_pinned, cupyx.zeros_pinned = _empty_pinned, _zeros_pinned
 cupyx.empty_like_pinned, cupyx.zeros_like_pinned = _empty_like_pinned, _zeros_like_pinned
+
+
+# -------------------------------------------------------------------------- CUDA graphs
+# Stream capture records each device operation instead of running it, and a Graph replays
+# the record. The stand-in runs every operation at capture too (Python needs the shapes and
+# results to go on), then puts every array that existed before the capture back as it was:
+# to the program, a capture computes nothing. Replaying recomputes each recorded operation
+# from its inputs' memory as it is then, into its result's memory, with the host values
+# (Python scalars, host draws, counts) that the capture saw: so a captured step that read a
+# host value which has changed since diverges from the eager step, as it would on a GPU.
+# Refused during capture, as CUDA or CuPy refuse them: any read of device data by the host
+# and any copy from pageable memory, CuPy's cuBLAS wrappers, compiling a RawModule, a
+# capture from the default memory pool (cupy.cuda.using_allocator must name the graph's own
+# pool), cuBLAS without a workspace. Arrays made during the capture stay alive with the
+# graph (its pool), so raw addresses a replay reads stay valid.
+
+
+class _Capture:
+    def __init__(self, stream):
+        self.stream = stream
+        self.ops = []                             # (compute, result, on_replay)
+        self.before = {key: (root, root.copy()) for key, root in list(_LIVE.items())}
+
+    def end(self):
+        for root, saved in self.before.values():
+            root[...] = saved                     # the capture ran nothing
+        kept = [root for key, root in list(_LIVE.items()) if key not in self.before]
+        counts.captures += 1
+        return Graph(self.ops, kept)
+
+
+class Graph:
+    """cupy.cuda.graph.Graph: launch() replays the captured operations in order; one launch
+    for the host (counts.graph_launches), however many nodes (counts.graph_nodes)."""
+
+    def __init__(self, ops, kept):
+        self._ops, self._kept = ops, kept
+
+    def launch(self, stream=None):
+        _refuse_in_capture("Graph.launch inside another capture (not modelled)")
+        for compute, result, on_replay in self._ops:
+            if on_replay is not None:
+                on_replay()
+            value = compute()
+            if isinstance(result, numpy.ndarray) and value is not result:
+                result[...] = value
+        counts.graph_launches += 1
+        counts.graph_nodes += len(self._ops)
+
+
+class _MemoryPool:
+    """cupy.cuda.MemoryPool / get_default_memory_pool(): memory is NumPy's here; a pool is a
+    name for using_allocator and the counters the benchmarks read."""
+
+    def malloc(self, nbytes):
+        raise StandinError("MemoryPool.malloc is called by CuPy, not by nanobert")
+
+    def total_bytes(self):
+        return 0
+
+    def used_bytes(self):
+        return 0
+
+    def free_all_blocks(self, stream=None):
+        pass
+
+
+_DEFAULT_POOL = _MemoryPool()
+
+
+@contextlib.contextmanager
+def _using_allocator(allocator=None):
+    """cupy.cuda.using_allocator: allocations inside come from `allocator` (a pool's malloc)."""
+    was = _state.allocator
+    _state.allocator = allocator
+    try:
+        yield
+    finally:
+        _state.allocator = was
+
+
+cuda.MemoryPool, cuda.using_allocator, cuda.Graph = _MemoryPool, _using_allocator, Graph
 
 
 @contextlib.contextmanager
@@ -1378,9 +1559,14 @@ class _Cublas(types.ModuleType):
     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 77, 70
     HANDLE = 0x5eed
 
-    def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda,
-                             strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC,
-                             batchCount, computeType, algo):
+    def gemmStridedBatchedEx(self, handle, *args):
+        """CuPy's wrapper: refused during stream capture, as CuPy 14 refuses it."""
+        _refuse_cupy_cublas("cupy_backends.cuda.libs.cublas.gemmStridedBatchedEx")
+        self.gemm(handle, *args)
+
+    def gemm(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype,
+             ldb, strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        """cublasGemmStridedBatchedEx itself (whichever way it is called)."""
         _no_fusing("cublas.gemmStridedBatchedEx")
         if handle != self.HANDLE:
             raise StandinError(f"gemmStridedBatchedEx: handle {handle!r} is not "
@@ -1415,13 +1601,43 @@ class _Cublas(types.ModuleType):
                          for p in (alpha, beta))
         op_a = a if transa == self.CUBLAS_OP_N else a.transpose(0, 2, 1)
         op_b = b if transb == self.CUBLAS_OP_N else b.transpose(0, 2, 1)
-        product = numpy.matmul(op_a.astype(scalar), op_b.astype(scalar))
-        with numpy.errstate(all="ignore"):
-            result = scalar(alpha_) * product
-            if beta_ != 0:
-                result += scalar(beta_) * c.astype(scalar)
-            c[...] = result
+
+        def compute():
+            product = numpy.matmul(op_a.astype(scalar), op_b.astype(scalar))
+            with numpy.errstate(all="ignore"):
+                result = scalar(alpha_) * product
+                if beta_ != 0:
+                    result += scalar(beta_) * c.astype(scalar)
+                c[...] = result
+        _device_op(compute)
         counts.launch("cublas.gemmStridedBatchedEx")
+
+
+class _CublasLibrary:
+    """libcublas as nanobert/model/cublas.py calls it through ctypes (not refused during
+    capture): the same emulation of cublasGemmStridedBatchedEx behind the names and status
+    codes of the C API, the handle's stream and its workspace checked."""
+
+    def __init__(self):
+        self.workspace = None
+
+    def cublasSetStream_v2(self, handle, stream):
+        if not isinstance(stream, int) or handle != _Cublas.HANDLE:
+            raise StandinError(f"cublasSetStream_v2({handle!r}, {stream!r})")
+        return 0
+
+    def cublasSetWorkspace_v2(self, handle, address, size):
+        if handle != _Cublas.HANDLE or size <= 0:
+            raise StandinError(f"cublasSetWorkspace_v2({handle!r}, {address!r}, {size!r})")
+        self.workspace = (address, size)
+        return 0
+
+    def cublasGemmStridedBatchedEx(self, handle, *args):
+        if _state.capture is not None and self.workspace is None:
+            raise StandinError("cuBLAS captured without a workspace set: it would allocate "
+                               "one during capture")
+        cublas.gemm(handle, *args)
+        return 0
 
 
 def _column_major(address, dtype, rows, cols, ld, stride, count, what):
@@ -1447,6 +1663,7 @@ def _column_major(address, dtype, rows, cols, ld, stride, count, what):
 
 
 cublas = _Cublas("cupy_backends.cuda.libs.cublas")
+nanobert_cublas._LIBRARIES[cupy] = _CublasLibrary()      # what ctypes would load, emulated
 cuda.device = types.SimpleNamespace(get_cublas_handle=lambda: _Cublas.HANDLE)
 cupy_backends = types.ModuleType("cupy_backends")
 cupy_backends.cuda = types.ModuleType("cupy_backends.cuda")
@@ -1489,6 +1706,7 @@ class RawModule:
                     (None, code), dict(options=options, backend=backend))
         if code is None or path is not None or name_expressions:
             raise StandinError("RawModule: the stand-in compiles code= only")
+        _refuse_in_capture("RawModule compilation (compile before capture: an eager step)")
         self.code = code
         self.kernels = cuda_emulation.signatures(code)
 
@@ -1520,7 +1738,7 @@ class _RawFunction:
                                    f"(CuPy passes device arrays only)")
             arrays.append(value._a if isinstance(value, ndarray) else value)
         try:
-            self.run(int(grid[0]), int(block[0]), tuple(arrays))
+            _device_op(lambda: self.run(int(grid[0]), int(block[0]), tuple(arrays)))
         except TypeError as e:
             raise StandinError(f"RawKernel {e}") from None
         counts.launch(f"RawKernel:{self.name}")

@@ -23,13 +23,13 @@ def cupy():
 
 @pytest.fixture
 def compute_types(monkeypatch):
-    """The computeType of each gemmStridedBatchedEx call, in order."""
-    seen, call = [], cupy_standin.cublas.gemmStridedBatchedEx
+    """The computeType of each cublasGemmStridedBatchedEx call, in order."""
+    seen, call = [], cupy_standin.cublas.gemm
 
     def spy(*args):
         seen.append(args[21])
         return call(*args)
-    monkeypatch.setattr(cupy_standin.cublas, "gemmStridedBatchedEx", spy)
+    monkeypatch.setattr(cupy_standin.cublas, "gemm", spy)
     return seen
 
 
@@ -77,6 +77,7 @@ def test_gemm_compute_type_follows_the_precision(cupy, compute_types, monkeypatc
     cublas = cupy_standin.cublas
     a = {d: cupy.ones((2, 3, 3), d) for d in (numpy.float64, numpy.float32, numpy.float16)}
     monkeypatch.setenv("NANOBERT_TF32", "1")
+    backend.set_tf32(True)
     fast_gpu.gemm(a[numpy.float64], a[numpy.float64], cupy.empty((2, 3, 3), numpy.float64))
     fast_gpu.gemm(a[numpy.float32], a[numpy.float32], cupy.empty((2, 3, 3), numpy.float32))
     fast_gpu.gemm(a[numpy.float32], a[numpy.float32], cupy.empty((2, 3, 3), numpy.float32),
@@ -263,6 +264,7 @@ def test_gemm_plans_once_per_layout_and_follows_tf32(cupy, compute_types, monkey
     monkeypatch.setattr(fast_gpu, "_PLANS", {})
     x, out = cupy.ones((3, 4), numpy.float32), cupy.empty((3, 3), numpy.float32)
     monkeypatch.setenv("NANOBERT_TF32", "1")
+    backend.set_tf32(True)
     for _ in range(3):
         fast_gpu.gemm(x, x, out, transpose_b=True)
     assert len(planned) == 1 and (out.get() == 4).all()

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy
 
 from ..backend import HALF, array_module, float32_if_half, tf32_enabled
-from . import kernels, ops
+from . import cublas, kernels, ops
 from .ops import AttentionCache
 
 
@@ -52,7 +52,6 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False, alpha=1.0
     CuPy's 2-D matmul takes 17.5 us a call; checking the layout and working out cuBLAS's
     arguments in Python took ~8 us more, so that is done once per layout (_plan) and a call
     is a dictionary lookup and the cuBLAS call."""
-    from cupy_backends.cuda.libs import cublas
     key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char,
            b.dtype.char, out.dtype.char, transpose_a, transpose_b, exact, tf32_enabled(), alpha,
            accumulate)
@@ -60,16 +59,15 @@ def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False, alpha=1.0
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:                      # many shapes (inference): start over
             _PLANS.clear()
-        plan = _PLANS[key] = _plan(cublas, a, b, out, transpose_a, transpose_b, exact, alpha,
+        plan = _PLANS[key] = _plan(a, b, out, transpose_a, transpose_b, exact, alpha,
                                    accumulate)
     if plan is _NOTHING:                                   # nothing to sum: cuBLAS is not asked
         if not accumulate:
             out.fill(0)
         return out
-    cublas.gemmStridedBatchedEx(
-        array_module(out).cuda.device.get_cublas_handle(), *plan.sizes, plan.alpha,
-        b.data.ptr, *plan.b, a.data.ptr, *plan.a, plan.beta, out.data.ptr, *plan.c,
-        *plan.compute)
+    cublas.gemm_strided_batched(
+        array_module(out), *plan.sizes, plan.alpha, b.data.ptr, *plan.b, a.data.ptr, *plan.a,
+        plan.beta, out.data.ptr, *plan.c, *plan.compute)
     return out
 
 
@@ -90,7 +88,7 @@ _NOTHING = object()          # the plan of an empty product
 _SCALARS = {}                # (dtype, value) -> a host scalar cuBLAS reads alpha or beta from
 
 
-def _plan(cublas, a, b, out, transpose_a, transpose_b, exact, alpha, accumulate):
+def _plan(a, b, out, transpose_a, transpose_b, exact, alpha, accumulate):
     """Check a layout once and work out cuBLAS's arguments for it -> a _Plan (or _NOTHING
     for an empty product). Raises ValueError for what cuBLAS cannot read."""
     M, N = out.shape[-2:]
@@ -107,18 +105,18 @@ def _plan(cublas, a, b, out, transpose_a, transpose_b, exact, alpha, accumulate)
     (count, stride_a), (_, stride_b), (_, stride_c) = (
         _stack_layout(x, count=out.size // (M * N)) for x in (a, b, out))
     if a.dtype == numpy.float64:
-        compute, scalar = cublas.CUBLAS_COMPUTE_64F, numpy.float64
+        compute, scalar = cublas.COMPUTE_64F, numpy.float64
     elif a.dtype == numpy.float32 and tf32_enabled() and not exact:
-        compute, scalar = cublas.CUBLAS_COMPUTE_32F_FAST_TF32, numpy.float32
+        compute, scalar = cublas.COMPUTE_32F_FAST_TF32, numpy.float32
     else:                                   # float16 operands: tensor cores, float32 sums
-        compute, scalar = cublas.CUBLAS_COMPUTE_32F, numpy.float32
-    op = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+        compute, scalar = cublas.COMPUTE_32F, numpy.float32
+    op = {False: cublas.OP_N, True: cublas.OP_T}
     return _Plan((op[transpose_b], op[transpose_a], N, M, K), _scalar(scalar, alpha),
                  (_CUDA_TYPE[b.dtype.char], _row_stride(b), stride_b),
                  (_CUDA_TYPE[a.dtype.char], _row_stride(a), stride_a),
                  _scalar(scalar, 1.0 if accumulate else 0.0),
                  (_CUDA_TYPE[out.dtype.char], _row_stride(out), stride_c),
-                 (count, compute, cublas.CUBLAS_GEMM_DEFAULT))
+                 (count, compute, cublas.GEMM_DEFAULT))
 
 
 def _scalar(dtype, value):

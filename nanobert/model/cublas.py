@@ -1,0 +1,84 @@
+"""cuBLAS called through ctypes, for fast_gpu.gemm: the one cuBLAS entry point the GPU path
+uses (cublasGemmStridedBatchedEx), on the handle CuPy made, bound to the current stream, with
+a workspace of our own.
+
+Why not CuPy's wrapper (cupy_backends.cuda.libs.cublas): it refuses every call while a
+stream is being captured into a CUDA graph ("calling cuBLAS API during stream capture is
+currently unsupported"), and a training step replayed as one graph is the point
+(training/graph.py). cuBLAS itself supports capture: measured on an H100, 20 products and
+20 elementwise kernels captured through ctypes replay equal to the eager run
+(bench.gpu_host --graph). Two conditions, both met here: the handle's stream is the
+capturing stream (set before every call: CuPy sets it before its own calls on the same
+handle), and cuBLAS allocates nothing during capture (a workspace given once, as cuBLAS's
+documentation asks of graph capture).
+
+The library is the one CuPy loaded (ctypes finds it by name in the process); the CPU
+stand-in of CuPy (tests/cupy_standin.py) hands in its emulation for its own namespace."""
+import ctypes
+
+# cublas_api.h's constants (as cupy_backends' cublas.pxd declares them)
+OP_N, OP_T = 0, 1
+COMPUTE_32F, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 70, 77
+GEMM_DEFAULT = -1
+
+_LIBRARY_NAMES = ("libcublas.so.13", "libcublas.so.12", "libcublas.so", "cublas64_13.dll",
+                  "cublas64_12.dll")
+WORKSPACE_BYTES = 32 << 20       # cuBLAS asks for >= 32 MiB on Hopper, 4 MiB before
+_p, _i, _ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+_GEMM_ARGS = [_p, _i, _i, _i, _i, _i, _p, _p, _i, _i, _ll, _p, _i, _i, _ll, _p, _p, _i, _i, _ll,
+              _i, _i, _i]
+
+_LIBRARIES = {}          # array namespace -> its libcublas (ctypes) or the stand-in's emulation
+_BOUND = {}              # array namespace -> (handle, workspace): set once per process
+
+
+def library(xp):
+    """libcublas for the namespace xp (cupy), its functions declared."""
+    lib = _LIBRARIES.get(xp)
+    if lib is None:
+        lib = _LIBRARIES[xp] = _declare(_open())
+    return lib
+
+
+def _open():
+    for name in _LIBRARY_NAMES:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("the GPU path needs cuBLAS (libcublas.so.12 or .13): "
+                       "pip install -e \".[gpu]\" brings it with CuPy's [ctk] extra")
+
+
+def _declare(lib):
+    lib.cublasGemmStridedBatchedEx.argtypes = _GEMM_ARGS
+    lib.cublasSetStream_v2.argtypes = [_p, _p]
+    lib.cublasSetWorkspace_v2.argtypes = [_p, _p, ctypes.c_size_t]
+    return lib
+
+
+def gemm_strided_batched(xp, *args):
+    """cublasGemmStridedBatchedEx(handle, *args) on the current stream: args are cuBLAS's
+    after the handle (ops, sizes, the scalars' host addresses, each operand's address, type,
+    leading dimension and stride, count, compute type, algorithm). A status other than
+    CUBLAS_STATUS_SUCCESS raises."""
+    lib = library(xp)
+    handle = _handle(xp, lib)
+    status = lib.cublasSetStream_v2(handle, xp.cuda.get_current_stream().ptr) or \
+        lib.cublasGemmStridedBatchedEx(handle, *args)
+    if status:
+        raise RuntimeError(f"cublasGemmStridedBatchedEx returned status {status}")
+
+
+def _handle(xp, lib):
+    """CuPy's cuBLAS handle for this device, given our workspace the first time (so that
+    a captured product allocates nothing)."""
+    bound = _BOUND.get(xp)
+    if bound is None:
+        handle = xp.cuda.device.get_cublas_handle()
+        workspace = xp.empty(WORKSPACE_BYTES, dtype=xp.uint8)
+        status = lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES)
+        if status:
+            raise RuntimeError(f"cublasSetWorkspace_v2 returned status {status}")
+        bound = _BOUND[xp] = (handle, workspace)          # the workspace lives as long
+    return bound[0]
