@@ -39,15 +39,16 @@ from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
 from nanobert.training.guards import batch_fits, check_loss
 from nanobert.training.metrics import (Window, append_metrics, peak_tflops, percent, plot,
                                       time_left)
-from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, corpus_files, evaluate,
-                                           fill_mask_example, host_sums, means, prepare_corpus,
+from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, GPUStep, corpus_files,
+                                           evaluate, fill_mask_example, host_sums, means,
+                                           prepare_corpus,
                                            prepare_datasets, prepare_vocab, step_sums,
                                            total_loss, trim, unigram_baseline)
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, resume_training, save_checkpoint)
-from nanobert.training.run import (StopFlag, broadcast_weights, make_optimizer, remove_stale,
-                                   run_command, seed_dropout, setup_device, start_ranks,
-                                   stream_rows, write_summary)
+from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
+                                   make_optimizer, remove_stale, run_command, seed_dropout,
+                                   setup_device, start_ranks, stream_rows, write_summary)
 from nanobert.training.step import update
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -195,7 +196,7 @@ def add_run_arguments(g):
     g.add_argument("--resume", action="store_true",
                    help="continue from <out>/checkpoint exactly (a flag that would change the "
                         "steps, e.g. --lr or --grad-accum, must keep its value)")
-    flags.add(g, "--seed", "--device", "--dtype", "--no-tf32")
+    flags.add(g, "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
     g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
                    help="held-out evaluation interval in steps (0: only at the end)")
@@ -301,8 +302,9 @@ def global_batch(args, group, model, dataset, phase, step):
                     "next_sentence": int((whole["next_sentence_label"] != IGNORE_INDEX).sum())}
     mine = rank_slice(numpy.arange(args.batch_size), group)
     micro = len(mine) // args.grad_accum
-    batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()})
-               for m in range(args.grad_accum)]
+    multiple = 1 if model.xp is numpy else 16     # GPU: few shapes, one CUDA graph each
+    batches = [trim({k: v[mine[m * micro:(m + 1) * micro]] for k, v in whole.items()},
+                    multiple) for m in range(args.grad_accum)]
     return whole, batches, denominators
 
 
@@ -375,6 +377,8 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
             args.steps = group.broadcast_object(
                 steps_for_budget(model, probe, args.grad_accum, args.minutes))
     end = budget_end(args.minutes)
+    gpu_step = None if model.xp is numpy else GPUStep(args, group, model, optimizer, scaler,
+                                                      cuda_graph=cuda_graph_enabled(args))
     while step < args.steps:
         stopping, over_budget = group.sum([stop.stop, time.time() > end])
         stop.stop = stopping > 0                 # Ctrl-C on any rank stops every rank
@@ -387,14 +391,20 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
         phase = 0 if len(data.phases) == 1 or step < data.phases[0][1] * args.steps else 1
         whole, batches, denominators = global_batch(args, group, model, data.train_sets[phase],
                                                     phase, step)
-        _, grads, outputs = average_gradients(loss_and_grads(args, model, scaler, denominators),
-                                              batches, weights=[1.0] * len(batches))
-        sums = step_sums(group, model.xp, batches, outputs, denominators)   # over the ranks
         lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
         step += 1
-        keep = (os.path.join(args.out, "nonfinite_batch.npz"), whole) if group.is_main else None
-        update(group, model, optimizer, scaler, grads, lr, step, mode=args.optimizer, keep=keep,
-               loss=total_loss(host_sums(sums)) if model.xp is numpy else None)  # GPU: at a log
+        if gpu_step:          # the whole update, replayed from a CUDA graph (training/graph.py)
+            outputs = gpu_step(batches, denominators, lr)
+            sums = step_sums(group, model.xp, batches, outputs, denominators)
+        else:
+            _, grads, outputs = average_gradients(loss_and_grads(args, model, scaler,
+                                                                 denominators),
+                                                  batches, weights=[1.0] * len(batches))
+            sums = step_sums(group, model.xp, batches, outputs, denominators)  # over the ranks
+            keep = (os.path.join(args.out, "nonfinite_batch.npz"), whole) if group.is_main \
+                else None
+            update(group, model, optimizer, scaler, grads, lr, step, mode=args.optimizer,
+                   keep=keep, loss=total_loss(host_sums(sums)))
         seconds = time.time() - start
         window.add(sums, seconds, sum(step_flops(
             model.config, *b["input_ids"].shape, int((b["labels"] != IGNORE_INDEX).sum()),

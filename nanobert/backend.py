@@ -150,13 +150,15 @@ class PinnedStaging:
         self.slot, self.batch, self.used = 0, None, 0
         self.stream = None
 
-    def put(self, a, batch, dtype=None):
-        """Host array `a` (cast to `dtype`) of `batch` -> a device array, its copy issued."""
+    def put(self, a, batch, dtype=None, out=None):
+        """Host array `a` (cast to `dtype`) of `batch` -> a device array, its copy issued;
+        into `out` (a C-contiguous device array of a's shape and dtype) if given: the fixed
+        buffers a CUDA graph reads (training/graph.py)."""
         if array_module(a) is not numpy:
             return self.xp.asarray(a, dtype=dtype)        # already on the device
         a = numpy.asarray(a)
         dtype = numpy.dtype(dtype or a.dtype)
-        if a.ndim == 0 or a.size == 0:
+        if (a.ndim == 0 or a.size == 0) and out is None:
             return self.xp.asarray(a, dtype=dtype)        # a fill kernel's argument: no copy
         if batch is not self.batch:
             self._next_slot(batch)
@@ -168,7 +170,8 @@ class PinnedStaging:
         pinned = buffer[start:end].view(dtype).reshape(a.shape)
         pinned[...] = a
         self.used = end
-        out = self.xp.empty(a.shape, dtype=dtype)
+        if out is None:
+            out = self.xp.empty(a.shape, dtype=dtype)
         out.set(pinned, stream=self.stream)
         return out
 

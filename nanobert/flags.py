@@ -65,6 +65,10 @@ SHARED = {
                          "float16 matmuls, dynamic loss scaling)"),
     "--no-tf32": dict(action="store_true",
                       help="GPU: keep float32 matmuls in full float32 (default: TF32)"),
+    "--no-cuda-graph": dict(action="store_true",
+                            help="GPU: issue each step's kernels one by one instead of "
+                                 "replaying the step from a CUDA graph (also "
+                                 "$NANOBERT_CUDA_GRAPH=0)"),
 }
 
 

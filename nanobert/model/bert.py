@@ -611,7 +611,14 @@ class BertPreTrainedModel:
         loss_scale (a float or a 0-d array, optim.LossScaler.scale): the backward starts
         from it instead of 1, so grads are loss_scale times the gradients (the loss is not
         scaled); float16 training needs it."""
-        host = self.check_batch(batch)
+        return self.loss_and_grads_checked(self.check_batch(batch), return_outputs,
+                                           denominators, on_device, loss_scale)
+
+    def loss_and_grads_checked(self, host, return_outputs=False, denominators=None,
+                               on_device=False, loss_scale=None):
+        """loss_and_grads on check_batch's dict. Its arrays may already be device arrays of
+        fixed shape (a step captured as a CUDA graph: training/graph.py), and denominators
+        0-d device arrays: nothing here then reads the host's copy of the batch."""
         self._check_denominators(denominators)
         with self._overflow_is_expected():
             forward = self._forward(host)

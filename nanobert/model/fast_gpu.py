@@ -198,6 +198,16 @@ def column_sum(x, out=None, dtype=None):
     return out
 
 
+def dot(x, y):
+    """The dot product of two vectors -> a 0-d array (float32 for float16 vectors), as the
+    product [1, n] @ [n, 1] on cuBLAS through gemm: cupy.vdot calls cuBLAS through CuPy's
+    wrapper, which a CUDA graph's capture refuses. Never TF32."""
+    xp = array_module(x)
+    out = xp.empty((), dtype=_stats_dtype(x.dtype))
+    gemm(x.reshape(1, -1), y.reshape(-1, 1), out.reshape(1, 1), exact=True)
+    return out
+
+
 def matmul(a, b, out=None):
     """a @ b (into out if given). Matrices whose rows or columns are adjacent (a transpose
     is an op flag) go to gemm: one cuBLAS call without cupy.matmul's checks. float16 gives
@@ -571,7 +581,10 @@ def cross_entropy_forward(logits, labels, denominator=None, count=None):
     row_max, sum_exp, nll = (xp.empty(N, stats) for _ in range(3))
     _launch_rows("cross_entropy_forward", logits.dtype, N, logits, labels, numpy.int64(N),
                  numpy.int32(C), row_max, sum_exp, nll)
-    denominator = max(count, 1) if denominator is None else denominator
+    if denominator is None:
+        denominator = max(count, 1)
+    elif isinstance(denominator, xp.ndarray):   # a device count: the loss stays in stats
+        denominator = denominator.astype(stats, copy=False)
     return (nll.sum() / denominator,
             CrossEntropyCache(logits, labels, row_max, sum_exp, count, denominator))
 
@@ -588,9 +601,12 @@ def cross_entropy_backward(dloss, cache):
         dloss = dloss.astype(stats, copy=False)
     else:
         dloss = xp.full((), dloss, stats)                   # a fill: no copy from the host
+    denominator = cache.denominator
+    if isinstance(denominator, xp.ndarray):  # a device count (a graph's step): into dloss
+        dloss, denominator = dloss / denominator, 1
     dlogits = xp.empty((N, C), stats)
     _launch_rows("cross_entropy_backward", cache.logits.dtype, N, cache.logits, cache.labels,
-                 cache.row_max, cache.sum_exp, dloss, stats.type(cache.denominator),
+                 cache.row_max, cache.sum_exp, dloss, stats.type(denominator),
                  numpy.int64(N), numpy.int32(C), dlogits)
     return dlogits
 

@@ -20,7 +20,7 @@ import math
 import numpy
 
 from ..backend import array_module, to_device, to_host
-from . import kernels
+from . import fast_gpu, kernels
 from .flat import flat_buffer, flat_offsets
 from .threads import in_row_blocks, run_tasks, thread_count
 
@@ -104,7 +104,7 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
     buffer = flat_buffer(grads)
     xp = array_module(buffer) if buffer is not None else numpy
     if xp is not numpy:
-        norm = xp.sqrt(xp.vdot(buffer, buffer))                    # one reduction, on device
+        norm = xp.sqrt(fast_gpu.dot(buffer, buffer))               # one product, on device
         if mode == "bert":
             scale = max_norm / xp.maximum(norm, max_norm)
         else:
@@ -244,6 +244,8 @@ class AdamW:
     def step(self, grads, lr=None, skip=None):
         """One update of every parameter from `grads` (same keys), at lr (default self.lr).
 
+        lr: a number, or on CuPy a 0-d device array (a step replayed from a CUDA graph reads
+        its learning rate from the device: training/graph.py).
         skip (LossScaler.update's overflow flag, a 0-d bool array): when true, nothing is
         updated (parameters and moments keep their values); on CuPy the kernel decides, so
         the host never reads it. A skipped step still advances step_count, as it advances
@@ -298,19 +300,39 @@ class AdamW:
 
     def _step_kernel(self, g_buffer, lr, t, skip):
         """CuPy: the whole step as one fused kernel (kernels.ADAMW_BODY) over the flat
-        buffers; the scalars make the one body either flavour of the NumPy loop above."""
+        buffers; the scalars make the one body either flavour of the NumPy loop above. With a
+        device lr they are device scalars too, and "torch"'s bias corrections count the steps
+        on the device (self.device_step): a replayed graph bakes in no host number."""
+        xp = array_module(self.buffer)
         wd = next((wd for _, _, wd in self.decay_runs if wd), 0.0)
+        on_device = isinstance(lr, xp.ndarray)
+        if on_device:
+            lr = lr.astype(self.buffer.dtype)
         if self.mode == "bert":
             step_size, v_divisor, decay_factor, coupled_decay = lr, 1.0, 1.0, wd
         else:
-            step_size = lr / (1.0 - self.beta1 ** t)
-            v_divisor = math.sqrt(1.0 - self.beta2 ** t)
+            if on_device:
+                t = self._count_on_device(t)
+                step_size = lr / (1.0 - xp.power(self.beta1, t))
+                v_divisor = xp.sqrt(1.0 - xp.power(self.beta2, t))
+            else:
+                step_size = lr / (1.0 - self.beta1 ** t)
+                v_divisor = math.sqrt(1.0 - self.beta2 ** t)
             decay_factor, coupled_decay = 1.0 - lr * wd, 0.0
         kernels.adamw_kernel(array_module(self.buffer))(
             g_buffer, self.decay_mask, False if skip is None else skip,
             self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, self.eps,
             step_size, v_divisor, decay_factor, coupled_decay,
             self.buffer, self.flat_m, self.flat_v)
+
+    def _count_on_device(self, t):
+        """The step number t as a 0-d device array of the buffer's dtype, counted up in place
+        (one launch; its address never changes): made from the host count the first time."""
+        if getattr(self, "device_step", None) is None:
+            xp = array_module(self.buffer)
+            self.device_step = xp.full((), t - 1, self.buffer.dtype)
+        self.device_step += 1
+        return self.device_step
 
     def state_dict(self):
         """Host arrays + step count, for checkpoints (keys m/<name>, v/<name>)."""
@@ -334,6 +356,7 @@ class AdamW:
                                      f"parameter has {tuple(p.shape)}")
                 moments[name][...] = to_device(state[key], xp, p.dtype)   # in place: views
         self.step_count = int(state["step"])
+        self.device_step = None                 # counted from step_count again
 
 
 class LossScaler:
@@ -376,9 +399,9 @@ class LossScaler:
         clean = xp.where(found_inf, 0, self.clean_steps + 1).astype(numpy.int32)
         grow = clean >= self.growth_interval
         scale = xp.where(grow, self.scale * self.growth_factor, self.scale)
-        self.scale = xp.where(found_inf, self.scale * self.backoff_factor,
-                              scale).astype(numpy.float32)
-        self.clean_steps = xp.where(grow, 0, clean).astype(numpy.int32)
+        # in place: a step replayed from a CUDA graph reads the scale where it was captured
+        self.scale[...] = xp.where(found_inf, self.scale * self.backoff_factor, scale)
+        self.clean_steps[...] = xp.where(grow, 0, clean)
         return found_inf
 
     def state_dict(self):
@@ -386,5 +409,5 @@ class LossScaler:
         return {"loss_scale": float(self.scale), "clean_steps": int(self.clean_steps)}
 
     def load_state_dict(self, state):
-        self.scale = self.xp.asarray(numpy.float32(state["loss_scale"]))
-        self.clean_steps = self.xp.asarray(numpy.int32(state["clean_steps"]))
+        self.scale[...] = numpy.float32(state["loss_scale"])        # in place (see update)
+        self.clean_steps[...] = numpy.int32(state["clean_steps"])

@@ -150,7 +150,7 @@ class BertForPreTraining(BertPreTrainedModel):
         flat_labels = labels.reshape(-1).astype(numpy.int64)
         positions = numpy.flatnonzero(flat_labels != ops.IGNORE_INDEX)   # sorted, [M]
         targets = {"labels": labels.astype(numpy.int64), "masked_lm_positions": positions,
-                   "masked_lm_ids": flat_labels[positions]}
+                   "masked_lm_ids": flat_labels[positions], "num_masked": len(positions)}
         if batch.get("next_sentence_label") is not None:
             nsp = as_int_array(batch, "next_sentence_label", "batch")
             if nsp.shape != (B,):
@@ -158,6 +158,7 @@ class BertForPreTraining(BertPreTrainedModel):
                                  f"expected {(B,)}")
             check_range(nsp, "next_sentence_label", 0, 2, allowed=(ops.IGNORE_INDEX,))
             targets["next_sentence_label"] = nsp.astype(numpy.int64)
+            targets["num_next_sentence"] = int((nsp != ops.IGNORE_INDEX).sum())
         return targets
 
     def _reads_padding(self, host):
@@ -186,7 +187,7 @@ class BertForPreTraining(BertPreTrainedModel):
         mlm_logits, nsp_logits = logits
         denominators = denominators or {}
         # Counts come from the host labels and accuracies stay device scalars: no host wait.
-        num_masked = len(host["masked_lm_positions"])
+        num_masked = host["num_masked"]
         mlm_labels = self._device(host, "masked_lm_ids")
         mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels,
                                                         denominators.get("masked_lm"),
@@ -196,11 +197,10 @@ class BertForPreTraining(BertPreTrainedModel):
                    "mlm_correct": (mlm_logits.argmax(-1) == mlm_labels).sum()}
         if "next_sentence_label" not in host:
             return mlm_loss, (mlm_cache, None), outputs
-        host_nsp = host["next_sentence_label"]
         nsp_labels = self._device(host, "next_sentence_label")
         nsp_loss, nsp_cache = ops.cross_entropy_forward(
             nsp_logits, nsp_labels, denominators.get("next_sentence"),
-            count=int((host_nsp != ops.IGNORE_INDEX).sum()))
+            count=host["num_next_sentence"])
         outputs.update(nsp_loss=nsp_loss, nsp_logits=nsp_logits,
                        nsp_correct=(nsp_logits.argmax(-1) == nsp_labels).sum())
         return mlm_loss + nsp_loss, (mlm_cache, nsp_cache), outputs

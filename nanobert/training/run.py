@@ -24,6 +24,13 @@ def setup_device(args):
     set_tf32(not args.no_tf32)
 
 
+def cuda_graph_enabled(args):
+    """Whether GPU steps replay a CUDA graph (training/graph.py): yes unless --no-cuda-graph
+    or $NANOBERT_CUDA_GRAPH=0."""
+    return not getattr(args, "no_cuda_graph", False) and \
+        os.environ.get("NANOBERT_CUDA_GRAPH", "1") != "0"
+
+
 def start_ranks(args):
     """The process group (one process, or the ranks of an MPI job: rank 0 alone prints) and
     the output folder --out. -> the group."""

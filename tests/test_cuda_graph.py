@@ -1,0 +1,187 @@
+"""A training step captured as a CUDA graph and replayed (nanobert/training/graph.py), proven on
+the CPU stand-in of CuPy, which records a capture's operations and replays them from memory
+with the host values the capture saw (tests/cupy_standin.py, 'CUDA graphs'): a replayed step
+that read a host value which changed since (a Python learning rate, a host draw, a count)
+diverges from the eager one. So N replayed steps are compared with N eager steps on the same
+fixed buffers, with everything that varies varying: the batch, the learning rate, dropout,
+the loss scale (a float16 overflow skips a step), clipping, micro-batches, a resume."""
+import types
+
+import numpy
+import pytest
+
+pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
+
+import cupy_standin  # noqa: E402
+from nanobert.model import fast_gpu  # noqa: E402
+from nanobert.model.config import BertConfig  # noqa: E402
+from nanobert.model.optim import AdamW, LossScaler, learning_rate  # noqa: E402
+from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
+from nanobert.training.graph import StepGraph  # noqa: E402
+from nanobert.training.pretraining import GPUStep  # noqa: E402
+from test_cupy_standin import TINY, pretraining_batch  # noqa: E402
+
+
+@pytest.fixture
+def cupy():
+    with cupy_standin.installed() as module:
+        module.counts.reset()
+        yield module
+
+# ------------------------------------------------------------- the stand-in's capture
+
+
+def test_a_capture_runs_nothing_and_a_replay_recomputes_from_memory(cupy):
+    """Capture leaves existing memory as it was; each replay reads its inputs as they are
+    then (an input written between replays is seen), through ufuncs, a RawModule kernel's
+    emulation and cuBLAS called through ctypes."""
+    x = cupy.arange(12, dtype=numpy.float32).reshape(3, 4)
+    w = cupy.ones((4, 4), numpy.float32)
+    out = cupy.zeros((3, 4), numpy.float32)
+    stream = cupy.cuda.Stream()
+    with stream, cupy.cuda.using_allocator(cupy.cuda.MemoryPool().malloc):
+        stream.begin_capture()
+        fast_gpu.gemm(x, w, out)                      # ctypes cuBLAS: out = x @ w
+        cupy.multiply(out, 2.0, out=out)
+        graph = stream.end_capture()
+    assert (out.get() == 0).all() and (x.get() == numpy.arange(12).reshape(3, 4)).all()
+    graph.launch(stream)
+    expected = 2 * numpy.arange(12, dtype=numpy.float32).reshape(3, 4) @ numpy.ones((4, 4))
+    assert (out.get() == expected).all()
+    x[...] = 1.0                                       # new input, same address
+    graph.launch(stream)
+    assert (out.get() == 8.0).all()
+    assert cupy.counts.graph_launches == 2
+
+
+def test_a_replay_keeps_the_host_values_the_capture_saw(cupy):
+    """The fault the graph tests must catch: a Python float read at capture is baked in, so a
+    step whose learning rate changes on the host replays the old one."""
+    p = cupy.ones(4, numpy.float32)
+    lr = [0.5]
+
+    def step(buffers):
+        p.__imul__(numpy.float32(lr[0]))
+        return p
+    eager = StepGraph(cupy, step, capture=False)
+    graphed = StepGraph(cupy, step)
+    host = {"unused": numpy.zeros(1)}
+    results = []
+    for runner in (eager, graphed):
+        p[...] = 1.0
+        for lr[0] in (0.5, 0.25, 0.125):
+            runner(host)
+        results.append(float(p[0]))
+    assert results[0] == 0.5 * 0.25 * 0.125
+    assert results[1] == 0.5 * 0.25 * 0.25             # the third step replayed 0.25
+
+
+def test_capture_refuses_what_cuda_and_cupy_refuse(cupy):
+    x = cupy.ones(4, numpy.float32)
+    stream = cupy.cuda.Stream()
+    with pytest.raises(TypeError, match="default pool"):
+        stream.begin_capture()
+    with cupy.cuda.using_allocator(cupy.cuda.MemoryPool().malloc):
+        with pytest.raises(TypeError, match="null stream"):
+            cupy.cuda.Stream.null.begin_capture()
+        for fault, error in ((lambda: float(x.sum()), "host reads the device"),
+                             (lambda: cupy.asarray(numpy.ones(4)), "pageable"),
+                             (lambda: cupy.vdot(x, x), "cuBLAS API during stream capture"),
+                             (lambda: x @ x, "cuBLAS API during stream capture")):
+            stream.begin_capture()
+            with pytest.raises((TypeError, NotImplementedError), match=error):
+                fault()
+            stream.end_capture()
+
+# --------------------------------------------------------------- the training step
+
+
+def step_args(grad_accum=1, optimizer="bert"):
+    return types.SimpleNamespace(grad_accum=grad_accum, optimizer=optimizer,
+                                 max_predictions_per_seq=4, no_nsp=False)
+
+
+def train_steps(cuda_graph, steps, dtype=numpy.float32, grad_accum=1, optimizer="bert",
+                start=None, max_grad_norm=1.0):
+    """`steps` GPUSteps of a tiny BERT on the stand-in (dropout on, lr changing every step,
+    fresh batches) -> (model, optimizer, scaler, losses); start: a state to resume from."""
+    config = BertConfig(**TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = BertForPreTraining(config, seed=3, dtype=dtype, device="gpu").train()
+    model.rng = model.rng.__class__(model.xp, 11)
+    optimizer_ = AdamW(model.params, mode=optimizer)
+    scaler = LossScaler(model.xp) if dtype == numpy.float16 else None
+    first = 0
+    if start is not None:
+        first, params, optimizer_state, scaler_state, rng_state = start
+        model.buffer[...] = model.xp.asarray(params)
+        optimizer_.load_state_dict(optimizer_state)
+        if scaler:
+            scaler.load_state_dict(scaler_state)
+        model.rng.load_state_dict(rng_state)
+    group = types.SimpleNamespace(world_size=1, is_main=True)
+    step = GPUStep(step_args(grad_accum, optimizer), group, model, optimizer_, scaler,
+                   cuda_graph=cuda_graph)
+    losses = []
+    for i in range(first, first + steps):
+        whole = pretraining_batch(config, 4, 12, seed=i)
+        micro = 4 // grad_accum
+        batches = [{k: v[m * micro:(m + 1) * micro] for k, v in whole.items()}
+                   for m in range(grad_accum)]
+        denominators = {"masked_lm": int((whole["labels"] != -100).sum()), "next_sentence": 4}
+        outputs = step(batches, denominators, learning_rate(i, 1e-2, 2, 40))
+        losses.append([float(out["mlm_loss"]) for out in outputs])
+    state = (first + steps, model.buffer.get(), optimizer_.state_dict(),
+             scaler.state_dict() if scaler else None, model.rng.state_dict())
+    return model, step, state, losses
+
+
+@pytest.mark.parametrize("dtype, grad_accum, optimizer", [
+    (numpy.float64, 1, "bert"), (numpy.float32, 2, "bert"), (numpy.float32, 1, "torch"),
+    (numpy.float16, 1, "bert")])
+def test_replayed_steps_equal_eager_steps(cupy, dtype, grad_accum, optimizer):
+    """Six steps replayed from a graph (after the warm-up and the capture) give bitwise the
+    weights, losses and optimizer state of six eager steps on the same buffers: dropout
+    masks that change every step (drawn in the kernels from the device step), an lr that
+    changes every step, gradients clipped (the norm is above 1 at lr 1e-2), float16's first
+    step overflowing at the scale 2^16 and skipped."""
+    eager, _, eager_state, eager_losses = train_steps(False, 6, dtype, grad_accum, optimizer)
+    cupy.counts.reset()
+    graphed, step, state, losses = train_steps(True, 6, dtype, grad_accum, optimizer)
+    assert cupy.counts.captures == 1 and cupy.counts.graph_launches == 5
+    assert step.graph.graphs == 1
+    assert losses == eager_losses
+    assert (graphed.buffer.get() == eager.buffer.get()).all()
+    for key, value in eager_state[2].items():
+        assert (numpy.asarray(state[2][key]) == numpy.asarray(value)).all(), key
+    assert state[3] == eager_state[3]                                   # the loss scaler
+    if dtype == numpy.float16:
+        assert eager_state[3]["loss_scale"] < 2.0 ** 16                 # it did overflow
+    assert len({tuple(loss) for loss in losses}) == len(losses)        # the batches varied
+
+
+def test_a_resumed_graph_run_equals_an_uninterrupted_one(cupy):
+    """Four steps, a checkpoint's state (weights, AdamW, the dropout generator), a new
+    model and graph, four more: the weights of eight uninterrupted replayed steps."""
+    whole, _, whole_state, _ = train_steps(True, 8)
+    _, _, half_state, _ = train_steps(True, 4)
+    resumed, _, _, _ = train_steps(True, 4, start=half_state)
+    assert (resumed.buffer.get() == whole.buffer.get()).all()
+
+
+def test_a_replayed_step_issues_one_launch_and_never_waits(cupy):
+    """After the warm-up and the capture, a step is its input copies (pinned, async) and one
+    graph launch: no kernel issued one by one, no read of the device."""
+    config = BertConfig(**TINY, hidden_dropout_prob=0.1)
+    model = BertForPreTraining(config, seed=3, device="gpu").train()
+    step = GPUStep(step_args(), types.SimpleNamespace(world_size=1), model,
+                   AdamW(model.params), None)
+    batch = pretraining_batch(config, 4, 12)
+    for _ in range(2):
+        step([batch], {"masked_lm": 9, "next_sentence": 4}, 1e-3)
+    cupy.counts.reset()
+    step([batch], {"masked_lm": 9, "next_sentence": 4}, 1e-3)
+    counts = cupy.counts
+    assert counts.graph_launches == 1 and counts.kernel_launches == 0, dict(counts.kernels)
+    assert counts.syncs == 0 and counts.host_waits == 0
+    assert counts.copies == counts.pinned_copies == 6 + 1 + 2     # batch, lr, denominators
+    assert counts.graph_nodes > 100                                   # the whole step
