@@ -39,7 +39,8 @@ PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
 CI = ROOT / ".ci" / "run"
 # the op pairs every derivation must cover (issue 19's list)
 OPS = ("cross_entropy", "mse", "bce_with_logits", "tanh", "layernorm", "gelu", "linear",
-       "softmax", "self_attention", "dropout", "embedding")
+       "softmax", "self_attention", "dropout", "embedding", "linear_gelu",
+       "dropout_add_layernorm")
 # what a page's python blocks must print (proof that they ran to the end)
 PRINTS = {"backward.md": ("self-attention", "whole model, worst"), "correctness.md": ("'gamma':",)}
 SHELL = ("bash", "sh", "console", "shell")

@@ -46,9 +46,22 @@ def linear_backward_into(dout, cache, grads, name):
     return ops.linear_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
 
 
+def linear_gelu_backward_into(dout, cache, grads, name):
+    """linear_gelu_backward writing d<name>.weight and d<name>.bias into grads; returns dx."""
+    return ops.linear_gelu_backward(dout, cache, grads[name + ".weight"],
+                                    grads[name + ".bias"])[0]
+
+
 def layernorm_backward_into(dout, cache, grads, name):
     """layernorm_backward writing the gain and bias gradients into grads; returns dx."""
     return ops.layernorm_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
+
+
+def add_norm_backward_into(dout, cache, grads, name):
+    """dropout_add_layernorm_backward writing the LayerNorm's gain and bias gradients (name:
+    the LayerNorm's) into grads; returns (dx, dresidual)."""
+    return ops.dropout_add_layernorm_backward(dout, cache, grads[name + ".weight"],
+                                              grads[name + ".bias"])[:2]
 
 
 def stacked_qkv(tensors, prefix, kind, writable=False):
@@ -131,13 +144,10 @@ class LayerCache(NamedTuple):
     prefix: str
     attention: tuple           # ops.AttentionCache
     attention_output: tuple    # linear
-    attention_dropout: object
-    attention_layernorm: tuple
-    intermediate: tuple        # linear
-    gelu: tuple
+    attention_add_norm: tuple  # dropout_add_layernorm
+    intermediate: tuple        # linear_gelu
     output: tuple              # linear
-    output_dropout: object
-    output_layernorm: tuple
+    output_add_norm: tuple     # dropout_add_layernorm
 
 
 def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
@@ -159,37 +169,31 @@ def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
         config.attention_probs_dropout_prob, rng, training)
     y, attention_output = ops.linear_forward(context, P("attention.output.dense.weight"),
                                              P("attention.output.dense.bias"))
-    y, attention_dropout = ops.dropout_add_forward(y, x, config.hidden_dropout_prob, rng,
-                                                   training)       # + x: the residual
-    h, attention_layernorm = ops.layernorm_forward(
-        y, P("attention.output.LayerNorm.weight"), P("attention.output.LayerNorm.bias"),
-        config.layer_norm_eps)
-    inter, intermediate = ops.linear_forward(h, P("intermediate.dense.weight"),
-                                             P("intermediate.dense.bias"))
-    inter, gelu = ops.gelu_forward(inter, config.hidden_act)      # [B, T, I]
+    h, attention_add_norm = ops.dropout_add_layernorm_forward(     # LN(drop(y) + x)
+        y, x, P("attention.output.LayerNorm.weight"), P("attention.output.LayerNorm.bias"),
+        config.layer_norm_eps, config.hidden_dropout_prob, rng, training)
+    inter, intermediate = ops.linear_gelu_forward(h, P("intermediate.dense.weight"),
+                                                  P("intermediate.dense.bias"),
+                                                  config.hidden_act)    # [B, T, I]
     y, output = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    y, output_dropout = ops.dropout_add_forward(y, h, config.hidden_dropout_prob, rng,
-                                                training)          # + h: the residual
-    out, output_layernorm = ops.layernorm_forward(y, P("output.LayerNorm.weight"),
-                                                  P("output.LayerNorm.bias"), config.layer_norm_eps)
-    return out, LayerCache(prefix, attention, attention_output, attention_dropout,
-                           attention_layernorm, intermediate, gelu, output, output_dropout,
-                           output_layernorm)
+    out, output_add_norm = ops.dropout_add_layernorm_forward(      # LN(drop(y) + h)
+        y, h, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"), config.layer_norm_eps,
+        config.hidden_dropout_prob, rng, training)
+    return out, LayerCache(prefix, attention, attention_output, attention_add_norm,
+                           intermediate, output, output_add_norm)
 
 
 def encoder_layer_backward(dout, cache, grads):
     """dout [B, T, H] -> dx [B, T, H] (packed: [N, H] -> [N, H]); adds this layer's
     parameter gradients to grads."""
     p = cache.prefix
-    dsum = layernorm_backward_into(dout, cache.output_layernorm, grads, p + "output.LayerNorm")
-    dffn = ops.dropout_backward(dsum, cache.output_dropout)
+    dffn, dsum = add_norm_backward_into(dout, cache.output_add_norm, grads,
+                                        p + "output.LayerNorm")
     dinter = linear_backward_into(dffn, cache.output, grads, p + "output.dense")
-    dinter = ops.gelu_backward(dinter, cache.gelu)
-    dh = linear_backward_into(dinter, cache.intermediate, grads, p + "intermediate.dense")
+    dh = linear_gelu_backward_into(dinter, cache.intermediate, grads, p + "intermediate.dense")
     dh += dsum                                                     # residual path
-    dsum = layernorm_backward_into(dh, cache.attention_layernorm, grads,
-                                   p + "attention.output.LayerNorm")
-    dattn = ops.dropout_backward(dsum, cache.attention_dropout)
+    dattn, dsum = add_norm_backward_into(dh, cache.attention_add_norm, grads,
+                                         p + "attention.output.LayerNorm")
     dcontext = linear_backward_into(dattn, cache.attention_output, grads,
                                     p + "attention.output.dense")
     attention_backward = (packed.self_attention_backward
@@ -313,8 +317,8 @@ def encoder_layer_inference(params, prefix, x, attend, config, output_attentions
     h = ops.layernorm_inference(y, P("attention.output.LayerNorm.weight"),      # LN(y + x)
                                 P("attention.output.LayerNorm.bias"), config.layer_norm_eps,
                                 residual=x)
-    inter, _ = ops.linear_forward(h, P("intermediate.dense.weight"), P("intermediate.dense.bias"))
-    inter = ops.gelu_inference(inter, config.hidden_act)            # [B, T, I]
+    inter = ops.linear_gelu_inference(h, P("intermediate.dense.weight"),
+                                      P("intermediate.dense.bias"), config.hidden_act)  # [B, T, I]
     y, _ = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
     out = ops.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
                                   config.layer_norm_eps, residual=h)   # LN(y + h)

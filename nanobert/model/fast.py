@@ -97,6 +97,26 @@ def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
     dqkv = _layer(dcontext).self_attention_dqkv(dcontext, cache)      # [B, T, 3H]
     return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
 
+
+def linear_gelu_forward(x, weight, bias, kind="gelu"):
+    return _layer(x).linear_gelu_forward(x, weight, bias, kind)
+
+
+def linear_gelu_backward(dout, cache, dweight=None, dbias=None):
+    """ops.linear_gelu_backward: GELU's backward (on CuPy one kernel that adds the bias to
+    the product again, as the forward kept it without), then linear_backward."""
+    dlinear = _layer(dout).bias_gelu_backward(dout, cache.gelu)       # [..., out]
+    return linear_backward(dlinear, cache.linear, dweight, dbias)
+
+
+def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
+    return _layer(x).dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng,
+                                                   training)
+
+
+def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
+    return _layer(dout).dropout_add_layernorm_backward(dout, cache, dgamma, dbeta)
+
 # ----------------------------------------------------------------------------- inference
 # Forward passes that keep nothing for a backward and draw no dropout: each returns what its
 # *_forward returns first (NumPy: computed in the memory of an input the caller drops).
@@ -107,8 +127,8 @@ def layernorm_inference(x, gamma, beta, eps, residual=None):
     return _layer(x).layernorm_inference(x, gamma, beta, eps, residual)
 
 
-def gelu_inference(x, kind="gelu"):
-    return _layer(x).gelu_inference(x, kind)
+def linear_gelu_inference(x, weight, bias, kind="gelu"):
+    return _layer(x).linear_gelu_inference(x, weight, bias, kind)
 
 
 def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):

@@ -485,6 +485,107 @@ def self_attention_dqkv(dcontext, cache):
     matmul(dscores.transpose(0, 1, 3, 2), cache.q, out=dk)
     return dqkv
 
+# ------------------------------------------------------------------------ composite ops
+# Each one pass of blocks where its chain of ops makes two: the second op runs on a block
+# while the first has just left it in cache, and the array between them is never whole.
+# float16 and the tanh GELUs run the chain's fast ops in turn.
+
+
+def linear_gelu_forward(x, weight, bias, kind="gelu"):
+    """ops.linear_gelu_forward: the product without its bias (pooled_matmul), then blocks
+    that add the bias and apply GELU (linear_forward adds the bias in the product's blocks,
+    too large to stay in cache: a memory pass of its own). The same arithmetic: bitwise
+    linear_forward then gelu_forward."""
+    x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
+    if x2.dtype == HALF or kind != "gelu":
+        y, linear = linear_forward(x, weight, bias)
+        out, gelu = gelu_forward(y, kind)
+        return out, ops.LinearGeluCache(linear, gelu)
+    y = pooled_matmul(x2, weight.T)                        # [N, out], no bias yet
+    cdf, out = numpy.empty(y.shape, y.dtype), numpy.empty(y.shape, y.dtype)
+    in_row_blocks(_bias_gelu_block, (y, cdf, out), bias)
+    shape = (*x.shape[:-1], weight.shape[0])
+    y, cdf, out = y.reshape(shape), cdf.reshape(shape), out.reshape(shape)
+    return out, ops.LinearGeluCache((x2, weight, x.shape), (y, cdf, kind))
+
+
+def _bias_gelu_block(y, cdf, out, bias):
+    """A block of rows [n, out] of the product: y += bias, then _gelu_block (cdf and out
+    None at inference: the result goes into y)."""
+    y += bias
+    _gelu_block(y, cdf, out)
+
+
+# The forward above keeps the biased product, as the reference's GELU cache: the backward is
+# GELU's (fast_gpu's twin keeps the product without its bias and adds it again).
+bias_gelu_backward = gelu_backward
+
+
+def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
+    """ops.dropout_add_layernorm_forward in blocks of rows: each block's dropout and the
+    residual's add written into its rows of xhat, then normalised there (_layernorm_block)
+    while in cache; the sum is never a whole array. The same arithmetic: bitwise
+    dropout_add_forward then layernorm_forward (the same keep mask from the same draw).
+    `x` and `residual` are not modified."""
+    if x.dtype == HALF or residual.shape != x.shape:
+        y, mask = dropout_add_forward(x, residual, p, rng, training)
+        out, layernorm = layernorm_forward(y, gamma, beta, eps)
+        return out, ops.DropoutAddLayerNormCache(mask, layernorm)
+    H = x.shape[-1]
+    dropout = training and p != 0.0
+    keep = _keep_mask(x.shape, p, rng, _uniform_dtype(x)) if dropout else None
+    mask = numpy.empty(x.shape, x.dtype) if dropout else None
+    xhat, out = numpy.empty(x.shape, x.dtype), numpy.empty(x.shape, x.dtype)
+    rstd = numpy.empty(x.shape[:-1] + (1,), x.dtype)
+    x2, residual2, keep2, mask2, xhat2, out2 = (None if a is None else a.reshape(-1, H)
+                                                for a in (x, residual, keep, mask, xhat, out))
+    in_row_blocks(_dropout_add_layernorm_block, (x2, residual2, keep2, mask2, xhat2,
+                                                 rstd.reshape(-1, 1), out2),
+                  x.dtype.type(1.0 / (1.0 - p)) if dropout else None, gamma, beta, eps,
+                  block_elements=LAYERNORM_BLOCK)
+    return out, ops.DropoutAddLayerNormCache(mask, (xhat, gamma, rstd))
+
+
+def _dropout_add_layernorm_block(x, residual, keep, mask, xhat, rstd, out, scale, gamma, beta,
+                                 eps):
+    """A block of rows [n, H]: xhat = x mask + residual (x + residual without dropout), as
+    _dropout_block makes it, then LayerNorm of it in its own memory."""
+    if keep is None:
+        numpy.add(x, residual, out=xhat)
+    else:
+        numpy.multiply(keep, scale, out=mask)
+        numpy.multiply(x, mask, out=xhat)
+        xhat += residual
+    _layernorm_block(xhat, xhat, rstd, out, gamma, beta, eps)
+
+
+def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
+    """ops.dropout_add_layernorm_backward: LayerNorm's backward, dropout's multiply made in
+    the same blocks of rows (into the buffer LayerNorm's blocks use as scratch). Bitwise
+    layernorm_backward then dropout_backward."""
+    mask, layernorm = cache
+    if dout.dtype == HALF or mask is None:
+        dsum, dgamma, dbeta = layernorm_backward(dout, layernorm, dgamma, dbeta)
+        return dropout_backward(dsum, mask), dsum, dgamma, dbeta
+    xhat, gamma, rstd = layernorm
+    H = xhat.shape[-1]
+    N = xhat.size // H
+    dout2, xhat2 = dout.reshape(N, H), xhat.reshape(N, H)
+    dgamma = numpy.einsum("ij,ij->j", dout2, xhat2, out=dgamma)
+    dbeta = numpy.sum(dout2, axis=0, out=dbeta)
+    dx, dsum = numpy.empty((N, H), dout.dtype), numpy.empty((N, H), dout.dtype)
+    in_row_blocks(_layernorm_dx_dropout_block, (dout2, xhat2, rstd.reshape(N, 1), dx, dsum,
+                                                mask.reshape(N, H)), gamma,
+                  block_elements=LAYERNORM_BLOCK)
+    return dx.reshape(xhat.shape), dsum.reshape(xhat.shape), dgamma, dbeta
+
+
+def _layernorm_dx_dropout_block(dout, xhat, rstd, dx, dsum, mask, gamma):
+    """A block of rows [n, H]: LayerNorm's dx into dsum (dx the scratch), then dx = dsum
+    times dropout's mask."""
+    _layernorm_dx_block(dout, xhat, rstd, dx, dsum, gamma)
+    numpy.multiply(dsum, mask, out=dx)
+
 
 # ----------------------------------------------------------------------------- inference
 # Forward passes that keep nothing for a backward and draw no dropout: each returns what
@@ -517,13 +618,16 @@ def _add_layernorm_block(x, residual, gamma, beta, eps):
     _layernorm_block(x, None, None, None, gamma, beta, eps)
 
 
-def gelu_inference(x, kind="gelu"):
-    """gelu_forward's output, on NumPy ("gelu") written into x (the intermediate layer's
-    output): Phi(x) in a scratch block per thread, never a whole [B, T, I] array."""
-    if kind != "gelu" or not _in_place_ok(x):
-        return gelu_forward(x, kind)[0]
-    in_row_blocks(_gelu_block, (x.reshape(-1), None, None))
-    return x
+def linear_gelu_inference(x, weight, bias, kind="gelu"):
+    """linear_gelu_forward's output, on NumPy ("gelu") the bias and GELU applied in the
+    product's own memory, block by block (Phi in a scratch block per thread, never a whole
+    [B, T, I] array)."""
+    x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
+    if kind != "gelu" or x2.dtype == HALF:
+        return linear_gelu_forward(x, weight, bias, kind)[0]
+    y = pooled_matmul(x2, weight.T)                        # [N, out], no bias yet
+    in_row_blocks(_bias_gelu_block, (y, None, None), bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def scaled_heads(x, w_qkv, b_qkv, num_heads):

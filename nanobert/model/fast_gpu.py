@@ -619,11 +619,86 @@ def layernorm_inference(x, gamma, beta, eps, residual=None):
     return layernorm_forward(x if residual is None else x + residual, gamma, beta, eps)[0]
 
 
-def gelu_inference(x, kind="gelu"):
-    return gelu_forward(x, kind)[0]
-
-
 def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
     context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None,
                                             False)
     return context, cache.probs if output_attentions else None
+
+# ------------------------------------------------------------------------ composite ops
+# ops.py's composites: the up-projection with its GELU as a product and one map kernel (no
+# rank-1 product for the bias: an align1 cuBLAS kernel, K = 1); dropout + residual +
+# LayerNorm as the functions above in turn.
+
+
+class BiasGeluCache(NamedTuple):
+    """linear_gelu_forward's GELU cache here: the product without its bias, and the bias.
+    The backward adds them again in registers and recomputes Phi(x): x = product + bias and
+    Phi(x) are never written (ops' cache keeps both, [N, I] each, Phi in float32)."""
+    product: object            # [..., I] x W^T
+    bias: object               # [I]
+    kind: str
+
+
+def linear_gelu_forward(x, weight, bias, kind="gelu"):
+    """ops.linear_gelu_forward: the product (one cuBLAS call, the transpose an op flag),
+    then one map kernel (kernels.cu's bias_gelu_forward) that adds the bias and applies
+    GELU, float16 computed in float32; the tanh kinds: linear_forward then gelu_forward.
+    Reads the product once and writes the output: linear_forward then gelu_forward read it
+    three times and write it three times (the bias's product in place, x Phi(x), Phi)."""
+    if kind != "gelu":
+        y, linear = linear_forward(x, weight, bias)
+        out, gelu = gelu_forward(y, kind)
+        return out, ops.LinearGeluCache(linear, gelu)
+    xp = array_module(x)
+    x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
+    product = matmul(x2, weight.T)                         # [N, out], no bias
+    out = xp.empty(product.shape, x.dtype)
+    _launch_map("bias_gelu_forward", x.dtype, product.size, product, _bias_of(product, bias),
+                numpy.int64(product.shape[-1]), numpy.int64(product.size), out)
+    shape = (*x.shape[:-1], weight.shape[0])
+    return out.reshape(shape), ops.LinearGeluCache((x2, weight, x.shape),
+                                                   BiasGeluCache(product, bias, kind))
+
+
+def bias_gelu_backward(dout, cache):
+    """GELU's backward of linear_gelu_forward's output: one map kernel (kernels.cu's
+    bias_gelu_backward) from dout, the product and the bias -> dx, the gradient of the
+    linear's output [..., out]; the tanh kinds (an ordinary GELU cache): gelu_backward."""
+    if not isinstance(cache, BiasGeluCache):
+        return gelu_backward(dout, cache)
+    xp = array_module(dout)
+    dout = _contiguous(dout)
+    if dout.size != cache.product.size or dout.dtype != cache.product.dtype:
+        raise ValueError(f"bias_gelu_backward: dout {dout.shape} {dout.dtype} does not match "
+                         f"the product {cache.product.shape} {cache.product.dtype}")
+    product = cache.product
+    dx = xp.empty(dout.shape, dout.dtype)
+    _launch_map("bias_gelu_backward", dout.dtype, dout.size, dout, product,
+                _bias_of(product, cache.bias), numpy.int64(product.shape[-1]),
+                numpy.int64(product.size), dx)
+    return dx
+
+
+def _bias_of(product, bias):
+    """bias [columns], checked against the product [N, columns] it is added to."""
+    if bias.shape != product.shape[-1:] or bias.dtype != product.dtype:
+        raise ValueError(f"bias {bias.shape} {bias.dtype} does not fit the product "
+                         f"{product.shape} {product.dtype}")
+    return _contiguous(bias)
+
+
+def linear_gelu_inference(x, weight, bias, kind="gelu"):
+    return linear_gelu_forward(x, weight, bias, kind)[0]
+
+
+def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
+    """ops.dropout_add_layernorm_forward: dropout_add_forward then layernorm_forward."""
+    y, mask = dropout_add_forward(x, residual, p, rng, training)
+    out, layernorm = layernorm_forward(y, gamma, beta, eps)
+    return out, ops.DropoutAddLayerNormCache(mask, layernorm)
+
+
+def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
+    """ops.dropout_add_layernorm_backward: layernorm_backward then dropout_backward."""
+    dsum, dgamma, dbeta = layernorm_backward(dout, cache.layernorm, dgamma, dbeta)
+    return dropout_backward(dsum, cache.dropout_mask), dsum, dgamma, dbeta

@@ -463,3 +463,70 @@ extern "C" __global__ void nanobert_dropout_backward(const T* dout, const T* kee
         store(&dx[i], d[k] * m[k]);
     }
 }
+
+// ------------------------------------------------------------------ composite ops' kernels
+
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2, as nanobert_gelu_forward computes it
+__device__ __forceinline__ S normal_cdf(S x) {
+    return (erf_(x * (S)0.70710678118654752440) + 1) * (S)0.5;
+}
+
+// x = product + bias of element i of the product [rows, columns], rounded to T as the
+// reference's linear output; `column` is i's column
+__device__ __forceinline__ S biased(const T* product, const T* bias, long long i, int column) {
+    return round_to_T(widen(product[i]) + widen(bias[column]));
+}
+
+// the column of this thread's next element, a block's width further on
+__device__ __forceinline__ int next_column(int column, int columns) {
+    column += blockDim.x;
+    while (column >= columns) column -= columns;
+    return column;
+}
+
+// ops.linear_gelu_forward's GELU from the product x W^T [rows, columns] without its bias:
+// x = product + bias, y = x Phi(x); x and Phi(x) stay in registers (the backward recomputes
+// them). Reads the product once and writes y: a bias as a rank-1 product (cuBLAS, K = 1: an
+// align1 kernel) then nanobert_gelu_forward read [rows, columns] twice and wrote it twice,
+// Phi(x) in S besides (float16: 12 bytes an element here 4).
+extern "C" __global__ void nanobert_bias_gelu_forward(const T* product, const T* bias,
+                                                      long long columns, long long n, T* y) {
+    S v[ELEMENTS];
+    int column = (int)(element(0) % columns);
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        v[k] = element(k) < n ? biased(product, bias, element(k), column) : 0;
+        column = next_column(column, (int)columns);
+    }
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        if (i >= n) break;
+        store(&y[i], v[k] * normal_cdf(v[k]));
+    }
+}
+
+// ops.linear_gelu_backward's GELU: dx = (Phi(x) + x phi(x)) dout, x = product + bias and
+// Phi(x) recomputed as the forward made them (the same arithmetic: the same bits), phi(x) =
+// exp(-x^2 / 2) / sqrt(2 pi). Reads dout and the product, writes dx (float16: 6 bytes an
+// element; nanobert_gelu_backward read x and Phi in S: 10).
+extern "C" __global__ void nanobert_bias_gelu_backward(const T* dout, const T* product,
+                                                       const T* bias, long long columns,
+                                                       long long n, T* dx) {
+    S d[ELEMENTS], v[ELEMENTS];
+    int column = (int)(element(0) % columns);
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        d[k] = i < n ? widen(dout[i]) : 0;
+        v[k] = i < n ? biased(product, bias, i, column) : 0;
+        column = next_column(column, (int)columns);
+    }
+    #pragma unroll
+    for (int k = 0; k < ELEMENTS; k++) {
+        const long long i = element(k);
+        if (i >= n) break;
+        store(&dx[i], (exp_(v[k] * v[k] * (S)-0.5) * v[k] * (S)0.39894228040143267794
+                       + normal_cdf(v[k])) * d[k]);
+    }
+}

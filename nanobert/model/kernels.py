@@ -33,7 +33,8 @@ MAP_BYTES = 16                                 # bytes of each array a map threa
 ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
                     "softmax_backward", "cross_entropy_forward", "cross_entropy_backward")
 MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward",
-                    "attention_heads", "attention_grads", "move_heads")
+                    "attention_heads", "attention_grads", "move_heads",
+                    "bias_gelu_forward", "bias_gelu_backward")
 
 
 def cuda_source(dtype_char):

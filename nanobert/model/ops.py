@@ -187,6 +187,50 @@ def dropout_add_forward(x, residual, p, rng, training):
     out, mask = dropout_forward(x, p, rng, training)
     return out + residual, mask
 
+# ------------------------------------------------------------------------ composite ops
+# Chains of the ops above that the fast layer runs fused (one pass where the chain makes
+# several; on the GPU one kernel where it launches several), written here as the chain
+# itself: the fused twins are tested equal to these (tests/test_composite_ops.py).
+
+
+class LinearGeluCache(NamedTuple):
+    linear: tuple              # linear_forward's cache
+    gelu: tuple                # gelu_forward's cache (of the linear's output)
+
+
+def linear_gelu_forward(x, weight, bias, kind="gelu"):
+    """gelu(x W^T + b): the feed-forward network's up-projection and its activation.
+    x [..., in], weight [out, in], bias [out] -> [..., out]."""
+    y, linear = linear_forward(x, weight, bias)
+    out, gelu = gelu_forward(y, kind)
+    return out, LinearGeluCache(linear, gelu)
+
+
+def linear_gelu_backward(dout, cache, dweight=None, dbias=None):
+    """-> dx [..., in], dweight [out, in], dbias [out]: GELU's backward, then the linear's."""
+    return linear_backward(gelu_backward(dout, cache.gelu), cache.linear, dweight, dbias)
+
+
+class DropoutAddLayerNormCache(NamedTuple):
+    dropout_mask: object       # dropout_forward's cache (None: no dropout)
+    layernorm: tuple           # layernorm_forward's cache (of the sum)
+
+
+def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
+    """LayerNorm(dropout(x) + residual): how a post-LN sublayer's output x [..., H] meets
+    its input, the residual [..., H] ("Add & Norm"). gamma, beta [H] -> [..., H]."""
+    y, dropout_mask = dropout_add_forward(x, residual, p, rng, training)
+    out, layernorm = layernorm_forward(y, gamma, beta, eps)
+    return out, DropoutAddLayerNormCache(dropout_mask, layernorm)
+
+
+def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
+    """-> dx, dresidual [..., H], dgamma, dbeta [H]. The sum's gradient flows unchanged into
+    the residual and through dropout's mask into x (without dropout dx is dresidual, the
+    same array: neither is written afterwards)."""
+    dsum, dgamma, dbeta = layernorm_backward(dout, cache.layernorm, dgamma, dbeta)
+    return dropout_backward(dsum, cache.dropout_mask), dsum, dgamma, dbeta
+
 # ---------------------------------------------------------------------- self-attention
 
 

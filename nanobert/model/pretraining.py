@@ -18,7 +18,7 @@ import numpy
 from . import fast as ops
 from ..backend import array_module
 from .bert import (BertPreTrainedModel, labels_padding, layernorm_backward_into,
-                   linear_backward_into)
+                   linear_backward_into, linear_gelu_backward_into)
 from .inputs import as_int_array, check_range
 
 
@@ -41,8 +41,7 @@ def pretraining_head_shapes(config):
 
 class MLMCache(NamedTuple):
     prefix: str                # the encoder's, for the tied word-embedding table
-    dense: tuple
-    gelu: tuple
+    dense: tuple               # linear_gelu: the transform's dense layer and its GELU
     layernorm: tuple
     decoder: tuple
     positions: object          # [M] indices into B*T
@@ -60,13 +59,13 @@ def mlm_head_forward(params, prefix, sequence_output, positions, config):
     H = sequence_output.shape[-1]
     x = sequence_output.reshape(-1, H)[positions]                  # [M, H]
     t = "cls.predictions.transform."
-    x, dense = ops.linear_forward(x, params[t + "dense.weight"], params[t + "dense.bias"])
-    x, gelu = ops.gelu_forward(x, config.hidden_act)
+    x, dense = ops.linear_gelu_forward(x, params[t + "dense.weight"], params[t + "dense.bias"],
+                                       config.hidden_act)
     x, layernorm = ops.layernorm_forward(x, params[t + "LayerNorm.weight"],
                                          params[t + "LayerNorm.bias"], config.layer_norm_eps)
     logits, decoder = ops.linear_forward(x, params[prefix + "embeddings.word_embeddings.weight"],
                                          params["cls.predictions.bias"])
-    cache = MLMCache(prefix, dense, gelu, layernorm, decoder, positions, sequence_output.shape)
+    cache = MLMCache(prefix, dense, layernorm, decoder, positions, sequence_output.shape)
     return logits, cache
 
 
@@ -78,8 +77,7 @@ def mlm_head_backward(dlogits, cache, grads):
                                    grads[cache.prefix + "embeddings.word_embeddings.weight"],
                                    grads["cls.predictions.bias"])
     dx = layernorm_backward_into(dx, cache.layernorm, grads, "cls.predictions.transform.LayerNorm")
-    dx = ops.gelu_backward(dx, cache.gelu)
-    dx = linear_backward_into(dx, cache.dense, grads, "cls.predictions.transform.dense")
+    dx = linear_gelu_backward_into(dx, cache.dense, grads, "cls.predictions.transform.dense")
     B, T, H = cache.sequence_shape
     dsequence = xp.zeros((B * T, H), dtype=dx.dtype)
     dsequence[cache.positions] = dx                                # positions are distinct
