@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import numpy
 
@@ -103,11 +104,29 @@ def nanobert_phases(model, batch, on_device=False, scaler=None, lr=1e-4):
 
 
 def nanobert_step_fn(config, batch, seed=0, device="cpu", dtype="float32"):
-    """-> (full step, forward + backward only) of a fresh BertForPreTraining."""
+    """-> (full step, forward + backward only) of a fresh BertForPreTraining. On the GPU the
+    full step is train.py's (training/pretraining.py's GPUStep): replayed from a CUDA graph,
+    or issued kernel by kernel where $NANOBERT_CUDA_GRAPH is 0."""
     model = BertForPreTraining(config, seed=seed, dtype=numpy.dtype(dtype), device=device).train()
     scaler = LossScaler(model.xp) if dtype == "float16" else None
     forward_backward, update = nanobert_phases(model, batch, device == "gpu", scaler)
+    if device == "gpu":
+        return gpu_step_fn(model, batch, scaler), forward_backward
     return lambda: update(forward_backward()), forward_backward
+
+
+def gpu_step_fn(model, batch, scaler, lr=1e-4):
+    """The training harness's GPU step on `batch` (torch's AdamW flavour, as torch_phases)."""
+    from nanobert.training.pretraining import GPUStep
+    from nanobert.training.run import cuda_graph_enabled
+    labelled = batch["labels"] != IGNORE_INDEX
+    args = types.SimpleNamespace(grad_accum=1, optimizer="torch", no_nsp=False, no_cuda_graph=False,
+                                 max_predictions_per_seq=int(labelled.sum(1).max()))
+    step = GPUStep(args, types.SimpleNamespace(world_size=1), model,
+                   AdamW(model.params, lr=lr, mode="torch"), scaler,
+                   cuda_graph=cuda_graph_enabled(args))
+    denominators = {"masked_lm": int(labelled.sum()), "next_sentence": len(labelled)}
+    return lambda: step([batch], denominators, lr)
 
 
 def torch_phases(model, tensors, autocast=None, lr=1e-4):

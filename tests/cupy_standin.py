@@ -1603,8 +1603,8 @@ class _Cublas(types.ModuleType):
         op_b = b if transb == self.CUBLAS_OP_N else b.transpose(0, 2, 1)
 
         def compute():
-            product = numpy.matmul(op_a.astype(scalar), op_b.astype(scalar))
             with numpy.errstate(all="ignore"):
+                product = numpy.matmul(op_a.astype(scalar), op_b.astype(scalar))
                 result = scalar(alpha_) * product
                 if beta_ != 0:
                     result += scalar(beta_) * c.astype(scalar)

@@ -109,7 +109,8 @@ def train_steps(cuda_graph, steps, dtype=numpy.float32, grad_accum=1, optimizer=
     model = BertForPreTraining(config, seed=3, dtype=dtype, device="gpu").train()
     model.rng = model.rng.__class__(model.xp, 11)
     optimizer_ = AdamW(model.params, mode=optimizer)
-    scaler = LossScaler(model.xp) if dtype == numpy.float16 else None
+    # float16: from 2^18 the first steps overflow (skipped, the scale halved), then train
+    scaler = LossScaler(model.xp, init_scale=2.0 ** 18) if dtype == numpy.float16 else None
     first = 0
     if start is not None:
         first, params, optimizer_state, scaler_state, rng_state = start
@@ -143,7 +144,8 @@ def test_replayed_steps_equal_eager_steps(cupy, dtype, grad_accum, optimizer):
     weights, losses and optimizer state of six eager steps on the same buffers: dropout
     masks that change every step (drawn in the kernels from the device step), an lr that
     changes every step, gradients clipped (the norm is above 1 at lr 1e-2), float16's first
-    step overflowing at the scale 2^16 and skipped."""
+    steps overflowing at the scale 2^18 and skipped (the scale halved in place: a scaler that
+    made a new array instead would leave the graph reading the old one)."""
     eager, _, eager_state, eager_losses = train_steps(False, 6, dtype, grad_accum, optimizer)
     cupy.counts.reset()
     graphed, step, state, losses = train_steps(True, 6, dtype, grad_accum, optimizer)
@@ -155,7 +157,9 @@ def test_replayed_steps_equal_eager_steps(cupy, dtype, grad_accum, optimizer):
         assert (numpy.asarray(state[2][key]) == numpy.asarray(value)).all(), key
     assert state[3] == eager_state[3]                                   # the loss scaler
     if dtype == numpy.float16:
-        assert eager_state[3]["loss_scale"] < 2.0 ** 16                 # it did overflow
+        assert eager_state[3]["loss_scale"] < 2.0 ** 18                 # it did overflow
+    initial = BertForPreTraining(eager.config, seed=3, dtype=dtype).buffer
+    assert (eager.buffer.get() != initial).any()                       # and it did train
     assert len({tuple(loss) for loss in losses}) == len(losses)        # the batches varied
 
 
