@@ -9,7 +9,8 @@ import sys
 
 import numpy
 
-from nanobert.backend import default_rng, resolve_device, reuse_freed_memory, set_tf32
+from nanobert.backend import (default_rng, require_gpu, resolve_device, reuse_freed_memory,
+                               set_tf32)
 from nanobert.distributed import end_job, process_group
 from nanobert.formats.fileio import atomic_open, output_folder
 from nanobert.model.flat import flat_buffer
@@ -17,10 +18,13 @@ from nanobert.model.optim import AdamW, LossScaler
 
 
 def setup_device(args):
-    """--device resolved (default $NANOBERT_DEVICE or cpu), TF32 as --no-tf32 says, and
-    freed memory reused (each step's arrays land in already mapped pages)."""
+    """--device resolved (default $NANOBERT_DEVICE or cpu) and, for the GPU, checked to run
+    here (require_gpu: one line before any data work), TF32 as --no-tf32 says, and freed
+    memory reused (each step's arrays land in already mapped pages)."""
     reuse_freed_memory()
     args.device = resolve_device(args.device)
+    if args.device == "gpu":
+        require_gpu()
     set_tf32(not args.no_tf32)
 
 
