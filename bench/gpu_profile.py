@@ -9,10 +9,12 @@ forward, backward, clip to 1.0, AdamW), for each case and precision asked for; a
     python -m bench.gpu_profile --cases train.py,train.py:mini --no-parity
 
 A case is PRESET:BxT (a model of PRESETS, batch B, length T) or train.py[:PRESET] (the
-command line at its defaults, or its --preset PRESET, --steps --train-py-steps). The default
-cases are the targets of the GPU issues: BERT-base T=128 at B=32 and 128, BERT-mini B=128
-T=128, the nano default of train.py, BERT-base T=512 B=32. --batch-sizes / --preset /
---seq-len instead give one preset and length at several batch sizes.
+command line at its defaults, or with --preset PRESET; it runs --train-py-steps steps, and
+--train-py-args adds flags). The default cases are the targets of the GPU issues: BERT-base
+T=128 at B=32 and 128, BERT-mini B=128 T=128, the nano default of train.py, BERT-base T=512
+B=32 (18 runs with torch: ~7 minutes, an estimate). --batch-sizes / --preset / --seq-len
+instead give one preset and length at several batch sizes. The environment goes to every
+run (NANOBERT_TF32=0, ...) and is recorded.
 
 Per step case (each in a fresh process): wall time per step (median, the host waiting for the
 GPU after each step), the host's time to issue it, tokens per second (B x T / wall) and
@@ -487,7 +489,8 @@ def parse_args(argv=None):
     parser.add_argument("--train-py-steps", type=int, default=200,
                         help="steps of each train.py case (default 200, logged five times)")
     parser.add_argument("--train-py-args", type=shlex.split, default=[],
-                        help="more flags for each train.py case, e.g. \"--batch-size 256\"")
+                        help="more flags for each train.py case, e.g. \"--batch-size 256\" "
+                             "(a flag alone: --train-py-args=--no-tf32)")
     parser.add_argument("--no-torch", action="store_true", help="profile nanobert only")
     parser.add_argument("--no-parity", action="store_true", help="skip the float64 parity line")
     parser.add_argument("--out", default=None,
@@ -529,7 +532,9 @@ def main(argv=None):
     result = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
               "cupy": cupy.__version__, "torch": torch_version, "date": date,
               "cases": [str(c) for c in args.cases], "steps": args.steps,
-              "train_py_steps": args.train_py_steps, "runs": []}
+              "train_py_steps": args.train_py_steps,
+              "environment": {k: v for k, v in sorted(os.environ.items())    # e.g. TF32 off
+                              if k.startswith(("NANOBERT_", "CUPY_"))}, "runs": []}
     out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     for case in args.cases:
@@ -539,11 +544,12 @@ def main(argv=None):
                 r = (run_worker(framework, case, precision, args.steps)
                      if case.command == "step" else
                      run_train_py(case, precision, args.train_py_steps, args.train_py_args))
+                r["run_s"] = time.perf_counter() - started    # for planning a session's time
                 result["runs"].append(r)
                 done = (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step"
                         if "wall_ms" in r else f"{r['tokens_per_s']:,.0f} tokens/s")
-                print(f"{framework} {case} {precision}: {done}"
-                      f"  ({time.perf_counter() - started:.0f} s)", flush=True)
+                print(f"{framework} {case} {precision}: {done}  ({r['run_s']:.0f} s)",
+                      flush=True)
                 for line in r.get("stderr_tail", []):
                     print("    " + line, flush=True)
                 write_json(result, out)                 # a later run that hangs loses nothing

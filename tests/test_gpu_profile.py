@@ -250,7 +250,9 @@ def test_nanobert_part_runs_on_the_standin(tmp_path):
     assert [(r["framework"], r["case"], r["precision"]) for r in result["runs"]] == \
         [("nanobert", "tiny:2x16", "tf32"), ("nanobert", "tiny:2x16", "float16"),
          ("nanobert", "train.py", "tf32"), ("nanobert", "train.py", "float16")], result
-    assert all("error" not in r and r["tokens_per_s"] > 0 for r in result["runs"]), result
+    assert all("error" not in r and r["tokens_per_s"] > 0 and r["run_s"] > 0
+               for r in result["runs"]), result
+    assert result["environment"]["NANOBERT_CUPY_STANDIN"] == "1", result["environment"]
     steps, train_py = result["runs"][:2], result["runs"][2:]
     assert all(r["wall_ms"] > 0 and r["peak_gib"] == r["held_gib"] == 0 for r in steps)
     assert all(r["seq_len"] == 24 and len(r["tokens_per_s_lines"]) == 4 for r in train_py)
