@@ -185,9 +185,10 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
                      lambda: fast_gpu.layernorm_backward(out, forward[1]),
                      3 * out.nbytes + 3 * stats)
         scores, mask = cupy.ones((B, A, T, T), dtype), cupy.ones((B, 1, 1, T), dtype)
+        # reads the scores, writes probs and probs after dropout (the mask drawn in the kernel)
         show(f"{name} mask + softmax + dropout [B, A, T, T] (row kernel)",
-             lambda: fast_gpu._softmax(scores, mask, 0.1, cupy.random.default_rng(0)),
-             4 * scores.nbytes + 4 * scores.size)
+             lambda: fast_gpu._softmax(scores, mask, 0.1, backend.default_rng(cupy, 0)),
+             3 * scores.nbytes)
         show(f"{name} scores += mask [B, A, T, T] (CuPy)", lambda: scores.__iadd__(mask),
              2 * scores.nbytes)
         show(f"{name} mask by a 32-bit index", lambda: add_mask(

@@ -1,28 +1,48 @@
 """GPU profile of a BERT pretraining step: nanobert's CuPy path and, where torch has CUDA,
 transformers' BertForPreTraining on the same work (bench/train_step.py's step functions:
-forward, backward, clip to 1.0, AdamW), at each batch size and precision asked for.
+forward, backward, clip to 1.0, AdamW), for each case and precision asked for; and
+`python train.py --device gpu` itself, its throughput read from its progress line.
 
-    python -m bench.gpu_profile                          # BERT-base, T=128, B=32,128, tf32,float16
-    python -m bench.gpu_profile --batch-sizes 32 --precisions tf32 --steps 5
-    python -m bench.gpu_profile --preset mini --no-torch --out runs/mini.json
+    python -m bench.gpu_profile                  # the default cases (below), tf32 and float16
+    python -m bench.gpu_profile --cases base:32x512,mini:128x128 --precisions float16
+    python -m bench.gpu_profile --batch-sizes 32 --precisions tf32 --steps 5   # base, T=128
+    python -m bench.gpu_profile --cases train.py,train.py:mini --no-parity
 
-Per run (each in a fresh process): wall time per step (median, the host waiting for the GPU
-after each step) and the host's time to issue it; GPU kernel time per step by CUPTI
+A case is PRESET:BxT (a model of PRESETS, batch B, length T) or train.py[:PRESET] (the
+command line at its defaults, or with --preset PRESET; it runs --train-py-steps steps, and
+--train-py-args adds flags). The default cases are the targets of the GPU issues: BERT-base
+T=128 at B=32 and 128, BERT-mini B=128 T=128, the nano default of train.py, BERT-base T=512
+B=32 (18 runs with torch: ~7 minutes, an estimate). --batch-sizes / --preset / --seq-len
+instead give one preset and length at several batch sizes. The environment goes to every
+run (NANOBERT_TF32=0, ...) and is recorded.
+
+Per step case (each in a fresh process): wall time per step (median, the host waiting for the
+GPU after each step), the host's time to issue it, tokens per second (B x T / wall) and
+peak GPU memory (nanobert: what CuPy's memory pool holds after the steps, its high-water
+mark, as it returns nothing between steps; torch: torch.cuda.max_memory_allocated, and
+max_memory_reserved, the figure like CuPy's pool); GPU kernel time per step by CUPTI
 (torch.profiler, which sees CuPy's kernels in the same process; without torch, CuPy events
 around the step: total only); kernels per step counted apart from memcpy / memset and from
 the runtime and driver calls that launched them; the split matmul / elementwise /
-reduction / copy; the largest kernels. Then the float64 parity line: loss and worst
-gradient of a small model on the GPU against the NumPy path. Prints a table, writes JSON.
+reduction / copy; the largest kernels. Per train.py case: the tokens/s and MFU of its last
+progress line (the first window includes NVRTC's compilation). Then the float64 parity
+line: loss and worst gradient of a small model on the GPU against the NumPy path. Prints a
+table, writes JSON.
 """
 import argparse
 import datetime
 import importlib.util
 import json
 import os
+import re
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from typing import NamedTuple
 
 import numpy
 
@@ -32,12 +52,46 @@ from nanobert.model.config import BertConfig
 from nanobert.model.flops import gpu_peak_tflops, step_flops
 from nanobert.model.ops import IGNORE_INDEX
 
-PRESETS = {"base": (12, 768, 12), "mini": (4, 256, 4), "tiny": (2, 64, 2)}  # layers, hidden, heads
+PRESETS = {"large": (24, 1024, 16), "base": (12, 768, 12), "mini": (4, 256, 4),
+           "tiny": (2, 64, 2)}                      # layers, hidden, heads
 PRECISIONS = {"tf32": ("float32", True), "float32": ("float32", False),
               "float16": ("float16", True)}       # name -> (dtype, TF32 for float32 matmuls)
 KINDS = ("matmul", "elementwise", "reduction", "copy")
 SHORT = {"matmul": "matmul", "elementwise": "eltwise", "reduction": "reduce", "copy": "copy"}
 TOP = 16                                            # largest kernels kept per run
+GIB = 2 ** 30
+
+
+class Case(NamedTuple):
+    """One entry of the run list: a training step of `preset` at batch B and length T
+    (bench/train_step's step functions), or train.py run as a user runs it (its own batch
+    and length: batch_size and seq_len None)."""
+    command: str                   # "step" or "train.py"
+    preset: str
+    batch_size: int = None
+    seq_len: int = None
+
+    def __str__(self):
+        if self.command == "train.py":
+            return "train.py" + ("" if self.preset == "nano" else f":{self.preset}")
+        return f"{self.preset}:{self.batch_size}x{self.seq_len}"
+
+
+# The GPU issues' targets, most telling first (a run cut short by its time limit keeps these)
+DEFAULT_CASES = "base:32x128,base:128x128,mini:128x128,train.py,base:32x512"
+
+
+def parse_case(text):
+    """"PRESET:BxT" or "train.py[:PRESET]" -> a Case."""
+    name, _, rest = text.partition(":")
+    if name == "train.py" and (not rest or rest.isidentifier()):
+        return Case("train.py", rest or "nano")         # train.py refuses an unknown preset
+    shape = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", rest)
+    if name not in PRESETS or not shape:
+        raise argparse.ArgumentTypeError(
+            f"case {text!r}: expected PRESET:BxT (PRESET one of {', '.join(PRESETS)}; B and T "
+            f"positive, e.g. base:32x128) or train.py[:PRESET]")
+    return Case("step", name, int(shape[1]), int(shape[2]))
 
 
 def kernel_kind(name):
@@ -161,10 +215,14 @@ def measure(framework, preset, batch_size, seq_len, precision, steps):
         synchronize()
         walls.append(time.perf_counter() - start)
         hosts.append(issued - start)
-    record = {"framework": framework, "batch_size": batch_size, "precision": precision,
-              "wall_ms": 1e3 * statistics.median(walls),
+    wall = statistics.median(walls)
+    record = {"framework": framework, "case": str(Case("step", preset, batch_size, seq_len)),
+              "preset": preset, "batch_size": batch_size, "seq_len": seq_len,
+              "precision": precision, "wall_ms": 1e3 * wall,
               "host_ms": 1e3 * statistics.median(hosts),
-              "mfu": model_flop_utilisation(config, batch, statistics.median(walls), dtype)}
+              "tokens_per_s": batch_size * seq_len / wall,
+              "mfu": model_flop_utilisation(config, batch, wall, dtype),
+              **peak_memory_gib(framework)}
     if has_torch_cuda():
         from torch.profiler import ProfilerActivity, profile
         profiled = min(steps, 3)
@@ -176,6 +234,20 @@ def measure(framework, preset, batch_size, seq_len, precision, steps):
     else:
         record["gpu_ms"] = cupy_event_ms(step, steps)
     return record
+
+
+def peak_memory_gib(framework):
+    """GPU memory of the steps so far, GiB: peak_gib (nanobert: what CuPy's memory pool
+    holds, its high-water mark, as the pool gives nothing back between steps; an upper bound
+    of the peak in use, CuPy counting no peak of its own. torch: max_memory_allocated) and
+    held_gib (what each allocator held at most: CuPy's pool; torch's max_memory_reserved)."""
+    if framework == "torch":
+        import torch
+        return {"peak_gib": torch.cuda.max_memory_allocated() / GIB,
+                "held_gib": torch.cuda.max_memory_reserved() / GIB}
+    import cupy
+    held = cupy.get_default_memory_pool().total_bytes() / GIB
+    return {"peak_gib": held, "held_gib": held}
 
 
 def model_flop_utilisation(config, batch, seconds, dtype):
@@ -234,65 +306,154 @@ def parity(config=None, B=4, T=32):
 
 
 WORKER_TIMEOUT_S = 240                              # a run that hangs is stopped and recorded
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_worker(framework, preset, batch_size, seq_len, precision, steps):
-    """A run in a fresh process -> its record, or one with the error's last line (and the
-    last lines of its stderr, in the JSON, for whoever reads a failed run's cause)."""
-    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--preset",
-            preset, "--batch-sizes", str(batch_size), "--seq-len", str(seq_len),
-            "--precisions", precision, "--steps", str(steps)]
-    failed = {"framework": framework, "batch_size": batch_size, "precision": precision}
+def run_process(argv, cwd=None):
+    """A command in a fresh process -> (its stdout, None), or (None, the error's last line
+    and the last lines of its stderr, for whoever reads a failed run's cause in the JSON)."""
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
+                                cwd=cwd)
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        return {**failed, "error": f"no result within {WORKER_TIMEOUT_S} s",
-                "stderr_tail": (stderr or "").splitlines()[-30:]}
+        return None, {"error": f"no result within {WORKER_TIMEOUT_S} s",
+                      "stderr_tail": (stderr or "").splitlines()[-30:]}
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["failed"]
-        return {**failed, "error": lines[-1], "stderr_tail": lines[-30:]}
-    return json.loads(result.stdout.strip().splitlines()[-1])
+        return None, {"error": lines[-1], "stderr_tail": lines[-30:]}
+    return result.stdout, None
 
 
-def _number(value, digits=1):
-    return "-" if value is None else f"{value:,.{digits}f}"
+def describe(framework, case, precision):
+    """The fields that name a run (also a failed one's record)."""
+    return {"framework": framework, "case": str(case), "preset": case.preset,
+            "batch_size": case.batch_size, "seq_len": case.seq_len, "precision": precision}
+
+
+def run_worker(framework, case, precision, steps):
+    """A step case in a fresh process (measure) -> its record."""
+    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--preset",
+            case.preset, "--batch-sizes", str(case.batch_size), "--seq-len", str(case.seq_len),
+            "--precisions", precision, "--steps", str(steps)]
+    stdout, error = run_process(argv)
+    if error:
+        return {**describe(framework, case, precision), **error}
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+# train.py's progress line (train.log_train) and the line that gives its sequence length
+PROGRESS = re.compile(r"^step\s+\d+/\d+\s.*?\s([\d,]+) tok/s(?:.*?\sMFU ([\d.]+)%)?", re.M)
+LENGTH = re.compile(r"^data: [\d,]+ instances of length (\d+)", re.M)
+
+
+def train_py_argv(case, precision, steps, out, extra=()):
+    """The command line of a train.py case: on the GPU, `steps` steps logged five times, in
+    the precision's dtype, no held-out set (its data and evaluation are not training), the
+    rest train.py's defaults (--preset nano: the command a user runs first)."""
+    dtype, tf32 = PRECISIONS[precision]
+    argv = [sys.executable, os.path.join(ROOT, "train.py"), "--device", "gpu", "--steps",
+            str(steps), "--log-every", str(max(1, steps // 5)), "--heldout", "none",
+            "--dtype", dtype, "--out", out]
+    argv += [] if tf32 else ["--no-tf32"]
+    argv += [] if case.preset == "nano" else ["--preset", case.preset]
+    return argv + list(extra)
+
+
+def read_progress(stdout):
+    """train.py's output -> the tokens/s and MFU of its last progress line (the first window
+    includes NVRTC compiling the kernels), every line's tokens/s, and the sequence length."""
+    lines = PROGRESS.findall(stdout)
+    if not lines:
+        raise ValueError("train.py printed no progress line")
+    rates = [float(rate.replace(",", "")) for rate, _ in lines]
+    mfu, length = lines[-1][1], LENGTH.search(stdout)
+    return {"tokens_per_s": rates[-1], "tokens_per_s_lines": rates,
+            "mfu": float(mfu) / 100 if mfu else None,
+            "seq_len": int(length[1]) if length else None}
+
+
+def run_train_py(case, precision, steps, extra=()):
+    """A train.py case (its output folder a temporary one) -> its record."""
+    out = tempfile.mkdtemp(prefix="gpu-profile-train-")
+    argv = train_py_argv(case, precision, steps, out, extra)
+    try:
+        stdout, error = run_process(argv, cwd=ROOT)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    record = {**describe("nanobert", case, precision),
+              "command": shlex.join(["train.py", *argv[2:]])}
+    if error:
+        return {**record, **error}
+    try:
+        return {**record, **read_progress(stdout)}
+    except ValueError as e:
+        return {**record, "error": str(e), "stderr_tail": stdout.splitlines()[-30:]}
+
+
+def _number(value, digits=1, scale=1.0):
+    return "-" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def torch_ratio(run, runs):
+    """A nanobert run's wall time over torch's on the same case and precision, else None."""
+    if run["framework"] != "nanobert" or run.get("wall_ms") is None:
+        return None
+    for other in runs:
+        if other["framework"] == "torch" and other.get("wall_ms") and \
+                (other["case"], other["precision"]) == (run["case"], run["precision"]):
+            return run["wall_ms"] / other["wall_ms"]
+    return None
 
 
 def format_table(result):
     """The JSON record -> the printed report."""
+    runs = result["runs"]
+    head = f"{'framework':<10}{'case':<16}{'precision':<10}"
     lines = [f"{result['gpu']}   cupy {result['cupy']}   torch {result['torch'] or '-'}   "
-             f"{result['preset']} T={result['seq_len']}   {result['date']}",
-             f"{'framework':<10}{'B':>5}{'precision':>10}{'wall ms':>9}{'host ms':>9}"
-             f"{'MFU %':>7}{'GPU ms':>8}{'kernels':>9}{'memcpy':>8}{'memset':>8}{'runtime':>9}"
-             + "".join(f"{SHORT[k] + ' ms':>12}" for k in KINDS)]
-    for r in result["runs"]:
-        head = f"{r['framework']:<10}{r['batch_size']:>5}{r['precision']:>10}"
+             f"{result['date']}",
+             head + f"{'wall ms':>9}{'host ms':>9}{'/torch':>8}{'Mtok/s':>8}{'MFU %':>7}"
+             f"{'peak GiB':>10}{'held GiB':>10}"]
+    for r in runs:
+        name = f"{r['framework']:<10}{r['case']:<16}{r['precision']:<10}"
         if "error" in r:
-            lines.append(f"{head}   failed: {r['error']}")
+            lines.append(f"{name}failed: {r['error']}")
             continue
+        lines.append(
+            name + f"{_number(r.get('wall_ms')):>9}{_number(r.get('host_ms')):>9}"
+            f"{_number(torch_ratio(r, runs), 2):>8}{_number(r['tokens_per_s'], 2, 1e-6):>8}"
+            f"{_number(r.get('mfu'), 1, 100):>7}{_number(r.get('peak_gib'), 2):>10}"
+            f"{_number(r.get('held_gib'), 2):>10}")
+    profiled = [r for r in runs if "by_kind" in r or r.get("gpu_ms") is not None]
+    if profiled:
+        lines.append(head + f"{'GPU ms':>8}{'kernels':>9}{'memcpy':>8}{'memset':>8}"
+                     f"{'runtime':>9}" + "".join(f"{SHORT[k] + ' ms':>12}" for k in KINDS))
+    for r in profiled:
         kinds = r.get("by_kind") or {}
         lines.append(
-            head + f"{_number(r['wall_ms']):>9}{_number(r['host_ms']):>9}"
-            f"{_number(None if r.get('mfu') is None else 100 * r['mfu']):>7}"
+            f"{r['framework']:<10}{r['case']:<16}{r['precision']:<10}"
             f"{_number(r.get('gpu_ms')):>8}{_number(r.get('kernels'), 0):>9}"
             f"{_number(r.get('memcpys'), 0):>8}{_number(r.get('memsets'), 0):>8}"
             f"{_number(r.get('runtime_calls'), 0):>9}"
             + "".join(f"{_number(kinds.get(k, {}).get('ms')):>12}" for k in KINDS))
-    for r in result["runs"]:
+    for r in runs:
         if r.get("largest"):
-            lines.append(f"largest kernels, {r['framework']} B={r['batch_size']} "
-                         f"{r['precision']} (ms per step, calls per step):")
+            lines.append(f"largest kernels, {r['framework']} {r['case']} {r['precision']} "
+                         f"(ms per step, calls per step):")
             lines += [f"  {k['ms']:8.2f} {k['calls']:7.1f}  {k['name'][:96]}"
                       for k in r["largest"]]
     p = result.get("parity")
     if p:
         lines.append(f"parity, GPU vs NumPy, {p['config']}: loss {p['loss_rel']:.1e}, "
                      f"worst gradient {p['grad_worst_rel']:.1e} ({p['grad_worst_name']})")
-    lines.append("medians per step (forward, backward, clip, AdamW); host ms: the host's time "
-                 "to issue it; GPU ms: kernels,\nmemcpys and memsets by CUPTI (or CuPy events "
-                 "around the step without torch); kernels counted apart from\nmemcpy/memset "
-                 "and from the runtime/driver calls that issued them; '-': not measured")
+    lines.append(
+        "cases: PRESET:BxT, a step (forward, backward, clip, AdamW), medians; train.py: its "
+        "last progress line.\nhost ms: the host's time to issue a step; /torch: nanobert's "
+        "wall over torch's; Mtok/s: B x T / wall.\npeak GiB: nanobert CuPy's pool (its "
+        "high-water), torch max allocated; held GiB: CuPy's pool, torch max reserved.\nGPU "
+        "ms: kernels, memcpys and memsets by CUPTI (or CuPy events around the step without "
+        "torch);\nkernels counted apart from memcpy/memset and from the runtime/driver calls "
+        "that issued them; '-': not measured")
     return "\n".join(lines)
 
 
@@ -311,23 +472,42 @@ def csv_list(kind, allowed=None):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-sizes", type=csv_list(int), default=[32, 128],
-                        help="comma-separated (default 32,128)")
+    parser.add_argument("--cases", type=csv_list(parse_case), default=None,
+                        help=f"comma-separated PRESET:BxT or train.py[:PRESET] (default "
+                             f"{DEFAULT_CASES})")
+    parser.add_argument("--batch-sizes", type=csv_list(int), default=None,
+                        help="instead of --cases: these batch sizes (default 32,128) of "
+                             "--preset at --seq-len")
+    parser.add_argument("--preset", choices=PRESETS, default=None,
+                        help="with --batch-sizes: model size (default base: L12 H768)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="with --batch-sizes: sequence length (default 128)")
     parser.add_argument("--precisions", type=csv_list(str, PRECISIONS),
                         default=["tf32", "float16"],
                         help="comma-separated of tf32, float32, float16 (default tf32,float16)")
-    parser.add_argument("--preset", choices=PRESETS, default="base",
-                        help="model size (default base: L12 H768)")
-    parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per run (median)")
+    parser.add_argument("--train-py-steps", type=int, default=200,
+                        help="steps of each train.py case (default 200, logged five times)")
+    parser.add_argument("--train-py-args", type=shlex.split, default=[],
+                        help="more flags for each train.py case, e.g. \"--batch-size 256\" "
+                             "(a flag alone: --train-py-args=--no-tf32)")
     parser.add_argument("--no-torch", action="store_true", help="profile nanobert only")
     parser.add_argument("--no-parity", action="store_true", help="skip the float64 parity line")
     parser.add_argument("--out", default=None,
                         help="JSON path (default runs/gpu_profile-<date>.json)")
     parser.add_argument("--worker", choices=("nanobert", "torch"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.seq_len < 1 or min(args.batch_sizes) < 1:
-        parser.error("--steps, --seq-len and --batch-sizes must be positive")
+    one_preset = (args.batch_sizes, args.preset, args.seq_len) != (None, None, None)
+    if args.cases and one_preset:
+        parser.error("give --cases, or --batch-sizes / --preset / --seq-len, not both")
+    if args.steps < 1 or args.train_py_steps < 1 or (args.seq_len or 1) < 1 or \
+            min(args.batch_sizes or [1]) < 1:
+        parser.error("--steps, --train-py-steps, --seq-len and --batch-sizes must be positive")
+    args.preset, args.seq_len = args.preset or "base", args.seq_len or 128
+    args.batch_sizes = args.batch_sizes or [32, 128]
+    if not args.cases:
+        args.cases = ([Case("step", args.preset, b, args.seq_len) for b in args.batch_sizes]
+                      if one_preset else [parse_case(c) for c in DEFAULT_CASES.split(",")])
     return args
 
 
@@ -351,19 +531,25 @@ def main(argv=None):
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     result = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
               "cupy": cupy.__version__, "torch": torch_version, "date": date,
-              "preset": args.preset, "seq_len": args.seq_len, "steps": args.steps, "runs": []}
+              "cases": [str(c) for c in args.cases], "steps": args.steps,
+              "train_py_steps": args.train_py_steps,
+              "environment": {k: v for k, v in sorted(os.environ.items())    # e.g. TF32 off
+                              if k.startswith(("NANOBERT_", "CUPY_"))}, "runs": []}
     out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    for batch_size in args.batch_sizes:
+    for case in args.cases:
         for precision in args.precisions:
-            for framework in frameworks:
+            for framework in (frameworks if case.command == "step" else ["nanobert"]):
                 started = time.perf_counter()
-                result["runs"].append(run_worker(framework, args.preset, batch_size,
-                                                 args.seq_len, precision, args.steps))
-                r = result["runs"][-1]
-                print(f"{framework} B={batch_size} {precision}: "
-                      + (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step")
-                      + f"  ({time.perf_counter() - started:.0f} s)", flush=True)
+                r = (run_worker(framework, case, precision, args.steps)
+                     if case.command == "step" else
+                     run_train_py(case, precision, args.train_py_steps, args.train_py_args))
+                r["run_s"] = time.perf_counter() - started    # for planning a session's time
+                result["runs"].append(r)
+                done = (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step"
+                        if "wall_ms" in r else f"{r['tokens_per_s']:,.0f} tokens/s")
+                print(f"{framework} {case} {precision}: {done}  ({r['run_s']:.0f} s)",
+                      flush=True)
                 for line in r.get("stderr_tail", []):
                     print("    " + line, flush=True)
                 write_json(result, out)                 # a later run that hangs loses nothing

@@ -7,13 +7,18 @@
 #     bash bench/gpu_session.sh tests profile    # only these phases, in this order
 #     BASE=path/to/older/checkout bash bench/gpu_session.sh   # also that code's nanobert profile
 #
-# Phases (default: env tests profile train base):
-#   env      the GPU, versions, load
+# Phases (default: env tests targets profile base; ~6.5 minutes without BASE, an estimate from
+# the last session's 8 profile runs in under 5 minutes; each limit caps a phase that hangs):
+#   env      the GPU, versions, load, the CUDA wheels; require_gpu's check (NVRTC compiles)
 #   tests    every test marked gpu: first, so that a kernel CUDA refuses shows at once
-#   profile  bench.gpu_profile: nanobert and torch, BERT-base B=32,128, tf32 and float16, and
-#            the float64 parity line
-#   train    train.py --device gpu, short: the progress line and the checkpoint
-#   base     $BASE's nanobert (an older checkout), profiled by this bench.gpu_profile, alone
+#   targets  bench.gpu_profile, TF32: BERT-mini B=128 T=128 (tokens/s, beside torch) and
+#            `python train.py --device gpu`, the nano default (tokens/s of its progress line)
+#   profile  bench.gpu_profile: nanobert and torch, BERT-base T=128 B=32,128 and T=512 B=32,
+#            tf32 and float16 (time, host time, tokens/s, peak memory, kernels), and the
+#            float64 parity line
+#   base     $BASE's nanobert (an older checkout), profiled by this bench.gpu_profile, alone:
+#            BERT-base T=128 B=32,128 and its train.py
+#   train    train.py --device gpu --preset mini, B=128 T=128: the progress line, the checkpoint
 #   host     bench.gpu_host: host cost per call, and where the host waits (the GPU kept busy
 #            200 ms before each step), BERT-base and BERT-mini at B=32
 #   adds     bench.gpu_host --adds --vector --graph: GPU time of the step's adds, row means
@@ -37,27 +42,32 @@ phase() {        # phase NAME LIMIT_S COMMAND...: run it under a limit, log to $
 
 run_phase() {
     case $1 in
-    env) phase env 30 bash -c "uptime; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv; $PY -c 'import cupy, numpy, sys; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion())'; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)'" ;;
-    profile) TAIL=60 phase profile "${PROFILE_LIMIT:-210}" $PY -m bench.gpu_profile \
-        --batch-sizes 32,128 --precisions tf32,float16 --steps 10 --out "$OUT/profile.json" ;;
+    env) phase env 30 bash -c "uptime; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv; $PY -c 'import cupy, numpy, sys; print(sys.version.split()[0], \"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"CUDA runtime\", cupy.cuda.runtime.runtimeGetVersion())'; $PY -c 'import torch, transformers; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)'; \
+        $PY -m pip list 2>/dev/null | grep -i -E '^(cupy|cuda-|nvidia-)'; \
+        $PY -c 'from nanobert.backend import require_gpu; require_gpu(); print(\"require_gpu: ok\")'" ;;
+    targets) TAIL=20 phase targets "${TARGETS_LIMIT:-90}" $PY -m bench.gpu_profile \
+        --cases mini:128x128,train.py --precisions tf32 --no-parity --out "$OUT/targets.json" ;;
+    profile) TAIL=70 phase profile "${PROFILE_LIMIT:-330}" $PY -m bench.gpu_profile \
+        --cases base:32x128,base:128x128,base:32x512 --precisions tf32,float16 --steps 10 \
+        --out "$OUT/profile.json" ;;
     tests) phase tests "${TESTS_LIMIT:-110}" $PY -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_gpu_numerics.py tests/test_inputs.py tests/test_special.py ;;
     train) phase train 60 $PY train.py --device gpu --preset mini --max-seq-length 128 \
         --batch-size 128 --steps 200 --log-every 50 --heldout none --out /tmp/gpu-session-train ;;
     base) if [ -n "${BASE:-}" ]; then
             cp bench/gpu_profile.py "$BASE/bench/gpu_profile.py"
-            TAIL=40 phase base "${BASE_LIMIT:-120}" bash -c "cd '$BASE' && $PY -m \
-                bench.gpu_profile --no-torch --no-parity --batch-sizes 32,128 \
+            TAIL=40 phase base "${BASE_LIMIT:-150}" bash -c "cd '$BASE' && $PY -m \
+                bench.gpu_profile --no-torch --no-parity --cases base:32x128,base:128x128,train.py \
                 --precisions tf32,float16 --steps 10 --out '$(cd "$OUT" && pwd)/base.json'"
         fi ;;
     host) TAIL=45 phase host 90 bash -c "$PY -m bench.gpu_host --busy-ms 200 --top 30 && \
         $PY -m bench.gpu_host --no-calls --preset mini --busy-ms 200 --top 8" ;;
     adds) phase adds 60 $PY -m bench.gpu_host --adds --vector --graph --no-calls --no-profile ;;
-    *) echo "bench/gpu_session.sh: no phase '$1' (env tests profile train base host adds)"
+    *) echo "bench/gpu_session.sh: no phase '$1' (env tests targets profile base train host adds)"
        return 2 ;;
     esac
 }
 
-for name in "${@:-env tests profile train base}"; do
+for name in "${@:-env tests targets profile base}"; do
     for one in $name; do run_phase "$one"; done
 done

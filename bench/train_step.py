@@ -236,6 +236,11 @@ def main(argv=None):
         backend.reuse_freed_memory()   # as train.py does; for torch too, so the ratio is fair
         print(*measure(*args.worker, args.steps, args.device, args.dtype))
         return
+    if args.device == "gpu":
+        try:
+            backend.require_gpu()       # one line before any work where the GPU cannot run
+        except ValueError as e:
+            sys.exit(f"bench.train_step: {e}")
 
     have_torch = not args.no_torch and importlib.util.find_spec("torch") is not None \
         and importlib.util.find_spec("transformers") is not None

@@ -231,8 +231,13 @@ def to_host(x):
 
 
 def default_rng(xp, seed):
-    """A seeded random Generator living on the same device as `xp` arrays."""
-    return xp.random.default_rng(seed)
+    """A seeded random generator for dropout on the device of `xp` arrays: numpy's Generator
+    on NumPy; on CuPy the counter-based one whose numbers the CUDA kernels draw themselves
+    (model/counter_rng.py: a CUDA graph can replay it, a backward regenerates its masks)."""
+    if xp is numpy:
+        return numpy.random.default_rng(seed)
+    from .model.counter_rng import CounterGenerator      # the one upward import: a GPU draw
+    return CounterGenerator(xp, seed)                     # needs the model's kernels
 
 
 def scatter_add(table, ids, values):
@@ -284,3 +289,52 @@ def flat_offsets(tensors):
 def flat_buffer(tensors):
     """The 1-D array the tensors of this dict tile exactly, or None (see flat_offsets)."""
     return flat_offsets(tensors)[0]
+
+# ------------------------------------------------------- can the GPU path run here at all?
+
+GPU_INSTALL = ('pip install -e ".[gpu-cuda12]" (runs on CUDA 12 and 13 drivers) or '
+               '".[gpu-cuda13]" (CUDA 13 drivers)')
+# Compiled and loaded, never launched: NVRTC works and the driver takes what it makes.
+NVRTC_PROBE = 'extern "C" __global__ void nanobert_probe(float* x) { x[0] = 1.0f; }'
+
+
+def require_gpu():
+    """Stop before any work where --device gpu cannot run, with one line that names what is
+    missing: CuPy, a GPU and its driver, or the CUDA libraries the GPU path loads (cuBLAS for
+    the products; NVRTC, which compiles model/kernels.cu at first use; a cupy-cudaNNx wheel
+    without its [ctk] extra and without a CUDA toolkit has neither). Raises ValueError, which
+    the command lines print as one line; otherwise the first missing piece would show as a
+    traceback after the data work (train.py: tokenized corpus, 170k instances built)."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise ValueError(f"--device gpu needs CuPy ({_one_line(e)}): {GPU_INSTALL}; "
+                         f"or use --device cpu") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:      # CUDARuntimeError: no driver, or one older than the wheel's CUDA
+        raise ValueError(f"--device gpu: CuPy {cupy.__version__} reaches no GPU "
+                         f"({_one_line(e)}): an NVIDIA GPU and a driver for this wheel's CUDA "
+                         f"are needed (a CUDA 12 driver runs \".[gpu-cuda12]\" only); or use "
+                         f"--device cpu") from None
+    if count == 0:
+        raise ValueError("--device gpu: CuPy sees no CUDA device; or use --device cpu")
+    missing = []
+    try:
+        from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads libcublas)
+    except Exception as e:
+        missing.append(f"cuBLAS ({_one_line(e)})")
+    try:
+        cupy.RawModule(code=NVRTC_PROBE).get_function("nanobert_probe")
+    except Exception as e:
+        missing.append(f"NVRTC ({_one_line(e)})")
+    if missing:
+        raise ValueError(f"--device gpu: CuPy {cupy.__version__} cannot load CUDA's "
+                         f"{' and '.join(missing)}: {GPU_INSTALL} brings them from PyPI "
+                         f"(CuPy's [ctk] extra); or use --device cpu") from None
+
+
+def _one_line(error, limit=160):
+    """An exception's message on one line, cut to `limit` characters."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."

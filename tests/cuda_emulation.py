@@ -26,7 +26,8 @@ import numpy
 
 HEADER = Path(__file__).with_name("cuda_emulation.h")
 C_TYPES = {"half16": numpy.float16, "float": numpy.float32, "double": numpy.float64,
-           "int": numpy.int32, "long long": numpy.int64}
+           "int": numpy.int32, "long long": numpy.int64, "unsigned int": numpy.uint32,
+           "unsigned long long": numpy.uint64}
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 CACHE = Path(tempfile.gettempdir()) / "nanobert-cuda-emulation"
 _LIBRARIES = {}

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import cuda_emulation
 from conftest import record, rel_error
+from counter_reference import keep_mask, split64
 from nanobert.model import fast_gpu, kernels, ops
 
 pytestmark = pytest.mark.skipif(not cuda_emulation.available(),
@@ -122,42 +123,56 @@ def attention_case(seed, dtype, B, A, T):
     attention_mask = (rng.random((B, T)) < 0.7).astype(numpy.int64)
     attention_mask[:, 0] = 1
     bias = ops.attention_mask_bias(attention_mask, dtype)            # [B, 1, 1, T]
-    uniform = rng.random((B, A, T, T)).astype(stats(dtype))
     dprobs = rng.standard_normal((B, A, T, T)).astype(dtype)
-    return scores, bias, uniform, dprobs
+    return scores, bias, dprobs
+
+
+# a counter-based draw: (seed, step, call), any 64-bit seed and step, any 32-bit call index
+draws = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
+                  st.integers(0, 2**32 - 1))
+
+
+def draw_arguments(draw, dtype, p):
+    """A draw as the dropout kernels take it: the step as a 0-d uint64 array (the device
+    counter), the seed's two words, the call index, p and the keep scale in S."""
+    seed, step, call = draw
+    S = stats(dtype)
+    return (numpy.array(step, numpy.uint64), *(numpy.uint32(w) for w in split64(seed)),
+            numpy.uint32(call), S(p), S(dtype(1.0 / (1.0 - p))))
 
 
 @settings(max_examples=12, deadline=None)
 @given(shape=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 40)),
        seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
-       p=st.sampled_from([0.0, 0.1, 0.5]), masked=st.booleans())
-def test_softmax_kernels_equal_the_reference(shape, seed, dtype, p, masked):
-    """Mask bias (each batch element's own), softmax, dropout with the given uniforms; the
-    backward through dropout's mask and softmax."""
+       p=st.sampled_from([0.0, 0.1, 0.5]), masked=st.booleans(), draw=draws)
+def test_softmax_kernels_equal_the_reference(shape, seed, dtype, p, masked, draw):
+    """Mask bias (each batch element's own), softmax, dropout with its keep mask drawn in
+    the kernel (element index row * T + key: a row of T not a multiple of 4 starts inside a
+    Philox block), bitwise the reference's probs * mask; the backward through the mask,
+    regenerated, and softmax."""
     B, A, T = shape
-    scores, bias, uniform, dprobs = attention_case(seed, dtype, B, A, T)
-    S, rows = stats(dtype), B * A * T
-    probs, dropped, keep = (numpy.empty(scores.shape, dtype) for _ in range(3))
-    scale = S(dtype(1.0 / (1.0 - p)))
+    scores, bias, dprobs = attention_case(seed, dtype, B, A, T)
+    rows = B * A * T
+    probs, dropped = (numpy.empty(scores.shape, dtype) for _ in range(2))
+    arguments = draw_arguments(draw, dtype, p if p > 0 else 0.5)
     run("softmax_forward", dtype, rows, scores, bias, numpy.int32(masked),
-        numpy.int64(A * T), numpy.int64(rows), numpy.int32(T), uniform, S(p), scale,
-        numpy.int32(p > 0), probs, dropped, keep)
+        numpy.int64(A * T), numpy.int64(rows), numpy.int32(T), *arguments,
+        numpy.int32(p > 0), probs, dropped)
     # the reference: the masked scores rounded to the activations' dtype, as the model's
     # `scores += bias` is, then softmax and dropout in float64
     masked_scores = (scores + bias).astype(dtype) if masked else scores
     expected, _ = ops.softmax_forward(masked_scores.astype(numpy.float64))
     check("softmax probs", probs, expected, dtype)
+    keep = keep_mask(*draw, scores.shape, dtype, p) if p > 0 else None
     if p > 0:
-        expected_keep = (uniform >= p) * float(scale)
-        assert numpy.array_equal(keep, expected_keep.astype(dtype))
-        check("softmax dropped", dropped, probs.astype(numpy.float64) * expected_keep, dtype)
+        assert numpy.array_equal(dropped, probs * keep)            # rounded to dtype
 
     dscores = numpy.empty(scores.shape, dtype)
-    run("softmax_backward", dtype, rows, dprobs, keep if p > 0 else dprobs,
-        numpy.int32(p > 0), probs, numpy.int64(rows), numpy.int32(T), dscores)
+    run("softmax_backward", dtype, rows, dprobs, *arguments, numpy.int32(p > 0), probs,
+        numpy.int64(rows), numpy.int32(T), dscores)
     g = dprobs.astype(numpy.float64)
     if p > 0:
-        g = (dprobs * keep).astype(dtype).astype(numpy.float64)   # dropout's product in dtype
+        g = (dprobs * keep).astype(numpy.float64)          # dropout's product, in dtype
     expected_dscores = ops.softmax_backward(g, probs.astype(numpy.float64))
     check("softmax dscores", dscores, expected_dscores, dtype, scale=numpy.abs(g).max())
 
@@ -169,8 +184,8 @@ def test_a_fully_masked_row_gives_uniform_probabilities():
     bias = numpy.full((1, 1, 1, 5), -10000.0)
     probs = numpy.empty_like(scores)
     run("softmax_forward", numpy.float64, 2, scores, bias, numpy.int32(1), numpy.int64(2),
-        numpy.int64(2), numpy.int32(5), numpy.zeros(1), numpy.float64(0.0),
-        numpy.float64(1.0), numpy.int32(0), probs, numpy.empty(1), numpy.empty(1))
+        numpy.int64(2), numpy.int32(5), *draw_arguments((0, 0, 0), numpy.float64, 0.5),
+        numpy.int32(0), probs, numpy.empty(1))
     assert numpy.array_equal(probs, numpy.full_like(scores, 0.2))
 
 
@@ -220,26 +235,25 @@ def test_gelu_kernels_equal_the_reference(n, seed, dtype):
 
 @settings(max_examples=12, deadline=None)
 @given(n=lengths, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
-       p=st.sampled_from([0.1, 0.5]), add=st.booleans())
-def test_dropout_kernels_equal_the_reference(n, seed, dtype, p, add):
-    """The keep mask exactly (uniform >= p) * 1/(1 - p) in the activations' dtype; out the
-    reference's x * mask (+ residual), each product and sum rounded to the dtype; the
-    backward dout * mask."""
+       p=st.sampled_from([0.1, 0.5]), add=st.booleans(), draw=draws)
+def test_dropout_kernels_equal_the_reference(n, seed, dtype, p, add, draw):
+    """The keep mask drawn in the kernel is exactly (u >= p) * 1/(1 - p) of NumPy's Philox
+    (tests/counter_reference.py) for the same (seed, step, call): out the reference's
+    x * mask (+ residual), each product and sum rounded to the dtype, bitwise; the backward
+    dout times the mask it regenerates, bitwise."""
     rng = numpy.random.default_rng(seed)
     x, residual, dout = (rng.standard_normal(n).astype(dtype) for _ in range(3))
-    uniform = rng.random(n).astype(stats(dtype))
-    out, keep = numpy.empty(n, dtype), numpy.empty(n, dtype)
-    scale = stats(dtype)(dtype(1.0 / (1.0 - p)))
-    run_map("dropout", dtype, n, x, uniform, stats(dtype)(p), scale, numpy.int32(add),
-            residual if add else x, numpy.int64(n), out, keep)
-    expected_keep = ((uniform >= p) * dtype(1.0 / (1.0 - p))).astype(dtype)
-    assert numpy.array_equal(keep, expected_keep)
-    expected = x * expected_keep                       # rounded to dtype, as the reference
+    out = numpy.empty(n, dtype)
+    arguments = draw_arguments(draw, dtype, p)
+    run_map("dropout", dtype, n, x, *arguments, numpy.int32(add), residual if add else x,
+            numpy.int64(n), out)
+    keep = keep_mask(*draw, (n,), dtype, p)
+    expected = x * keep                                # rounded to dtype, as the reference
     if add:
         expected = expected + residual
     assert numpy.array_equal(out, expected), numpy.abs(out - expected).max()
     dx = numpy.empty(n, dtype)
-    run_map("dropout_backward", dtype, n, dout, keep, numpy.int64(n), dx)
+    run_map("dropout_backward", dtype, n, dout, *arguments, numpy.int64(n), dx)
     assert numpy.array_equal(dx, ops.dropout_backward(dout, keep))
 
 

@@ -12,6 +12,7 @@ pytest.importorskip("cupy")   # the stand-in is built from the real package's na
 
 import cupy_standin  # noqa: E402
 from conftest import assert_close, record, vanishes  # noqa: E402
+from counter_reference import dropout_generator, numpy_draws_like_the_gpu  # noqa: E402
 from nanobert import backend  # noqa: E402
 from nanobert.model import fast  # noqa: E402
 from nanobert.model.config import BertConfig, with_labels  # noqa: E402
@@ -211,7 +212,7 @@ def test_standin_refuses_a_python_float_that_cupy13_promotes(cupy):
         keep(x, 0.7)
     assert keep(x, numpy.float32(0.7)).dtype == numpy.bool_
     assert keep(x.astype(numpy.float64), 0.7).dtype == numpy.bool_
-    fast.dropout_forward(x.reshape(2, 2), 0.7, cupy.random.default_rng(0), True)
+    fast.dropout_forward(x.reshape(2, 2), 0.7, backend.default_rng(cupy, 0), True)
     gamma, beta = cupy.ones(4, dtype=numpy.float32), cupy.zeros(4, dtype=numpy.float32)
     out, (_, _, rstd) = fast.layernorm_forward(x.reshape(2, 2), gamma[:2], beta[:2], 1e-12)
     assert rstd.dtype == numpy.float32
@@ -249,8 +250,8 @@ def test_tf32_on_by_default_and_a_flag_turns_it_off(cupy, monkeypatch):
 # ------------------------------------------------------------------------------ budgets
 
 
-@pytest.mark.parametrize("dtype, budget", [(numpy.float32, 682),
-                                           (numpy.float16, 738)])
+@pytest.mark.parametrize("dtype, budget", [(numpy.float32, 632),
+                                           (numpy.float16, 688)])
 def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
     """BERT-base, a training step that does not log: 0 device-to-host syncs, forward +
     backward within its budget of GPU operations (kernels + memsets + copies, as CuPy 14
@@ -263,8 +264,11 @@ def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
     became one cuBLAS call each, 733 and 791 once LayerNorm (5 launches forward, 6 backward)
     and the attention's mask + softmax + dropout (5 forward, 2 backward) became one row
     kernel each (kernels.cu's row kernels; the backward LayerNorm's two column sums stay cuBLAS
-    calls), 680 and 736 once each cross-entropy was one kernel forward and one backward; the
-    budgets, 682 and 738, leave room for the fills of the ones vectors the column sums
+    calls), 680 and 736 once each cross-entropy was one kernel forward and one backward, 667
+    and 723 once each feed-forward up-projection and the MLM transform added their bias in
+    their GELU's kernel instead of a rank-1 product (ops.linear_gelu), 630 and 686 once
+    dropout drew its masks inside the kernels (counter_rng.py: the 37 cuRAND draws gone); the
+    budgets, 632 and 688, leave room for the fills of the ones vectors the column sums
     multiply by, made once per process. CUPTI saw 1,000 kernels for a whole
     B=32 TF32 step on an H200 where the stand-in counted 968 (cuBLAS splits some products in
     two).
@@ -301,7 +305,8 @@ def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
 
 
 def attention_on(xp, dtype, dropout, seed=5, B=2, T=5, A=2, D=3):
-    """fast.self_attention_forward + _backward on namespace xp, padding in the second row
+    """fast.self_attention_forward + _backward on namespace xp, padding in the second row,
+    dropout drawn by the counter-based generator on either side (NumPy: its host twin)
     -> (context, cache, (dx, dw, db)) on the host."""
     rng = numpy.random.default_rng(seed)
     H = A * D
@@ -312,8 +317,9 @@ def attention_on(xp, dtype, dropout, seed=5, B=2, T=5, A=2, D=3):
     mask[1, 3:] = 0
     put = (lambda a: a) if xp is numpy else xp.asarray
     bias = fast.attention_mask_bias(put(mask), dtype)
-    context, cache = fast.self_attention_forward(put(x), put(w), put(b), bias, A, dropout,
-                                                 backend.default_rng(xp, seed), True)
+    with numpy_draws_like_the_gpu():
+        context, cache = fast.self_attention_forward(put(x), put(w), put(b), bias, A, dropout,
+                                                     dropout_generator(xp, seed), True)
     grads = fast.self_attention_backward(put(dcontext), cache)
     return backend.to_host(context), cache._replace(qkv=None), [backend.to_host(g)
                                                                 for g in grads]
@@ -355,9 +361,10 @@ def float16_steps(device, steps=3, counts=None):
     if counts is not None:
         counts.reset()
     for step in range(steps):
-        model.rng = backend.default_rng(model.xp, step)
-        _, grads = model.loss_and_grads(pretraining_batch(config, 2, 12, seed=step),
-                                        on_device=True, loss_scale=scaler.scale)
+        model.rng = dropout_generator(model.xp, step)   # the same masks on both sides
+        with numpy_draws_like_the_gpu():
+            _, grads = model.loss_and_grads(pretraining_batch(config, 2, 12, seed=step),
+                                            on_device=True, loss_scale=scaler.scale)
         scaler.unscale(grads)
         found_inf = scaler.update(clip_by_global_norm(grads, 1.0, mode="torch"))
         optimizer.step(grads, lr=1e-3, skip=found_inf)
@@ -397,9 +404,10 @@ def run_steps(device, mode, steps=2, dtype=numpy.float64):
     optimizer = AdamW(model.params, mode=mode)
     losses, norms = [], []
     for step in range(steps):
-        model.rng = backend.default_rng(model.xp, step)   # same draws: NumPy's Generator below
-        loss, grads = model.loss_and_grads(pretraining_batch(config, 3, 12, seed=step),
-                                           on_device=True)
+        model.rng = dropout_generator(model.xp, step)   # the same masks on both sides
+        with numpy_draws_like_the_gpu():
+            loss, grads = model.loss_and_grads(pretraining_batch(config, 3, 12, seed=step),
+                                               on_device=True)
         norms.append(float(clip_by_global_norm(grads, 0.05, mode=mode)))
         optimizer.step(grads, lr=1e-2)
         losses.append(float(loss))

@@ -24,6 +24,7 @@ pytest.importorskip("cupy")   # the stand-in is built from the real package's na
 
 import cupy_standin  # noqa: E402
 from conftest import record  # noqa: E402
+from counter_reference import keep_mask  # noqa: E402
 from nanobert import backend  # noqa: E402
 from nanobert.model import fast, fast_cpu, fast_gpu, ops  # noqa: E402
 from nanobert.model.config import BertConfig  # noqa: E402
@@ -219,17 +220,17 @@ def test_gelu_forward_backward(xp, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dropout_add_and_dropout_backward(xp, dtype):
     """fast.dropout_add_forward (p = 0.25 on [3, 7, 33], plus a residual) and
-    fast.dropout_backward on the device, against the host's arithmetic on the device's own
-    keep mask (its uniforms are the device generator's): the mask is 0 or 1 / (1 - p) in
-    dtype, about 3/4 of it kept; dx = dout * mask bitwise (one rounding either side); out
-    = x * mask + residual within one rounding (CUDA may fuse the product and the sum into
-    an fma)."""
+    fast.dropout_backward on the device (the mask drawn in the kernels, then regenerated),
+    against the host's arithmetic on the mask tests/counter_reference.py's NumPy Philox
+    draws for the same (seed, step, call): about 3/4 kept; dx = dout * mask bitwise (one
+    rounding either side: on CUDA this also shows the kernel's Philox is the reference's);
+    out = x * mask + residual within one rounding (CUDA may fuse the product and the sum
+    into an fma)."""
     x, residual, dout = (draw((3, 7, 33), dtype, seed) for seed in (19, 20, 21))
-    out, mask = fast.dropout_add_forward(xp.asarray(x), xp.asarray(residual), 0.25,
-                                         backend.default_rng(xp, 3), True)
-    dx = fast.dropout_backward(xp.asarray(dout), mask)
-    mask = host(mask)
-    assert mask.dtype == dtype and set(numpy.unique(mask)) <= {dtype(0), dtype(1 / 0.75)}
+    out, dropout = fast.dropout_add_forward(xp.asarray(x), xp.asarray(residual), 0.25,
+                                            backend.default_rng(xp, 3), True)
+    dx = fast.dropout_backward(xp.asarray(dout), dropout)
+    mask = keep_mask(3, 0, 0, x.shape, dtype, 0.25)
     assert 0.6 < (mask != 0).mean() < 0.9, (mask != 0).mean()
     numpy.testing.assert_array_equal(host(dx), dout * mask)
     check(f"gpu dropout + residual {numpy.dtype(dtype).name}", out, x * mask + residual,
@@ -292,14 +293,15 @@ def test_self_attention_without_dropout(xp, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_self_attention_backward_with_the_forwards_dropout_mask(xp, dtype):
-    """Dropout 0.25 drawn on the device (its Generator is not NumPy's): the device's
-    forward is checked against the host's math on its own mask (probs as the dropout-0
-    forward's, probs_dropped = probs * mask, context = probs_dropped v), and the backward
-    given the device's cache against fast_cpu's backward given the same cache copied to
-    the host: both use one mask."""
+    """Dropout 0.25 drawn in the device's kernels (a counter-based draw, not NumPy's
+    Generator): the device's forward is checked against the host's math on the mask that
+    draw makes (tests/counter_reference.py: probs as the dropout-0 forward's, probs_dropped =
+    probs * mask, context = probs_dropped v), and the backward, which regenerates the mask,
+    against fast_cpu's backward given the same cache with that mask on the host."""
     context, cache, grads = attention_run(xp.asarray, dtype, 0.25, backend.default_rng(xp, 5))
-    cache = host(cache)
-    assert cache.dropout_mask is not None and 0 < (cache.dropout_mask == 0).mean() < 0.5
+    mask = keep_mask(5, 0, 0, cache.probs.shape, dtype, 0.25)
+    cache = host(cache._replace(dropout_mask=None))._replace(dropout_mask=mask)
+    assert 0 < (cache.dropout_mask == 0).mean() < 0.5
     probs = attention_run(lambda a: a.copy(), dtype, 0.0, None)[1].probs
     dropped = ops.dropout_backward(probs, cache.dropout_mask)
     expected_context = fast_cpu.matmul(cache.probs_dropped, cache.v)       # [B, A, T, D]

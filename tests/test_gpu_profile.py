@@ -5,7 +5,9 @@ here runs on a GPU: the numbers it prints on one are unchecked here."""
 import json
 import subprocess
 import sys
+import types
 
+import numpy
 import pytest
 
 from bench import gpu_profile
@@ -43,16 +45,31 @@ def test_kernel_names_are_classified_as_matmul_elementwise_reduction_or_copy():
 
 def test_flags_and_their_defaults():
     args = gpu_profile.parse_args([])
-    assert (args.batch_sizes, args.precisions, args.preset, args.seq_len) == \
-        ([32, 128], ["tf32", "float16"], "base", 128)
+    assert [str(c) for c in args.cases] == ["base:32x128", "base:128x128", "mini:128x128",
+                                            "train.py", "base:32x512"]
+    assert (args.precisions, args.steps, args.train_py_steps) == (["tf32", "float16"], 10, 200)
     args = gpu_profile.parse_args(["--batch-sizes", "8", "--precisions", "float32,float16",
                                    "--steps", "3", "--preset", "mini", "--out", "x.json"])
-    assert (args.batch_sizes, args.precisions, args.steps, args.preset, args.out) == \
-        ([8], ["float32", "float16"], 3, "mini", "x.json")
+    assert (args.cases, args.precisions, args.steps, args.out) == \
+        ([gpu_profile.Case("step", "mini", 8, 128)], ["float32", "float16"], 3, "x.json")
+    args = gpu_profile.parse_args(["--seq-len", "512", "--batch-sizes", "32"])   # a worker's
+    assert (args.preset, args.batch_sizes, args.seq_len) == ("base", [32], 512)
+    args = gpu_profile.parse_args(["--cases", "large:16x128,train.py:mini", "--train-py-args",
+                                   "--batch-size 256 --max-seq-length 128"])
+    assert args.cases == [gpu_profile.Case("step", "large", 16, 128),
+                          gpu_profile.Case("train.py", "mini")]
+    assert args.train_py_args == ["--batch-size", "256", "--max-seq-length", "128"]
     for bad in (["--precisions", "bfloat16"], ["--batch-sizes", "a"], ["--steps", "0"],
-                ["--preset", "huge"]):
+                ["--preset", "huge"], ["--cases", "base:32"], ["--cases", "huge:1x1"],
+                ["--cases", "base:0x128"], ["--cases", "train.py:a b"],
+                ["--cases", "base:32x128", "--batch-sizes", "8"], ["--train-py-steps", "0"]):
         with pytest.raises(SystemExit):
             gpu_profile.parse_args(bad)
+
+
+def test_a_case_reads_back_as_written():
+    for text in ("base:32x512", "mini:128x128", "train.py", "train.py:mini"):
+        assert str(gpu_profile.parse_case(text)) == text
 
 
 def recorded_events(activities=True):
@@ -84,21 +101,110 @@ def test_summary_counts_kernels_apart_from_copies_and_runtime_calls(activities):
                                                        "cupy_sum"]
 
 
+def step_run(framework, case, precision, wall_ms, **fields):
+    case = gpu_profile.parse_case(case)
+    return {**gpu_profile.describe(framework, case, precision), "wall_ms": wall_ms,
+            "tokens_per_s": case.batch_size * case.seq_len / wall_ms * 1e3, **fields}
+
+
 def test_table_and_json_from_recorded_events():
-    run = {"framework": "nanobert", "batch_size": 32, "precision": "tf32", "wall_ms": 40.7,
-           "host_ms": 32.4, "mfu": 0.115, **gpu_profile.summarize(recorded_events(), steps=2)}
-    result = {"gpu": "NVIDIA H200", "cupy": "14.2.0", "torch": None, "date": "2026-11-26",
-              "preset": "base", "seq_len": 128, "steps": 2,
-              "runs": [run, {"framework": "torch", "batch_size": 32, "precision": "tf32",
-                             "error": "CUDA out of memory"}],
+    """Each run's row: wall and host time, the ratio to torch's run of the same case and
+    precision, tokens/s, MFU, peak and held memory; the kernel table below; a failed run and
+    a train.py case (no step time: its tokens/s and MFU) in their own words."""
+    ours = step_run("nanobert", "base:32x128", "tf32", 40.7, host_ms=32.4, mfu=0.115,
+                    peak_gib=5.0, held_gib=5.0, **gpu_profile.summarize(recorded_events(), 2))
+    theirs = step_run("torch", "base:32x128", "tf32", 50.875, host_ms=30.0, mfu=0.09,
+                      peak_gib=4.2, held_gib=4.75)
+    train_py = {**gpu_profile.describe("nanobert", gpu_profile.parse_case("train.py"), "tf32"),
+                "seq_len": 40, "tokens_per_s": 1.23e6, "tokens_per_s_lines": [4e5, 1.23e6],
+                "mfu": 0.009, "command": "train.py --device gpu"}
+    failed = {**gpu_profile.describe("torch", gpu_profile.parse_case("base:32x512"),
+                                     "float16"), "error": "CUDA out of memory"}
+    result = {"gpu": "NVIDIA H200", "cupy": "14.2.0", "torch": "2.11", "date": "2026-11-26",
+              "cases": ["base:32x128", "train.py", "base:32x512"], "steps": 2,
+              "train_py_steps": 200, "runs": [ours, theirs, train_py, failed],
               "parity": {"config": "L2 H128 B4 T32 float64", "loss_rel": 0.0,
                          "grad_worst_rel": 4.2e-15, "grad_worst_name": "cls.bias"}}
-    table = gpu_profile.format_table(result)
-    row = next(line for line in table.splitlines() if line.startswith("nanobert"))
-    assert row.split()[:9] == ["nanobert", "32", "tf32", "40.7", "32.4", "11.5", "0.8", "3",
-                               "1"]
-    assert "failed: CUDA out of memory" in table and "worst gradient 4.2e-15" in table
+    table = gpu_profile.format_table(result).splitlines()
+    rows = [line.split() for line in table if line.startswith(("nanobert", "torch"))]
+    assert rows[0] == ["nanobert", "base:32x128", "tf32", "40.7", "32.4", "0.80", "0.10",
+                       "11.5", "5.00", "5.00"], table
+    assert rows[1] == ["torch", "base:32x128", "tf32", "50.9", "30.0", "-", "0.08", "9.0",
+                       "4.20", "4.75"], table
+    assert rows[2] == ["nanobert", "train.py", "tf32", "-", "-", "-", "1.23", "0.9", "-",
+                       "-"], table
+    assert rows[3] == ["torch", "base:32x512", "float16", "failed:", "CUDA", "out", "of",
+                       "memory"], table
+    assert rows[4][:9] == ["nanobert", "base:32x128", "tf32", "0.8", "3", "1", "1", "4",
+                           "0.4"], table                 # the kernel table: profiled runs
+    assert len(rows) == 5 and any("worst gradient 4.2e-15" in line for line in table), table
     assert json.loads(json.dumps(result)) == result
+
+
+def test_peak_memory_reads_cupys_pool_and_torchs_peaks(monkeypatch):
+    """nanobert: what CuPy's pool holds (peak and held alike); torch: its max allocated and
+    max reserved, GiB."""
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        max_memory_allocated=lambda: 3 * 2 ** 29, max_memory_reserved=lambda: 2 ** 31))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert gpu_profile.peak_memory_gib("torch") == {"peak_gib": 1.5, "held_gib": 2.0}
+    pool = types.SimpleNamespace(total_bytes=lambda: 5 * 2 ** 30)
+    monkeypatch.setitem(sys.modules, "cupy",
+                        types.SimpleNamespace(get_default_memory_pool=lambda: pool))
+    assert gpu_profile.peak_memory_gib("nanobert") == {"peak_gib": 5.0, "held_gib": 5.0}
+
+
+def progress_lines(capsys, ranks=1, peak=None):
+    """train.py's own progress lines (train.log_train), for two windows."""
+    import train
+    from nanobert.training.metrics import Window
+    from nanobert.training.pretraining import STEP_KEYS
+    window = Window(peak, ranks)
+    args = types.SimpleNamespace(steps=200, no_nsp=False)
+    for step, tokens in ((40, 8e5), (80, 2.5e6)):
+        sums = dict.fromkeys(STEP_KEYS, 1.0)
+        sums["tokens"] = tokens
+        window.add(numpy.array([sums[k] for k in STEP_KEYS]), 2.0, 0.002 * 2.0 * 494.7e12)
+        train.log_train(args, None, "/dev/null", window, step, 1e-3, 1.0)
+        window.reset()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ranks, peak", [(1, 494.7), (1, None), (2, 494.7)])
+def test_read_progress_takes_train_pys_last_progress_line(capsys, ranks, peak):
+    out = "data: 168,836 instances of length 40\n" + progress_lines(capsys, ranks, peak)
+    record = gpu_profile.read_progress(out)
+    assert record["tokens_per_s_lines"] == [4e5, 1.25e6], out
+    assert record["tokens_per_s"] == 1.25e6 and record["seq_len"] == 40
+    assert record["mfu"] == (None if peak is None else pytest.approx(0.002, rel=0.01)), out
+    with pytest.raises(ValueError, match="no progress line"):
+        gpu_profile.read_progress("data: 10 instances of length 40\n")
+
+
+@pytest.mark.parametrize("precision, preset", [("tf32", "nano"), ("float32", "mini"),
+                                               ("float16", "nano")])
+def test_train_py_case_is_a_command_line_train_py_accepts(precision, preset):
+    import train
+    case = gpu_profile.Case("train.py", preset)
+    argv = gpu_profile.train_py_argv(case, precision, 60, "/tmp/x", ["--batch-size", "256"])
+    assert argv[1].endswith("train.py")
+    args = train.parse_args(argv[2:])
+    assert (args.device, args.steps, args.log_every, args.preset, args.batch_size) == \
+        ("gpu", 60, 12, preset, 256)
+    assert (args.dtype, args.no_tf32) == {"tf32": ("float32", False), "float32": (
+        "float32", True), "float16": ("float16", False)}[precision]
+
+
+def test_a_train_py_case_that_fails_is_recorded_with_its_line():
+    """Without a GPU, train.py --device gpu stops in one line; the case records it."""
+    if backend.gpu_available():
+        pytest.skip("a GPU is present")
+    record = gpu_profile.run_train_py(gpu_profile.Case("train.py", "nano"), "tf32", 2)
+    assert record["error"].startswith("error: --device gpu") and "tokens_per_s" not in record
+    assert (record["framework"], record["case"]) == ("nanobert", "train.py")
+    table = gpu_profile.format_table({"gpu": "-", "cupy": "-", "torch": None, "date": "-",
+                                      "runs": [record]})
+    assert "nanobert  train.py        tf32      failed: error: --device gpu" in table, table
 
 
 def test_profiler_events_read_torch_profiler_fields():
@@ -130,15 +236,26 @@ def test_help():
 
 
 def test_nanobert_part_runs_on_the_standin(tmp_path):
+    """A step case and a train.py case (on a small corpus, 4 steps, each logged), end to end:
+    records, their memory fields, train.py's tokens/s and length read from its output."""
     pytest.importorskip("cupy")
     from test_cupy_standin import run_on_standin
     out = tmp_path / "profile.json"
     counts, stdout = run_on_standin(tmp_path, [
-        "-m", "bench.gpu_profile", "--preset", "tiny", "--seq-len", "16", "--batch-sizes",
-        "2", "--precisions", "tf32,float16", "--steps", "1", "--no-torch", "--out", str(out)])
+        "-m", "bench.gpu_profile", "--cases", "tiny:2x16,train.py", "--precisions",
+        "tf32,float16", "--steps", "1", "--no-torch", "--out", str(out), "--train-py-steps",
+        "4", "--train-py-args", "--data data/brown/heldout.txt.gz --vocab "
+        "data/brown/vocab-uncased-8192.txt --batch-size 4 --max-seq-length 24"])
     result = json.loads(out.read_text())
-    assert [(r["framework"], r["precision"]) for r in result["runs"]] == \
-        [("nanobert", "tf32"), ("nanobert", "float16")], result
-    assert all(r["wall_ms"] > 0 and "error" not in r for r in result["runs"])
+    assert [(r["framework"], r["case"], r["precision"]) for r in result["runs"]] == \
+        [("nanobert", "tiny:2x16", "tf32"), ("nanobert", "tiny:2x16", "float16"),
+         ("nanobert", "train.py", "tf32"), ("nanobert", "train.py", "float16")], result
+    assert all("error" not in r and r["tokens_per_s"] > 0 and r["run_s"] > 0
+               for r in result["runs"]), result
+    assert result["environment"]["NANOBERT_CUPY_STANDIN"] == "1", result["environment"]
+    steps, train_py = result["runs"][:2], result["runs"][2:]
+    assert all(r["wall_ms"] > 0 and r["peak_gib"] == r["held_gib"] == 0 for r in steps)
+    assert all(r["seq_len"] == 24 and len(r["tokens_per_s_lines"]) == 4 for r in train_py)
+    assert "--dtype float16" in train_py[1]["command"], train_py
     assert result["parity"]["grad_worst_rel"] <= 1e-12, result["parity"]
     assert "parity, GPU vs NumPy" in stdout

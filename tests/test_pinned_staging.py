@@ -10,7 +10,7 @@ pytest.importorskip("cupy")   # the stand-in is built from the real package's na
 
 import cupy_standin  # noqa: E402
 from conftest import assert_close  # noqa: E402
-from nanobert import backend  # noqa: E402
+from counter_reference import dropout_generator, numpy_draws_like_the_gpu  # noqa: E402
 from nanobert.backend import PinnedStaging  # noqa: E402
 from nanobert.model.config import BertConfig  # noqa: E402
 from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
@@ -130,9 +130,10 @@ def steps(device, counts=None):
         counts.reset()
     losses = []
     for step, T in enumerate((12, 7, 14, 9, 5)):
-        model.rng = backend.default_rng(model.xp, step)   # same draws: NumPy's Generator below
-        loss, _ = model.loss_and_grads(pretraining_batch(config, 2, T, seed=step),
-                                       on_device=True)
+        model.rng = dropout_generator(model.xp, step)   # the same masks on both sides
+        with numpy_draws_like_the_gpu():
+            loss, _ = model.loss_and_grads(pretraining_batch(config, 2, T, seed=step),
+                                           on_device=True)
         losses.append(loss)
     return losses
 

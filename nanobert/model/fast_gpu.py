@@ -11,10 +11,12 @@ products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
 fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
 cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
-and the attention's layout moves one map kernel each (16 bytes of each input a thread). What
-each choice measured on an H200 is in its comment and in docs/gpu.md ("What each change
-did"); the CUDA kernels are not measured yet (docs/gpu.md says what they are expected to
-save).
+and the attention's layout moves one map kernel each (16 bytes of each input a thread).
+Dropout draws its keep mask inside those kernels from a counter-based generator
+(counter_rng.CounterGenerator, Philox4x32-10): no cuRAND draw, no mask kept; the backward
+regenerates it from the forward's DropoutDraw. What each choice measured on an H200 is in
+its comment and in docs/gpu.md ("What each change did"); the CUDA kernels are not measured
+yet (docs/gpu.md says what they are expected to save).
 
 Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
 dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter
@@ -384,12 +386,13 @@ def softmax_forward(x, overwrite_x=False):
 
 def _softmax(scores, mask_bias, dropout_p, rng):
     """The probabilities of scores [..., T] (+ mask_bias [B, 1, 1, T] for scores
-    [B, A, T, T], if given), then dropout with probability dropout_p, in one kernel
-    (kernels.cu's softmax_forward) -> (probs, probs after dropout, the keep mask or None:
-    without dropout, (probs, probs, None))."""
+    [B, A, T, T], if given), then dropout with probability dropout_p, its keep mask drawn in
+    the kernel from rng (a CounterGenerator), in one kernel (kernels.cu's softmax_forward)
+    -> (probs, probs after dropout, the DropoutDraw or None: without dropout, (probs, probs,
+    None))."""
     xp = array_module(scores)
     scores = _contiguous(scores)
-    dtype, stats = scores.dtype, _stats_dtype(scores.dtype)
+    dtype = scores.dtype
     keys = scores.shape[-1]
     rows = scores.size // keys
     probs = xp.empty(scores.shape, dtype)
@@ -398,17 +401,15 @@ def _softmax(scores, mask_bias, dropout_p, rng):
         mask_bias = _contiguous(mask_bias)
         if mask_bias.size * scores.shape[1] * scores.shape[2] != scores.size:
             raise ValueError(f"mask bias {mask_bias.shape} does not fit scores {scores.shape}")
-    dropout = dropout_p > 0.0
-    uniform = _uniform(scores, rng) if dropout else _unused(xp, stats)
-    dropped, keep = ((xp.empty(scores.shape, dtype) for _ in range(2)) if dropout
-                     else (_unused(xp, dtype),) * 2)
-    scale = _keep_scale(dtype, dropout_p)
+    draw = _draw(rng, dropout_p, scores.shape) if dropout_p > 0.0 else None
+    dropped = xp.empty(scores.shape, dtype) if draw is not None else _unused(xp, dtype)
     rows_per_bias = rows // scores.shape[0] if masked else 1
     _launch_rows("softmax_forward", dtype, rows, scores,
                  mask_bias if masked else _unused(xp, dtype), numpy.int32(masked),
-                 numpy.int64(rows_per_bias), numpy.int64(rows), numpy.int32(keys), uniform,
-                 stats.type(dropout_p), scale, numpy.int32(dropout), probs, dropped, keep)
-    return (probs, dropped, keep) if dropout else (probs, probs, None)
+                 numpy.int64(rows_per_bias), numpy.int64(rows), numpy.int32(keys),
+                 *_draw_arguments(xp, draw, dtype), numpy.int32(draw is not None), probs,
+                 dropped)
+    return (probs, dropped, draw) if draw is not None else (probs, probs, None)
 
 
 def softmax_backward(dout, y):
@@ -416,25 +417,74 @@ def softmax_backward(dout, y):
     return _softmax_backward(dout, None, y)
 
 
-def _softmax_backward(dprobs, keep_mask, y):
-    """dropout_backward (if keep_mask is given) then softmax_backward of [..., T]: one
-    kernel (kernels.cu's softmax_backward)."""
+def _softmax_backward(dprobs, draw, y):
+    """dropout_backward (if draw, a DropoutDraw, is given: its keep mask regenerated) then
+    softmax_backward of [..., T]: one kernel (kernels.cu's softmax_backward)."""
     xp = array_module(dprobs)
     dprobs = _contiguous(dprobs)
     keys = y.shape[-1]
     rows = y.size // keys
     dscores = xp.empty(y.shape, dprobs.dtype)
-    dropout = keep_mask is not None
+    if draw is not None:
+        _check_draw("the attention's softmax_backward", draw, dprobs)
     _launch_rows("softmax_backward", dprobs.dtype, rows, dprobs,
-                 keep_mask if dropout else _unused(xp, dprobs.dtype), numpy.int32(dropout),
+                 *_draw_arguments(xp, draw, dprobs.dtype), numpy.int32(draw is not None),
                  _contiguous(y), numpy.int64(rows), numpy.int32(keys), dscores)
     return dscores
 
 # ------------------------------------------------------------------------------- dropout
+# Dropout draws its keep mask inside the kernels from a counter-based generator
+# (counter_rng.CounterGenerator, Philox in kernels.cu): no uniform buffer, no cuRAND launch,
+# no mask stored. The forward's cache is the draw's description (DropoutDraw), from which the
+# backward regenerates the same mask.
+
+
+class DropoutDraw(NamedTuple):
+    """One dropout's keep mask as a counter-based draw: the cache the GPU forward keeps in
+    place of the mask (ops.AttentionCache.dropout_mask on the attention's path)."""
+    seed_lo: numpy.uint32      # Philox's key: the generator's seed
+    seed_hi: numpy.uint32
+    step: object               # the generator's 0-d uint64 device step, read by the kernels
+    call: numpy.uint32         # this draw's call index within the step
+    p: float                   # dropout probability; kept where the uniform >= p
+    shape: tuple               # the array it masks
+
+
+def _draw(rng, p, shape):
+    """The next dropout draw of rng, a counter_rng.CounterGenerator (backend.default_rng on
+    CuPy) -> a DropoutDraw. The step is the device array itself: a backward must run before
+    the generator's next begin_step."""
+    if not hasattr(rng, "next_call"):
+        raise ValueError(f"GPU dropout draws in its kernels from a CounterGenerator "
+                         f"(nanobert.backend.default_rng(cupy, seed)), not a "
+                         f"{type(rng).__name__}")
+    if math.prod(shape) > 2 ** 34:
+        raise ValueError(f"dropout of {shape}: more than 2^34 elements, the counter's range")
+    seed_lo, seed_hi = rng.key
+    return DropoutDraw(seed_lo, seed_hi, rng.step, numpy.uint32(rng.next_call()), p,
+                       tuple(shape))
+
+
+def _draw_arguments(xp, draw, dtype):
+    """A draw as the dropout kernels take it: step (the device counter), seed words, call,
+    p and the keep scale in the statistics' dtype (switched-off values without a draw)."""
+    stats = _stats_dtype(dtype)
+    if draw is None:
+        zero = numpy.uint32(0)
+        return _unused(xp, numpy.uint64), zero, zero, zero, stats.type(0), stats.type(1)
+    return (draw.step, draw.seed_lo, draw.seed_hi, draw.call, stats.type(draw.p),
+            _keep_scale(dtype, draw.p))
+
+
+def _check_draw(what, draw, dout):
+    if not isinstance(draw, DropoutDraw) or draw.shape != dout.shape:
+        raise ValueError(f"{what}: its cache should be the forward's DropoutDraw of "
+                         f"{dout.shape}, got {draw!r:.120}")
 
 
 def dropout_forward(x, p, rng, training):
-    """ops.dropout_forward: one map kernel after the uniform draw."""
+    """ops.dropout_forward: one map kernel that draws the keep mask itself
+    -> (out, DropoutDraw)."""
     if not training or p == 0.0:
         return x, None
     return _dropout(x, None, p, rng)
@@ -449,8 +499,8 @@ def dropout_add_forward(x, residual, p, rng, training):
 
 
 def _dropout(x, residual, p, rng):
-    """dropout of x with probability p (+ residual, if given) -> (out, keep mask), one map
-    kernel (kernels.cu's dropout)."""
+    """dropout of x with probability p (+ residual, if given) -> (out, DropoutDraw), one
+    map kernel (kernels.cu's dropout)."""
     xp = array_module(x)
     x = _contiguous(x)
     dtype = x.dtype
@@ -458,33 +508,37 @@ def _dropout(x, residual, p, rng):
     if added and residual.shape != x.shape:
         raise ValueError(f"dropout_add_forward: residual {residual.shape} is not shaped like "
                          f"x {x.shape}")
-    out, keep = xp.empty(x.shape, dtype), xp.empty(x.shape, dtype)
-    _launch_map("dropout", dtype, x.size, x, _uniform(x, rng), _stats_dtype(dtype).type(p),
-                _keep_scale(dtype, p), numpy.int32(added),
-                _contiguous(residual) if added else _unused(xp, dtype), numpy.int64(x.size),
-                out, keep)
-    return out, keep
+    draw = _draw(rng, p, x.shape)
+    out = xp.empty(x.shape, dtype)
+    _launch_map("dropout", dtype, x.size, x, *_draw_arguments(xp, draw, dtype),
+                numpy.int32(added), _contiguous(residual) if added else _unused(xp, dtype),
+                numpy.int64(x.size), out)
+    return out, draw
 
 
-def dropout_backward(dout, mask):
-    """ops.dropout_backward: dout * mask in one map kernel (dout itself without a mask)."""
-    if mask is None:
+def dropout_backward(dout, draw):
+    """ops.dropout_backward: dout times the forward's keep mask, regenerated from its
+    DropoutDraw, in one map kernel (dout itself without a draw)."""
+    if draw is None:
         return dout
     xp = array_module(dout)
-    dout, mask = _contiguous(dout), _contiguous(mask)
-    if mask.shape != dout.shape or mask.dtype != dout.dtype:
-        raise ValueError(f"dropout_backward: mask {mask.shape} {mask.dtype} does not match "
-                         f"dout {dout.shape} {dout.dtype}")
+    dout = _contiguous(dout)
+    _check_draw("dropout_backward", draw, dout)
     dx = xp.empty(dout.shape, dout.dtype)
-    _launch_map("dropout_backward", dout.dtype, dout.size, dout, mask, numpy.int64(dout.size),
-                dx)
+    _launch_map("dropout_backward", dout.dtype, dout.size, dout,
+                *_draw_arguments(xp, draw, dout.dtype), numpy.int64(dout.size), dx)
     return dx
 
 
-def _uniform(x, rng):
-    """A uniform draw shaped like x in the statistics' dtype (float32 for float16 x:
-    Generators draw no float16), which the dropout kernels compare with p."""
-    return rng.random(x.shape, dtype=_stats_dtype(x.dtype))
+def uniform(step, key, call, shape, dtype):
+    """The uniforms in [0, 1) of one counter-based draw (CounterGenerator.random: the device
+    step, the key's two words, the call index) -> a [shape] array of dtype (float32 or
+    float64), one map kernel (kernels.cu's uniform)."""
+    xp = array_module(step)
+    out = xp.empty(shape, dtype)
+    _launch_map("uniform", dtype, out.size, step, *key, numpy.uint32(call),
+                numpy.int64(out.size), out)
+    return out
 
 # ---------------------------------------------------------------------- self-attention
 

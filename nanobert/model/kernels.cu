@@ -83,6 +83,100 @@ __device__ __forceinline__ S warp_max(S v) {
     int lane = threadIdx.x % 32;                                                  \
     if (row >= rows) return;
 
+// -------------------------------------------------------------- dropout's random numbers
+
+// Dropout draws inside the kernels from a counter-based generator, Philox4x32-10 (Salmon,
+// Moraes, Dror and Shaw, "Parallel random numbers: as easy as 1, 2, 3", SC 2011; Random123's
+// philox4x32_10): a keyed bijection of a 128-bit counter, so any element's number is a pure
+// function of where it is. No uniform buffer and no cuRAND launch (a captured CUDA graph
+// would replay a host-API draw with the same numbers every step), and the backward
+// regenerates the forward's keep mask instead of reading a stored one. The layout
+// (nanobert/model/counter_rng.py and tests/counter_reference.py say the same):
+//     key     = (seed lo32, seed hi32)
+//     counter = (element index / 4, call index, step lo32, step hi32)
+//     element i takes word i % 4 of its block; u = (word >> 8) 2^-24 in S, exact in float
+//     and double (NumPy and CUDA agree bitwise); kept where u >= p, as ops.dropout_forward.
+// The step is read from a device counter (CounterGenerator.step, advanced in place once an
+// optimizer step: a graph's replays draw new masks); the call index, one per dropout of a
+// step in a fixed order, is a kernel argument. A block costs 10 rounds of two 32x32->64-bit
+// products and a few xors for 4 elements; its counter's first word bounds a draw to 2^34
+// elements.
+// Estimate, unmeasured (no GPU at hand; ../shared/GPU-MEASURED.md, BERT-base B=128 T=128
+// float16, 617M dropped-or-kept elements a step): the 37 cuRAND draws go (1.6 ms measured,
+// 2.5 GB of float32 uniforms written), and so do the dropout kernels' 2.5 GB of uniform reads,
+// 1.2 GB of mask writes and 1.2 GB of mask reads in the backward (~2 ms at ~2.4 TB/s);
+// against that ~0.38G Philox blocks a step (forward, dropout's backward, the softmax
+// backward's two passes), ~27G integer instructions, up to ~1.6 ms where the memory does not
+// hide them: ~2-3.5 ms of the 49 ms step. Memory: the masks kept for the backward, 1.2 GB
+// (float16) or 2.5 GB (float32) at that size, are no longer held.
+
+struct Philox {
+    unsigned int word[4];
+};
+
+// Philox4x32-10 of (counter c, key k): a round multiplies c0 and c2 by the constants and
+// mixes the products' halves with c1, c3 and the key; the key gains the Weyl increments
+// between rounds
+__device__ __forceinline__ Philox philox4x32_10(unsigned int c0, unsigned int c1,
+                                                unsigned int c2, unsigned int c3,
+                                                unsigned int k0, unsigned int k1) {
+    #pragma unroll
+    for (int round = 0; round < 10; round++) {
+        const unsigned long long p0 = 0xD2511F53ull * c0, p1 = 0xCD9E8D57ull * c2;
+        c0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0;
+        c1 = (unsigned int)p1;
+        c2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1;
+        c3 = (unsigned int)p0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return {{c0, c1, c2, c3}};
+}
+
+// One dropout draw as a kernel takes it: the step read once from the device counter, the
+// key and the call index as arguments, p and the keep scale 1 / (1 - p) (rounded to T).
+struct Draw {
+    unsigned int seed_lo, seed_hi, call;
+    unsigned long long step;
+    S p, scale;
+
+    __device__ Draw(const unsigned long long* step_, unsigned int seed_lo_,
+                    unsigned int seed_hi_, unsigned int call_, S p_, S scale_, int on)
+        : seed_lo(seed_lo_), seed_hi(seed_hi_), call(call_), step(on ? *step_ : 0), p(p_),
+          scale(scale_) {}
+    // the four words of the elements 4 group .. 4 group + 3
+    __device__ __forceinline__ Philox block(long long group) const {
+        return philox4x32_10((unsigned int)group, call, (unsigned int)step,
+                             (unsigned int)(step >> 32), seed_lo, seed_hi);
+    }
+    // a word's uniform in [0, 1), 24 bits, as numpy's float32 random
+    __device__ __forceinline__ static S uniform(unsigned int word) {
+        return (S)(word >> 8) * (S)5.9604644775390625e-8;      // 2^-24
+    }
+    // dropout's factor for a word: scale where kept, 0 where dropped
+    __device__ __forceinline__ S keep(unsigned int word) const {
+        return uniform(word) >= p ? scale : 0;
+    }
+};
+
+// The row [start, start + keys) walked in the counter layout's groups of 4 elements, a group
+// a lane (32 groups apart), so that one Philox block serves 4 elements:
+// visit(element index, key, dropout's factor: 1 without dropout)
+template <typename Visit>
+__device__ __forceinline__ void walk_row_groups(long long start, int keys, int lane,
+                                                const Draw& draw, int dropout, Visit visit) {
+    const long long end = start + keys;
+    for (long long group = start / 4 + lane; group * 4 < end; group += 32) {
+        const Philox words = dropout ? draw.block(group) : Philox{{0, 0, 0, 0}};
+        #pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const long long i = group * 4 + w;
+            if (i >= start && i < end)
+                visit(i, (int)(i - start), dropout ? draw.keep(words.word[w]) : (S)1);
+        }
+    }
+}
+
 // --------------------------------------------------------------------------- row kernels
 
 // Each lane walks its row 32 elements apart; `#pragma unroll 4` keeps four of its loads in
@@ -151,15 +245,18 @@ __device__ __forceinline__ S score(const T* scores, const T* bias, long long at,
 }
 
 // ops.softmax_forward of rows of `keys` scores, each plus the mask bias of its batch element
-// (rows_per_bias rows share one; masked = 0: none), then, if dropout, ops.dropout_forward:
-// keep_mask = (uniform >= p) scale, dropped = probs keep_mask, both rounded to T.
+// (rows_per_bias rows share one; masked = 0: none), then, if dropout, ops.dropout_forward
+// with the keep mask drawn here (element index row * keys + key): dropped = probs keep,
+// rounded to T. The third pass walks the row in the counter's groups of 4. Reads the scores
+// (the second and third passes from the cache), writes probs and dropped: no mask.
 extern "C" __global__ void nanobert_softmax_forward(
         const T* scores, const T* bias, int masked, long long rows_per_bias, long long rows,
-        int keys, const S* uniform, S p, S scale, int dropout,
-        T* probs, T* dropped, T* keep_mask) {
+        int keys, const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, T* probs, T* dropped) {
     ROW_AND_LANE(rows)
     const long long start = row * keys;
     const T* row_bias = bias + (masked ? row / rows_per_bias * keys : 0);
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
     S row_max = minus_infinity(S(0));
     #pragma unroll 4
     for (int j = lane; j < keys; j += 32) {
@@ -172,42 +269,35 @@ extern "C" __global__ void nanobert_softmax_forward(
     for (int j = lane; j < keys; j += 32)
         sum += exp_(score(scores, row_bias, start + j, j, masked) - row_max);
     sum = warp_sum(sum);
-    #pragma unroll 4
-    for (int j = lane; j < keys; j += 32) {
+    walk_row_groups(start, keys, lane, draw, dropout, [&](long long i, int j, S keep) {
         T y;
-        store(&y, exp_(score(scores, row_bias, start + j, j, masked) - row_max) / sum);
-        probs[start + j] = y;
-        if (dropout) {
-            T keep;
-            store(&keep, uniform[start + j] >= p ? scale : 0);
-            keep_mask[start + j] = keep;
-            store(&dropped[start + j], widen(y) * widen(keep));
-        }
-    }
+        store(&y, exp_(score(scores, row_bias, i, j, masked) - row_max) / sum);
+        probs[i] = y;
+        if (dropout) store(&dropped[i], widen(y) * keep);
+    });
 }
 
-// ops.dropout_backward (if dropout: g = dprobs keep_mask, rounded to T) then
-// ops.softmax_backward: dscores = g y - y sum(g y).
+// ops.dropout_backward (if dropout: g = dprobs keep, rounded to T, the keep mask regenerated
+// from the forward's draw) then ops.softmax_backward: dscores = g y - y sum(g y). Both passes
+// regenerate the mask (two Philox blocks per 4 elements) rather than store it.
 extern "C" __global__ void nanobert_softmax_backward(
-        const T* dprobs, const T* keep_mask, int dropout, const T* probs, long long rows,
-        int keys, T* dscores) {
+        const T* dprobs, const unsigned long long* step, unsigned int seed_lo,
+        unsigned int seed_hi, unsigned int call, S p, S scale, int dropout, const T* probs,
+        long long rows, int keys, T* dscores) {
     ROW_AND_LANE(rows)
     const long long start = row * keys;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
     S sum = 0;
-    #pragma unroll 4
-    for (int j = lane; j < keys; j += 32) {
-        S g = widen(dprobs[start + j]);
-        if (dropout) g = round_to_T(g * widen(keep_mask[start + j]));
-        sum += g * widen(probs[start + j]);
-    }
+    walk_row_groups(start, keys, lane, draw, dropout, [&](long long i, int, S keep) {
+        const S g = dropout ? round_to_T(widen(dprobs[i]) * keep) : widen(dprobs[i]);
+        sum += g * widen(probs[i]);
+    });
     sum = warp_sum(sum);
-    #pragma unroll 4
-    for (int j = lane; j < keys; j += 32) {
-        S g = widen(dprobs[start + j]);
-        if (dropout) g = round_to_T(g * widen(keep_mask[start + j]));
-        S y = widen(probs[start + j]);
-        store(&dscores[start + j], g * y - y * sum);
-    }
+    walk_row_groups(start, keys, lane, draw, dropout, [&](long long i, int, S keep) {
+        const S g = dropout ? round_to_T(widen(dprobs[i]) * keep) : widen(dprobs[i]);
+        const S y = widen(probs[i]);
+        store(&dscores[i], g * y - y * sum);
+    });
 }
 
 // ops.cross_entropy_forward of rows of `classes` logits (the MLM head's [M, V]: its largest
@@ -301,31 +391,6 @@ extern "C" __global__ void nanobert_gelu_backward(const T* dout, const T* x, con
         if (i >= n) break;
         store(&dx[i], (exp_(v[k] * v[k] * (S)-0.5) * v[k] * (S)0.39894228040143267794 + c[k])
                       * d[k]);
-    }
-}
-
-// ops.dropout_forward: keep_mask = (uniform >= p) scale, rounded to T; out = x keep_mask,
-// rounded to T, and if add_residual, out + residual (ops.dropout_add_forward), rounded again
-extern "C" __global__ void nanobert_dropout(const T* x, const S* uniform, S p, S scale,
-                                            int add_residual, const T* residual, long long n,
-                                            T* out, T* keep_mask) {
-    S v[ELEMENTS], u[ELEMENTS], r[ELEMENTS];
-    #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) {
-        const long long i = element(k);
-        v[k] = i < n ? widen(x[i]) : 0;
-        u[k] = i < n ? uniform[i] : 0;
-        r[k] = i < n && add_residual ? widen(residual[i]) : 0;
-    }
-    #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) {
-        const long long i = element(k);
-        if (i >= n) break;
-        T keep;
-        store(&keep, u[k] >= p ? scale : 0);
-        keep_mask[i] = keep;
-        const S dropped = round_to_T(v[k] * widen(keep));
-        store(&out[i], add_residual ? dropped + r[k] : dropped);
     }
 }
 
@@ -446,21 +511,85 @@ extern "C" __global__ void nanobert_move_heads(const T* in, int to_rows, int hea
     }
 }
 
-// ops.dropout_backward: dx = dout keep_mask, rounded to T
-extern "C" __global__ void nanobert_dropout_backward(const T* dout, const T* keep_mask,
-                                                     long long n, T* dx) {
-    S d[ELEMENTS], m[ELEMENTS];
+// ------------------------------------------------------------------ dropout (map kernels)
+// A thread takes ELEMENTS consecutive elements (16 bytes of each T-typed input, as the head
+// kernels), so that one Philox block serves 4 of them: 2 blocks a float16 thread, 1 a float32
+// one; a float64 thread's 2 elements use half of one.
+
+// the Philox words of this thread's ELEMENTS elements from `first`, one each
+__device__ __forceinline__ void element_words(const Draw& draw, long long first,
+                                              unsigned int* word) {
+    constexpr int BLOCKS = ELEMENTS >= 4 ? ELEMENTS / 4 : 1;
+    const int offset = ELEMENTS >= 4 ? 0 : (int)(first % 4);     // float64: 0 or 2
+    Philox words[BLOCKS];
     #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) {
-        const long long i = element(k);
-        d[k] = i < n ? widen(dout[i]) : 0;
-        m[k] = i < n ? widen(keep_mask[i]) : 0;
+    for (int b = 0; b < BLOCKS; b++) words[b] = draw.block(first / 4 + b);
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) word[e] = words[(offset + e) / 4].word[(offset + e) % 4];
+}
+
+// ops.dropout_forward with the keep mask drawn here: out = x keep, rounded to T, and if
+// add_residual, out + residual (ops.dropout_add_forward), rounded again. Reads x (and the
+// residual), writes out: no mask.
+extern "C" __global__ void nanobert_dropout(
+        const T* x, const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int add_residual, const T* residual, long long n,
+        T* out) {
+    const long long first = first_element();
+    if (first >= n) return;
+    S v[ELEMENTS], r[ELEMENTS];
+    unsigned int word[ELEMENTS];
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        const long long i = first + e;
+        v[e] = i < n ? widen(x[i]) : 0;
+        r[e] = i < n && add_residual ? widen(residual[i]) : 0;
     }
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, 1);
+    element_words(draw, first, word);
     #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) {
-        const long long i = element(k);
+    for (int e = 0; e < ELEMENTS; e++) {
+        const long long i = first + e;
         if (i >= n) break;
-        store(&dx[i], d[k] * m[k]);
+        const S dropped = round_to_T(v[e] * draw.keep(word[e]));
+        store(&out[i], add_residual ? dropped + r[e] : dropped);
+    }
+}
+
+// ops.dropout_backward: dx = dout keep, rounded to T, the forward's keep mask regenerated
+// from its draw. Reads dout, writes dx.
+extern "C" __global__ void nanobert_dropout_backward(
+        const T* dout, const unsigned long long* step, unsigned int seed_lo,
+        unsigned int seed_hi, unsigned int call, S p, S scale, long long n, T* dx) {
+    const long long first = first_element();
+    if (first >= n) return;
+    S d[ELEMENTS];
+    unsigned int word[ELEMENTS];
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) d[e] = first + e < n ? widen(dout[first + e]) : 0;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, 1);
+    element_words(draw, first, word);
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        if (first + e >= n) break;
+        store(&dx[first + e], d[e] * draw.keep(word[e]));
+    }
+}
+
+// CounterGenerator.random: n uniforms in [0, 1) of one call index, in S (a float module for
+// float32, a double one for float64), the same numbers the dropout kernels compare with p:
+// so ops.dropout_forward on CuPy draws the fused kernels' masks. Writes u.
+extern "C" __global__ void nanobert_uniform(
+        const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, long long n, S* u) {
+    const long long first = first_element();
+    if (first >= n) return;
+    unsigned int word[ELEMENTS];
+    element_words(Draw(step, seed_lo, seed_hi, call, 0, 0, 1), first, word);
+    #pragma unroll
+    for (int e = 0; e < ELEMENTS; e++) {
+        if (first + e >= n) break;
+        u[first + e] = Draw::uniform(word[e]);
     }
 }
 

@@ -1,4 +1,4 @@
-"""The kernels of the fast layer's CuPy path (fast_gpu.py), so that a step launches ~680
+"""The kernels of the fast layer's CuPy path (fast_gpu.py), so that a step launches ~630
 kernels rather than ~3,500 (each CuPy call costs ~10 us of host time, whatever its size), and
 each reads and writes its arrays once. fast_gpu.gemm calls cuBLAS itself; every other CuPy
 kernel is here, each the arithmetic of a few lines of an op in ops.py (the reference, whose
@@ -7,7 +7,10 @@ math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place th
 - CUDA kernels (kernels.cu, compiled by cupy.RawModule once a dtype): row kernels for the ops
   that reduce over a row and then map it (LayerNorm, the attention's mask + softmax +
   dropout, the cross-entropy), one warp a row; map kernels for GELU, dropout and the
-  attention's head layouts, 16 bytes of each input a thread.
+  attention's head layouts, 16 bytes of each input a thread. Dropout draws its keep mask
+  inside the kernels from Philox4x32-10 (counter_rng.CounterGenerator: no cuRAND draw, no
+  mask stored; the backward regenerates it), and the uniform kernel is that generator's
+  random().
 - An ElementwiseKernel with a CUDA C body for AdamW (a whole step over the flat buffers).
 On NumPy nothing here is used.
 
@@ -20,9 +23,9 @@ only on a lent GPU (tests/test_gpu_numerics.py, bench.gpu_profile).
 from pathlib import Path
 
 # -------------------------------------------------------------------- CUDA kernels
-# kernels.cu: the row kernels (LayerNorm, the attention's softmax, the cross-entropy) and the
-# map kernels (GELU, dropout, the attention's layouts), with what each costs and why it is
-# shaped so.
+# kernels.cu: dropout's generator (Philox4x32-10), the row kernels (LayerNorm, the attention's
+# softmax, the cross-entropy) and the map kernels (GELU, dropout, the attention's layouts),
+# with what each costs and why it is shaped so.
 
 CUDA_SOURCE = Path(__file__).with_name("kernels.cu")
 CUDA_TYPES = {"e": ("half16", "float"), "f": ("float", "float"), "d": ("double", "double")}
@@ -32,7 +35,7 @@ MAP_BYTES = 16                                 # bytes of each array a map threa
 
 ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
                     "softmax_backward", "cross_entropy_forward", "cross_entropy_backward")
-MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward",
+MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward", "uniform",
                     "attention_heads", "attention_grads", "move_heads",
                     "bias_gelu_forward", "bias_gelu_backward")
 

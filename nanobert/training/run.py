@@ -9,7 +9,8 @@ import sys
 
 import numpy
 
-from nanobert.backend import default_rng, resolve_device, reuse_freed_memory, set_tf32
+from nanobert.backend import (default_rng, require_gpu, resolve_device, reuse_freed_memory,
+                               set_tf32)
 from nanobert.distributed import end_job, process_group
 from nanobert.formats.fileio import atomic_open, output_folder
 from nanobert.model.flat import flat_buffer
@@ -17,10 +18,13 @@ from nanobert.model.optim import AdamW, LossScaler
 
 
 def setup_device(args):
-    """--device resolved (default $NANOBERT_DEVICE or cpu), TF32 as --no-tf32 says, and
-    freed memory reused (each step's arrays land in already mapped pages)."""
+    """--device resolved (default $NANOBERT_DEVICE or cpu) and, for the GPU, checked to run
+    here (require_gpu: one line before any data work), TF32 as --no-tf32 says, and freed
+    memory reused (each step's arrays land in already mapped pages)."""
     reuse_freed_memory()
     args.device = resolve_device(args.device)
+    if args.device == "gpu":
+        require_gpu()
     set_tf32(not args.no_tf32)
 
 
@@ -54,25 +58,32 @@ def broadcast_weights(group, model):
 
 
 def seed_dropout(model, seed, rank):
-    """One dropout Generator for the run, a stream of its own on each rank."""
+    """One dropout generator for the run, a stream of its own on each rank (on the GPU the
+    counter-based one, backend.default_rng)."""
     model.rng = default_rng(model.xp, seed + 1_000_003 * rank)
 
 
 def dropout_state(model, group):
-    """The dropout Generator's state (a JSON-able dict) for a checkpoint, so that a resumed
-    run draws the masks an uninterrupted one would: one process on the CPU. None where it is
-    not saved: a GPU generator (cuRAND's state is not readable) or several ranks (rank 0
-    alone writes the checkpoint)."""
-    if model.xp is numpy and group.world_size == 1:
+    """The dropout generator's state (a JSON-able dict) for a checkpoint, so that a resumed
+    run draws the masks an uninterrupted one would, in one process: the CPU's bit generator
+    state, the GPU's counter (CounterGenerator.state_dict: seed, step, calls; a device read,
+    at checkpoint time only). None with several ranks (rank 0 alone writes the checkpoint)."""
+    if group.world_size > 1:
+        return None
+    if model.xp is numpy:
         return model.rng.bit_generator.state
-    return None
+    return model.rng.state_dict()
 
 
 def restore_dropout(model, saved, seed, step, rank):
-    """The dropout stream where the checkpoint left it (`saved`: dropout_state's), else a new
-    stream from (seed, step, rank), said so: the run then goes on closely, not bit for bit."""
-    if saved is not None and model.xp is numpy:
-        model.rng.bit_generator.state = saved
+    """The dropout stream where the checkpoint left it (`saved`: dropout_state's, of the same
+    device kind), else a new stream from (seed, step, rank), said so: the run then goes on
+    closely, not bit for bit."""
+    if saved is not None and (model.xp is numpy) == ("bit_generator" in saved):
+        if model.xp is numpy:
+            model.rng.bit_generator.state = saved
+        else:
+            model.rng.load_state_dict(saved)
         return
     model.rng = default_rng(model.xp, int(numpy.random.SeedSequence([seed, step, rank])
                                           .generate_state(1)[0]))
