@@ -486,8 +486,8 @@ def main(argv=None):
     else:
         model, optimizer, scaler, state = new_model(args, tokenizer.vocab_size, metrics_path)
     broadcast_weights(group, model)
-    if model.xp is not numpy:     # one Generator for the run: a new one per step would cost
-        seed_dropout(model, args.seed, group.rank)                            # launches
+    if model.xp is not numpy:     # the counter-based generator, at the step the run is at:
+        seed_dropout(model, args.seed, group.rank, state["step"])  # masks from (seed, step)
     config = model.config
     for dataset in data.train_sets + ([data.heldout] if data.heldout else []):
         dataset.check_compatible(config, tokenizer)

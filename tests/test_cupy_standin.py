@@ -534,17 +534,33 @@ def test_train_py_steps_that_do_not_log_never_sync(tmp_path, dtype):
     """train.py --device gpu, unmodified, on the stand-in (B=2, one layer of H=32): a run of
     6 steps and one of 3, each logging and saving once at its end, differ by 3 steps that do
     not log, and those issue no host wait at all: no device-to-host sync, no pageable
-    host-to-device copy; each hands its batch over as 6 async copies from pinned memory
+    host-to-device copy; each hands its inputs over as 9 async copies from pinned memory
     (input_ids, token_type_ids, attention_mask, the masked positions, their labels, the NSP
-    labels); the run keeps one dropout Generator."""
+    labels, the learning rate, the two denominators) and replays the step's CUDA graph,
+    captured once; the run keeps one dropout generator."""
     quiet = ("--log-every", "1000", "--checkpoint-every", "1000", "--eval-every", "0",
              "--dtype", dtype, "--batch-size", "2")
     short, long = train_on_standin(tmp_path, 3, *quiet), train_on_standin(tmp_path, 6, *quiet)
     print(f"train.py --device gpu {dtype} on the stand-in: 3 steps {short}, 6 steps {long}")
     assert long["syncs"] == short["syncs"], (short["sync_sites"], long["sync_sites"])
     assert long["pageable_copies"] == short["pageable_copies"]
-    assert long["pinned_copies"] - short["pinned_copies"] == 3 * 6
+    assert long["pinned_copies"] - short["pinned_copies"] == 3 * 9
     assert long["generators"] == short["generators"]
+    assert long["captures"] == short["captures"] == 1
+    assert long["graph_launches"] - short["graph_launches"] == 3
+
+
+def test_train_py_replays_what_it_would_run_eagerly(tmp_path):
+    """train.py --device gpu on the stand-in, 5 steps replayed from its CUDA graph and 5 with
+    --no-cuda-graph (dropout on, the lr warming up): the same checkpoint, byte for byte."""
+    quiet = ("--log-every", "1000", "--checkpoint-every", "1000", "--eval-every", "0",
+             "--batch-size", "2", "--warmup", "3")
+    graphed = train_on_standin(tmp_path, 5, *quiet)
+    eager = train_on_standin(tmp_path, 5, *quiet, "--no-cuda-graph")
+    assert graphed["graph_launches"] == 4 and eager["graph_launches"] == 0   # 1: eager
+    weights = [(tmp_path / f"run-5-{n}" / "checkpoint" / "model.safetensors").read_bytes()
+               for n in (len(quiet), len(quiet) + 1)]
+    assert weights[0] == weights[1]
 
 
 def test_bench_device_gpu_runs_on_the_standin(tmp_path):

@@ -57,10 +57,13 @@ def broadcast_weights(group, model):
         group.broadcast_(flat_buffer(model.params))
 
 
-def seed_dropout(model, seed, rank):
+def seed_dropout(model, seed, rank, step=0):
     """One dropout generator for the run, a stream of its own on each rank (on the GPU the
-    counter-based one, backend.default_rng)."""
+    counter-based one, backend.default_rng, at `step`: its masks are a function of (seed,
+    step), so a run resumed at a step draws those of an uninterrupted one)."""
     model.rng = default_rng(model.xp, seed + 1_000_003 * rank)
+    if step and model.xp is not numpy:
+        model.rng.load_state_dict({"seed": model.rng.seed, "step": step, "calls": 0})
 
 
 def dropout_state(model, group):

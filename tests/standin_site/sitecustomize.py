@@ -21,5 +21,6 @@ if os.environ.get("NANOBERT_CUPY_STANDIN") == "1":
                            "host_waits": c.host_waits, "syncs": c.syncs,
                            "generators": c.generators, "sync_sites": dict(c.sync_sites),
                            "pageable_copies": c.pageable_copies,
-                           "pinned_copies": c.pinned_copies}, f)
+                           "pinned_copies": c.pinned_copies, "captures": c.captures,
+                           "graph_launches": c.graph_launches}, f)
     atexit.register(_write_counts)
