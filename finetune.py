@@ -51,7 +51,7 @@ import time
 
 import numpy
 
-from nanobert import BertConfig, average_gradients, flags, learning_rate
+from nanobert import BertConfig, flags, learning_rate
 from nanobert.data import datasets, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
@@ -60,17 +60,18 @@ from nanobert.formats.fileio import atomic_folder
 from nanobert.formats.hub import resolve_model
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
+from nanobert.training.graph import GPUTrainStep
 from nanobert.training.guards import check_weights
 from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, resume_training, save_checkpoint)
-from nanobert.training.run import (StopFlag, broadcast_weights, dropout_state, epoch_order,
-                                   make_optimizer, remove_stale, restore_dropout, run_command,
-                                   seed_dropout, setup_device, start_ranks, write_summary)
-from nanobert.training.step import update
+from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
+                                   dropout_state, epoch_order, make_optimizer, remove_stale,
+                                   restore_dropout, run_command, seed_dropout, setup_device,
+                                   start_ranks, write_summary)
 from nanobert.training.tasks import (DO_SPLITS, TASKS, check_length, evaluate,
-                                     evaluate_fine_tuned, fine_tuned_task, format_scores,
-                                     is_better, load_data)
+                                     evaluate_fine_tuned, fine_tuned_task, fine_tuning_step,
+                                     format_scores, is_better, load_data)
 
 # The no-argument demo, sized to a minute or two on 2 CPU cores. Measured with 4,000 sentences
 # (2026-11-25, README's speed-section machine): 1.0 min of training, dev accuracy 0.830, test
@@ -191,7 +192,7 @@ def add_run_arguments(g):
                         "for loss (default: accuracy; f1 for ner, squad, MRPC, QQP; matthews "
                         "for CoLA; spearman for regress)")
     flags.add(g, "--seed", help="head init, shuffling, dropout, subsampling")
-    flags.add(g, "--device", "--dtype", "--no-tf32")
+    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
     g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")
@@ -384,6 +385,9 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
     if data.label_list:
         print(f"labels: {data.label_list}")
     micro = max(1, args.batch_size // group.world_size // args.grad_accum)
+    gpu_step = None if model.xp is numpy else GPUTrainStep(
+        model, group, optimizer, scaler, args.optimizer, args.max_grad_norm,
+        cuda_graph=cuda_graph_enabled(args))
     window, step = Window(), state["step"]
     clock = Clock(state, step)
     while step < num_train_steps:
@@ -396,14 +400,10 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
         rows = order[position * args.batch_size:(position + 1) * args.batch_size]
         mine = rank_slice(rows, group)                  # this rank's slice, in micro-batches
         parts = [mine[m:m + micro] for m in range(0, len(mine), micro)]
-        loss, grads, _ = average_gradients(
-            lambda batch: model.loss_and_grads(batch, loss_scale=scaler.scale if scaler else None),
-            [features.batch(p) for p in parts], weights=[len(p) / len(rows) for p in parts])
-        loss = group.sum([loss])[0]    # read every step, also on the GPU: fine-tuning steps are few
         lr = learning_rate(step, args.lr, warmup, num_train_steps)
         step += 1
-        update(group, model, optimizer, scaler, grads, lr, step, args.max_grad_norm,
-               args.optimizer, loss=loss)
+        loss = fine_tuning_step(args, group, model, optimizer, scaler, gpu_step, features,
+                                parts, len(rows), lr, step)
         window.add(numpy.array([loss, len(rows)]), time.time() - start)
         if group.is_main and (step % args.log_every == 0 or step == num_train_steps):
             log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, clock)

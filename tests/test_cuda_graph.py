@@ -13,11 +13,15 @@ import pytest
 pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
 
 import cupy_standin  # noqa: E402
+from nanobert.data.tasks import Features  # noqa: E402
 from nanobert.model import fast_gpu  # noqa: E402
-from nanobert.model.config import BertConfig  # noqa: E402
+from nanobert.model.config import BertConfig, with_labels  # noqa: E402
+from nanobert.model.heads import (TASK_HEADS, BertForMultipleChoice,  # noqa: E402
+                                  BertForQuestionAnswering, BertForTokenClassification)
 from nanobert.model.optim import AdamW, LossScaler, learning_rate  # noqa: E402
 from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-from nanobert.training.graph import StepGraph  # noqa: E402
+from nanobert.training import tasks  # noqa: E402
+from nanobert.training.graph import GPUTrainStep, StepGraph  # noqa: E402
 from nanobert.training.pretraining import GPUStep  # noqa: E402
 from test_cupy_standin import TINY, pretraining_batch  # noqa: E402
 
@@ -150,7 +154,7 @@ def test_replayed_steps_equal_eager_steps(cupy, dtype, grad_accum, optimizer):
     cupy.counts.reset()
     graphed, step, state, losses = train_steps(True, 6, dtype, grad_accum, optimizer)
     assert cupy.counts.captures == 1 and cupy.counts.graph_launches == 5
-    assert step.graph.graphs == 1
+    assert step.step.graph.graphs == 1
     assert losses == eager_losses
     assert (graphed.buffer.get() == eager.buffer.get()).all()
     for key, value in eager_state[2].items():
@@ -187,5 +191,75 @@ def test_a_replayed_step_issues_one_launch_and_never_waits(cupy):
     counts = cupy.counts
     assert counts.graph_launches == 1 and counts.kernel_launches == 0, dict(counts.kernels)
     assert counts.syncs == 0 and counts.host_waits == 0
-    assert counts.copies == counts.pinned_copies == 6 + 1 + 2     # batch, lr, denominators
+    # the batch, the lr, the micro-batch's weight, the two denominators
+    assert counts.copies == counts.pinned_copies == 6 + 1 + 1 + 2
     assert counts.graph_nodes > 100                                   # the whole step
+
+# ------------------------------------------------------------------------ fine-tuning
+
+
+def random_features(model_class, n, seed=0, lengths=(5, 16)):
+    """n rows of made-up features for a task head: lengths drawn in [5, 16], targets that
+    count differently per batch (token labels -100 at random)."""
+    rng = numpy.random.default_rng(seed)
+
+    def row(length):
+        return rng.integers(5, 97, size=length).tolist()
+    lengths_ = rng.integers(*lengths, size=n, endpoint=True)
+    if model_class is BertForMultipleChoice:
+        ids = [[row(length), row(max(5, length - 2)), row(length)] for length in lengths_]
+        types = [[[0] * len(s) for s in r] for r in ids]
+        return Features(ids, types, {"labels": rng.integers(0, 3, size=n).tolist()})
+    ids = [row(length) for length in lengths_]
+    types = [[0] * len(r) for r in ids]
+    if model_class is BertForTokenClassification:
+        targets = {"labels": [[int(v) if rng.random() > 0.3 else -100 for v in
+                               rng.integers(0, 2, size=len(r))] for r in ids]}
+    elif model_class is BertForQuestionAnswering:
+        starts = [int(rng.integers(0, len(r))) for r in ids]
+        targets = {"start_positions": starts,
+                   "end_positions": [int(rng.integers(s, len(r))) for s, r in zip(starts, ids)]}
+    else:
+        targets = {"labels": rng.integers(0, 2, size=n).tolist()}
+    return Features(ids, types, targets)
+
+
+def fine_tune(model_class, cuda_graph, steps=7, micro=2):
+    """`steps` GPU fine-tuning steps (tasks.fine_tuning_step) of a tiny head on made-up rows,
+    batches of 4 in `micro` micro-batches padded to multiples of 4 positions -> (the weights,
+    the losses, the GPUTrainStep)."""
+    config = with_labels(BertConfig(**TINY, hidden_dropout_prob=0.1,
+                                    attention_probs_dropout_prob=0.1), 2)
+    model = model_class(config, seed=3, device="gpu").train()
+    model.rng = model.rng.__class__(model.xp, 5)
+    optimizer = AdamW(model.params)
+    args = types.SimpleNamespace(max_seq_length=16, max_grad_norm=1.0, optimizer="bert")
+    group = types.SimpleNamespace(world_size=1, sum=lambda values: values)
+    gpu_step = GPUTrainStep(model, group, optimizer, None, cuda_graph=cuda_graph)
+    features = random_features(model_class, 4 * steps)
+    losses = []
+    for step in range(steps):
+        rows = numpy.arange(4 * step, 4 * step + 4)
+        parts = [rows[m:m + 4 // micro] for m in range(0, 4, 4 // micro)]
+        losses.append(tasks.fine_tuning_step(args, group, model, optimizer, None, gpu_step,
+                                             features, parts, len(rows),
+                                             learning_rate(step, 1e-2, 2, 20), step + 1))
+    return model.buffer.get(), losses, gpu_step
+
+
+@pytest.mark.parametrize("model_class", TASK_HEADS, ids=lambda c: c.__name__)
+def test_fine_tuning_replays_equal_eager_steps(cupy, model_class, monkeypatch):
+    """Each task head fine-tuned 7 steps on the GPU path, replayed from CUDA graphs and
+    eagerly: the same weights and losses bitwise. Batches padded to a multiple of 4 positions
+    (tasks.GRAPH_LENGTH_MULTIPLE, 32 in use) give several lengths, one graph each, reused
+    across steps; the token labels' count, which the loss divides by, changes every step and
+    comes in as an input (model.graph_counts)."""
+    monkeypatch.setattr(tasks, "GRAPH_LENGTH_MULTIPLE", 4)
+    eager_weights, eager_losses, _ = fine_tune(model_class, False)
+    weights, losses, step = fine_tune(model_class, True)
+    assert losses == eager_losses
+    assert (weights == eager_weights).all()
+    assert cupy.counts.captures >= 1 and cupy.counts.graph_launches >= 1
+    lengths = {shape[-1] for key in step.graph.layouts for name, shape, _ in key
+               if name == "0/input_ids"}
+    assert lengths <= {8, 12, 16} and len(lengths) > 1, lengths

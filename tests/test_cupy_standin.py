@@ -534,9 +534,10 @@ def test_train_py_steps_that_do_not_log_never_sync(tmp_path, dtype):
     """train.py --device gpu, unmodified, on the stand-in (B=2, one layer of H=32): a run of
     6 steps and one of 3, each logging and saving once at its end, differ by 3 steps that do
     not log, and those issue no host wait at all: no device-to-host sync, no pageable
-    host-to-device copy; each hands its inputs over as 9 async copies from pinned memory
+    host-to-device copy; each hands its inputs over as 10 async copies from pinned memory
     (input_ids, token_type_ids, attention_mask, the masked positions, their labels, the NSP
-    labels, the learning rate, the two denominators) and replays the step's CUDA graph,
+    labels, the learning rate, the micro-batch's weight, the two denominators) and replays
+    the step's CUDA graph,
     captured once; the run keeps one dropout generator."""
     quiet = ("--log-every", "1000", "--checkpoint-every", "1000", "--eval-every", "0",
              "--dtype", dtype, "--batch-size", "2")
@@ -544,7 +545,7 @@ def test_train_py_steps_that_do_not_log_never_sync(tmp_path, dtype):
     print(f"train.py --device gpu {dtype} on the stand-in: 3 steps {short}, 6 steps {long}")
     assert long["syncs"] == short["syncs"], (short["sync_sites"], long["sync_sites"])
     assert long["pageable_copies"] == short["pageable_copies"]
-    assert long["pinned_copies"] - short["pinned_copies"] == 3 * 9
+    assert long["pinned_copies"] - short["pinned_copies"] == 3 * 10
     assert long["generators"] == short["generators"]
     assert long["captures"] == short["captures"] == 1
     assert long["graph_launches"] - short["graph_launches"] == 3

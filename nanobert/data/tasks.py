@@ -293,11 +293,14 @@ class Features:
         ids = self.input_ids[row]
         return max(map(len, ids)) if ids and isinstance(ids[0], list) else len(ids)
 
-    def batch(self, rows):
+    def batch(self, rows, pad_to_multiple_of=1, max_length=None):
         """-> dict of int64 arrays input_ids / token_type_ids / attention_mask [B, T] (or
-        [B, C, T]) plus the targets, padded to the longest row."""
+        [B, C, T]) plus the targets, padded to the longest row, rounded up to a multiple of
+        pad_to_multiple_of (as transformers' collators; at most max_length): on the GPU
+        each length is a CUDA graph of its own, so few lengths."""
         rows = list(rows)
         T = max(self.length(r) for r in rows)
+        T = max(T, min(-(-T // pad_to_multiple_of) * pad_to_multiple_of, max_length or T))
         choice = isinstance(self.input_ids[rows[0]][0], list) if self.input_ids[rows[0]] else False
 
         def pad(sequences, value=0):

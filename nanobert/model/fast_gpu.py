@@ -627,7 +627,7 @@ def cross_entropy_forward(logits, labels, denominator=None, count=None):
     logits read into float32) and the sum of its [N] losses; the loss stays on the device,
     and `count` comes from the caller's host labels (else it is read from the device)."""
     xp = array_module(logits)
-    if count is None:
+    if count is None and denominator is None:
         count = int((labels != ops.IGNORE_INDEX).sum())     # a host wait
     logits, labels = _contiguous(logits), _contiguous(labels.astype(numpy.int64, copy=False))
     N, C = logits.shape

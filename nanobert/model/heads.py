@@ -97,6 +97,7 @@ class BertForTask(BertPreTrainedModel):
     dropout, and from_pretrained from any BERT checkpoint (model/pretrained.py's load_for_task
     decides what is kept and what starts fresh)."""
     head_ignores_num_labels = False      # True where num_labels plays no part in the head
+    counted_keys = ("labels",)           # targets whose cross-entropy divides by their count
 
     def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
         if isinstance(config, BertConfig):
@@ -107,6 +108,25 @@ class BertForTask(BertPreTrainedModel):
         self.classifier_dropout = config.hidden_dropout_prob if dropout is None else float(dropout)
         if not 0.0 <= self.classifier_dropout < 1.0:
             raise ValueError(f"classifier_dropout must be in [0, 1), got {dropout}")
+
+    def _cross_entropy(self, logits, host, key, shape=None):
+        """ops.cross_entropy_forward of logits against the targets host[key] (reshaped to
+        `shape` if given), divided by how many of them count (not -100): from the host copy,
+        or, in a step replayed from a CUDA graph (training/graph.py), from host["count/<key>"],
+        a device count given each step."""
+        labels = self._device(host, key)
+        labels = labels if shape is None else labels.reshape(shape)
+        count = host.get("count/" + key)
+        if count is not None:
+            return ops.cross_entropy_forward(logits, labels, denominator=count)
+        return ops.cross_entropy_forward(logits, labels, count=counted(host[key]))
+
+    def graph_counts(self, host):
+        """check_batch's dict -> the "count/<key>" entries _cross_entropy reads in a step
+        replayed from a CUDA graph: each counted target's count (at least 1, as a mean over
+        no label divides by 1), a 0-d host array."""
+        return {"count/" + key: numpy.asarray(max(counted(host[key]), 1))
+                for key in self.counted_keys if key in host}
 
     def _classifier_forward(self, x):
         return classifier_forward(self.weights, x, self.classifier_dropout, self.rng,
@@ -186,12 +206,11 @@ class BertForSequenceClassification(BertForTask):
 
     def _loss_forward(self, logits, host, denominators=None):
         kind = host["problem_type"]
-        float_labels = kind != "single_label_classification"
-        labels = self._device(host, "labels", logits.dtype if float_labels else None)
         if kind == "single_label_classification":
-            loss, cache = ops.cross_entropy_forward(logits, labels, count=counted(host["labels"]))
+            loss, cache = self._cross_entropy(logits, host, "labels")
             outputs = {"logits": logits, "problem_type": kind, "num_counted": cache.count}
             return loss, (kind, cache, logits.shape), outputs
+        labels = self._device(host, "labels", logits.dtype)
         if kind == "regression":
             prediction = logits.reshape(labels.shape)                # [B, 1] -> [B] when C == 1
             loss, cache = ops.mse_forward(prediction, labels)
@@ -243,9 +262,7 @@ class BertForTokenClassification(BertForTask):
 
     def _loss_forward(self, logits, host, denominators=None):
         C = logits.shape[-1]
-        labels = self._device(host, "labels").reshape(-1)
-        loss, cache = ops.cross_entropy_forward(logits.reshape(-1, C), labels,   # [B*T, C]
-                                                count=counted(host["labels"]))
+        loss, cache = self._cross_entropy(logits.reshape(-1, C), host, "labels", -1)  # [B*T, C]
         return loss, (cache, logits.shape), {"logits": logits, "num_counted": cache.count}
 
     def _loss_backward(self, loss_cache, dloss=1.0):
@@ -268,6 +285,7 @@ class BertForQuestionAnswering(BertForTask):
     """
     uses_pooler = False
     target_keys = ("start_positions", "end_positions")
+    counted_keys = target_keys
 
     def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
         if isinstance(config, BertConfig) and num_labels(config) != 2:
@@ -307,12 +325,8 @@ class BertForQuestionAnswering(BertForTask):
         return linear_backward_into(dlogits, linear_cache, grads, "qa_outputs"), None
 
     def _loss_forward(self, logits, host, denominators=None):
-        start_loss, start_cache = ops.cross_entropy_forward(
-            logits[..., 0], self._device(host, "start_positions"),
-            count=counted(host["start_positions"]))
-        end_loss, end_cache = ops.cross_entropy_forward(
-            logits[..., 1], self._device(host, "end_positions"),
-            count=counted(host["end_positions"]))
+        start_loss, start_cache = self._cross_entropy(logits[..., 0], host, "start_positions")
+        end_loss, end_cache = self._cross_entropy(logits[..., 1], host, "end_positions")
         outputs = {"start_loss": start_loss, "end_loss": end_loss,
                    "start_logits": logits[..., 0].copy(), "end_logits": logits[..., 1].copy()}
         counts = ("_clamped_to_0", "_ignored")
@@ -376,8 +390,7 @@ class BertForMultipleChoice(BertForTask):
         return None, classifier_backward(dlogits.reshape(-1, 1), cache, grads)
 
     def _loss_forward(self, logits, host, denominators=None):
-        loss, cache = ops.cross_entropy_forward(logits, self._device(host, "labels"),
-                                                count=counted(host["labels"]))
+        loss, cache = self._cross_entropy(logits, host, "labels")
         return loss, cache, {"logits": logits, "num_counted": cache.count}
 
     def _loss_backward(self, cache, dloss=1.0):

@@ -35,7 +35,12 @@ the same arithmetic in the same order, which is what the tests compare a replay 
 """
 import collections
 
+import numpy
+
 from nanobert.backend import PinnedStaging
+from nanobert.model.optim import average_gradients
+
+from .step import update
 
 
 class _Layout:
@@ -103,3 +108,68 @@ class StepGraph:
     def graphs(self):
         """How many layouts have a captured graph."""
         return sum(layout.graph is not None for layout in self.layouts.values())
+
+
+class GPUTrainStep:
+    """The harness's training step on the GPU, replayed from a CUDA graph (StepGraph) unless
+    cuda_graph is False: forward and backward of each micro-batch (the model's
+    loss_and_grads_checked), their gradients summed with weights, then step.update (sum over
+    ranks, unscale, clip, loss scaler, AdamW). Inputs of the graph: every array of the
+    micro-batches' check_batch dicts (or those named by `keys`), their weights, the learning
+    rate and the losses' denominators. The dicts' other entries (a problem type, a number of
+    choices, a count only reported) are read as they were when the graph was captured: they
+    must be fixed for a batch shape.
+
+        step = GPUTrainStep(model, group, optimizer, scaler, outputs=("mlm_loss",))
+        loss, outputs = step(hosts, lr, weights=[0.5, 0.5], denominators=None)
+
+    -> the weighted loss and, per micro-batch, the `outputs` entries of loss_and_grads'
+    outputs dict (0-d device arrays, rewritten by the next call: read them before)."""
+
+    def __init__(self, model, group, optimizer, scaler, mode="bert", max_grad_norm=1.0,
+                 cuda_graph=True, keys=None, outputs=()):
+        self.model, self.group, self.optimizer, self.scaler = model, group, optimizer, scaler
+        self.mode, self.max_grad_norm, self.keys, self.outputs = mode, max_grad_norm, keys, outputs
+        self.hosts = None                  # this call's dicts: their entries that are not inputs
+        # NCCL inside a capture is not built: several ranks run the same step eagerly
+        self.graph = StepGraph(model.xp, self.device_step,
+                               capture=cuda_graph and group.world_size == 1,
+                               host_update=self.host_update)
+
+    def __call__(self, hosts, lr, weights=None, denominators=None):
+        weights = [1.0 / len(hosts)] * len(hosts) if weights is None else weights
+        inputs = {"lr": numpy.float64(lr)}
+        for m, (host, weight) in enumerate(zip(hosts, weights, strict=True)):
+            inputs[f"weight/{m}"] = numpy.asarray(weight, self.model.master_dtype)
+            inputs.update({f"{m}/{k}": v for k, v in host.items() if self._is_input(k, v)})
+        for name, count in (denominators or {}).items():
+            inputs[f"denominator/{name}"] = numpy.int64(count)
+        self.hosts = hosts
+        return self.graph(inputs)
+
+    def _is_input(self, key, value):
+        return isinstance(value, numpy.ndarray) and (self.keys is None or key in self.keys)
+
+    def device_step(self, buffers):
+        """The step on the fixed device buffers -> (loss, [outputs of each micro-batch])."""
+        model = self.model
+        model.rng.begin_step()                       # new dropout masks, drawn in the kernels
+        micro = [{k: buffers.get(f"{m}/{k}", v) for k, v in host.items()
+                  if not isinstance(v, numpy.ndarray) or self._is_input(k, v)}
+                 for m, host in enumerate(self.hosts)]
+        denominators = {key.split("/", 1)[1]: value for key, value in buffers.items()
+                        if key.startswith("denominator/")} or None
+
+        def loss_and_grads(host):
+            return model.loss_and_grads_checked(
+                host, return_outputs=True, denominators=denominators, on_device=True,
+                loss_scale=self.scaler.scale if self.scaler else None)
+        weights = [buffers[f"weight/{m}"] for m in range(len(micro))]
+        loss, grads, outputs = average_gradients(loss_and_grads, micro, weights)
+        update(self.group, model, self.optimizer, self.scaler, grads, buffers["lr"], None,
+               self.max_grad_norm, self.mode)
+        return loss, [{k: out[k] for k in self.outputs} for out in outputs]
+
+    def host_update(self):
+        """What device_step's Python does to the host's state, for a replay that skips it."""
+        self.optimizer.step_count += 1

@@ -19,12 +19,10 @@ from nanobert.data.pretraining_instances import read_documents
 from nanobert.data.tokenizer import load_vocab, save_vocab, train_wordpiece_vocab
 from nanobert.formats.fileio import recover_folders_in
 from nanobert.model.ops import IGNORE_INDEX, cross_entropy_forward
-from nanobert.model.optim import average_gradients
 from nanobert.model.pretraining import top_k_at_masks
 
-from .graph import StepGraph
+from .graph import GPUTrainStep
 from .run import eval_mode
-from .step import update
 
 # Per-window sums: losses weighted by their counts, so that means are per token / sequence.
 SUM_KEYS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "masked", "sequences",
@@ -180,69 +178,36 @@ DEVICE_OUTPUTS = ("mlm_loss", "mlm_correct", "nsp_loss", "nsp_correct")
 
 
 class GPUStep:
-    """train.py's step on the GPU, replayed from a CUDA graph (training/graph.py) unless
-    cuda_graph is False: forward and backward of every micro-batch, their gradients summed,
-    unscaled, clipped, the loss scaler updated, AdamW; the batch, the learning rate and the
-    denominators all inputs of the graph. Each micro-batch's masked positions are padded to
-    a fixed count (its rows x --max-predictions-per-seq: position 0, label -100, so they
-    count for nothing) so that one batch shape is one graph.
+    """train.py's step on the GPU (graph.GPUTrainStep: replayed from a CUDA graph unless
+    cuda_graph is False), the losses divided by the whole batch's denominators. Each
+    micro-batch's masked positions are padded to a fixed count (its rows x
+    --max-predictions-per-seq: position 0, label -100, so they count for nothing) so that one
+    batch shape is one graph.
 
         step = GPUStep(args, group, model, optimizer, scaler, cuda_graph=True)
         outputs = step(batches, denominators, lr)     # like average_gradients' outputs
     """
 
     def __init__(self, args, group, model, optimizer, scaler, cuda_graph=True):
-        self.model, self.group, self.optimizer, self.scaler = model, group, optimizer, scaler
-        self.micro_batches, self.mode = args.grad_accum, args.optimizer
-        self.predictions = args.max_predictions_per_seq
-        self.nsp = not args.no_nsp
-        # NCCL inside a capture is not built yet: several ranks replay no graph
-        self.graph = StepGraph(model.xp, self.device_step,
-                               capture=cuda_graph and group.world_size == 1,
-                               host_update=self.host_update)
+        self.model, self.predictions, self.nsp = model, args.max_predictions_per_seq, \
+            not args.no_nsp
+        self.step = GPUTrainStep(model, group, optimizer, scaler, args.optimizer,
+                                 cuda_graph=cuda_graph, keys=MICRO_KEYS, outputs=DEVICE_OUTPUTS)
 
     def __call__(self, batches, denominators, lr):
-        inputs, counts = {}, []
-        for m, batch in enumerate(batches):
+        hosts = []
+        for batch in batches:
             host = self.model.check_batch(batch if self.nsp else
                                           {k: v for k, v in batch.items()
                                            if k != "next_sentence_label"})
+            num_masked = host["num_masked"]
             host.update(pad_masked(host, len(batch["input_ids"]) * self.predictions))
-            counts.append(host["num_masked"])
-            inputs.update({f"{m}/{k}": host[k] for k in MICRO_KEYS if k in host})
-        inputs["lr"] = numpy.float64(lr)
-        for name, count in denominators.items():
-            inputs[f"denominator/{name}"] = numpy.int64(count)
-        outputs = self.graph({k: numpy.asarray(v) for k, v in inputs.items()})
-        return [{**out, "num_masked": n} for out, n in zip(outputs, counts)]
-
-    def device_step(self, buffers):
-        """The step on the fixed device buffers -> each micro-batch's losses and correct
-        counts (0-d device arrays)."""
-        model = self.model
-        model.rng.begin_step()                       # new dropout masks, drawn in the kernels
-        denominators = {"masked_lm": buffers["denominator/masked_lm"],
-                        "next_sentence": buffers["denominator/next_sentence"]}
-        micro = []
-        for m in range(self.micro_batches):
-            host = {k: buffers[f"{m}/{k}"] for k in MICRO_KEYS if f"{m}/{k}" in buffers}
-            # check_batch's counts (shapes: the losses divide by the denominators instead)
-            host.update(num_masked=len(host["masked_lm_positions"]),
-                        num_next_sentence=len(host["input_ids"]))
-            micro.append(host)
-
-        def loss_and_grads(host):
-            return model.loss_and_grads_checked(
-                host, return_outputs=True, denominators=denominators, on_device=True,
-                loss_scale=self.scaler.scale if self.scaler else None)
-        _, grads, outputs = average_gradients(loss_and_grads, micro, [1.0] * len(micro))
-        update(self.group, model, self.optimizer, self.scaler, grads, buffers["lr"], None,
-               mode=self.mode)
-        return [{k: out[k] for k in DEVICE_OUTPUTS} for out in outputs]
-
-    def host_update(self):
-        """What device_step's Python does to the host's state, for a replay that skips it."""
-        self.optimizer.step_count += 1
+            # the losses divide by the denominators: the counts in the graph are the shapes'
+            host.update(num_masked=len(host["masked_lm_ids"]),
+                        num_next_sentence=len(host["input_ids"]), masked=num_masked)
+            hosts.append(host)
+        _, outputs = self.step(hosts, lr, [1.0] * len(hosts), denominators)
+        return [{**out, "num_masked": host["masked"]} for out, host in zip(outputs, hosts)]
 
 
 def pad_masked(host, capacity):

@@ -21,8 +21,11 @@ from nanobert.model import ops
 from nanobert.model.config import BertConfig, num_labels
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
                                   BertForSequenceClassification, BertForTokenClassification)
+from nanobert.model.optim import average_gradients
 
+from .guards import check_loss
 from .run import eval_mode, write_summary
+from .step import update
 
 SPLITS = ("train", "dev", "test")
 DO_SPLITS = {"train": SPLITS, "eval": ("dev", "test"), "predict": ("test",)}   # finetune --do
@@ -322,6 +325,47 @@ HEAD_TASKS = {"BertForSequenceClassification": "classify", "BertForTokenClassifi
               "BertForQuestionAnswering": "squad", "BertForMultipleChoice": "choice"}
 
 # ---------------------------------------------------------------------------------- data
+
+
+# GPU fine-tuning pads each batch to a multiple of this many positions: each length is a CUDA
+# graph of its own (training/graph.py), so a handful (4 up to the default 128), not one per
+# longest row
+GRAPH_LENGTH_MULTIPLE = 32
+
+
+def fine_tuning_step(args, group, model, optimizer, scaler, gpu_step, features, parts, rows,
+                     lr, step):
+    """One update from the training rows in `parts` (this rank's micro-batches), each weighed
+    by its share of the global batch's `rows`: on the CPU average_gradients then step.update;
+    on the GPU gpu_step (graph.GPUTrainStep: the same, replayed from a CUDA graph).
+    -> the batch's loss, summed over the ranks (read every step: fine-tuning steps are few);
+    a non-finite one stops the run."""
+    weights = [len(p) / rows for p in parts]
+    if gpu_step:
+        loss, _ = gpu_step(graph_batches(model, features, parts, args.max_seq_length), lr,
+                           weights)
+        loss = group.sum([float(loss)])[0]
+        check_loss(loss, step, model)
+        return loss
+    loss, grads, _ = average_gradients(
+        lambda batch: model.loss_and_grads(batch, loss_scale=scaler.scale if scaler else None),
+        [features.batch(p) for p in parts], weights=weights)
+    loss = group.sum([loss])[0]
+    update(group, model, optimizer, scaler, grads, lr, step, args.max_grad_norm, args.optimizer,
+           loss=loss)
+    return loss
+
+
+def graph_batches(model, features, parts, max_length):
+    """A GPU step's micro-batches (rows of `features` in `parts`) as check_batch dicts, each
+    padded to a multiple of GRAPH_LENGTH_MULTIPLE positions (at most max_length), with the
+    counts its losses divide by as inputs (model.graph_counts)."""
+    hosts = []
+    for rows in parts:
+        host = model.check_batch(features.batch(rows, GRAPH_LENGTH_MULTIPLE, max_length))
+        host.update(model.graph_counts(host))
+        hosts.append(host)
+    return hosts
 
 
 def load_data(args, tokenizer, label_list=None):
