@@ -185,6 +185,14 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     scratch buffer for xhat * mean(dxhat * xhat)) and dgamma as einsum's sum of products,
     bitwise sum(dout * xhat, axis=0) (row after row) with no product array; dgamma and
     dbeta summed straight into the given buffers; float16 dout computed in float32."""
+    dx, _, dgamma, dbeta = _layernorm_backward(dout, cache, dgamma, dbeta)
+    return dx, dgamma, dbeta
+
+
+def _layernorm_backward(dout, cache, dgamma, dbeta, mask=None):
+    """layernorm_backward -> (dx, dx * mask, dgamma, dbeta): given dropout's mask (of the
+    same dtype as dout, not float16), its multiply is made in the same blocks of rows, into
+    the scratch buffer (else None)."""
     xhat, gamma, rstd = cache
     dtype = dout.dtype
     dout = float32_if_half(dout)
@@ -194,18 +202,23 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     dgamma = numpy.einsum("ij,ij->j", dout2, xhat2, out=dgamma)
     dbeta = numpy.sum(dout2, axis=0, out=dbeta)
     scratch, dx = numpy.empty((N, H), dout.dtype), numpy.empty((N, H), dout.dtype)
-    in_row_blocks(_layernorm_dx_block, (dout2, xhat2, rstd.reshape(N, 1), scratch, dx), gamma,
+    in_row_blocks(_layernorm_dx_block, (dout2, xhat2, rstd.reshape(N, 1), scratch, dx,
+                                        None if mask is None else mask.reshape(N, H)), gamma,
                   block_elements=LAYERNORM_BLOCK)
-    return dx.reshape(xhat.shape).astype(dtype, copy=False), dgamma, dbeta
+    dropped = None if mask is None else scratch.reshape(xhat.shape)
+    return dx.reshape(xhat.shape).astype(dtype, copy=False), dropped, dgamma, dbeta
 
 
-def _layernorm_dx_block(dout, xhat, rstd, scratch, dx, gamma):
-    """layernorm_backward's dx on a block of rows [n, H]: dxhat made dx in place."""
+def _layernorm_dx_block(dout, xhat, rstd, scratch, dx, mask, gamma):
+    """layernorm_backward's dx on a block of rows [n, H]: dxhat made dx in place; then, given
+    dropout's mask, dx times it into scratch."""
     numpy.multiply(dout, gamma, out=dx)                    # dxhat
     projection = row_mean(dx, xhat)                        # mean(dxhat * xhat) [n, 1]
     dx -= row_mean(dx)
     dx -= numpy.multiply(xhat, projection, out=scratch)
     dx *= rstd
+    if mask is not None:
+        numpy.multiply(dx, mask, out=scratch)
 
 # ------------------------------------------------------------------------- float32 erf
 
@@ -562,29 +575,13 @@ def _dropout_add_layernorm_block(x, residual, keep, mask, xhat, rstd, out, scale
 def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     """ops.dropout_add_layernorm_backward: LayerNorm's backward, dropout's multiply made in
     the same blocks of rows (into the buffer LayerNorm's blocks use as scratch). Bitwise
-    layernorm_backward then dropout_backward."""
+    layernorm_backward then dropout_backward (float16: those two, dropout in float16)."""
     mask, layernorm = cache
     if dout.dtype == HALF or mask is None:
         dsum, dgamma, dbeta = layernorm_backward(dout, layernorm, dgamma, dbeta)
         return dropout_backward(dsum, mask), dsum, dgamma, dbeta
-    xhat, gamma, rstd = layernorm
-    H = xhat.shape[-1]
-    N = xhat.size // H
-    dout2, xhat2 = dout.reshape(N, H), xhat.reshape(N, H)
-    dgamma = numpy.einsum("ij,ij->j", dout2, xhat2, out=dgamma)
-    dbeta = numpy.sum(dout2, axis=0, out=dbeta)
-    dx, dsum = numpy.empty((N, H), dout.dtype), numpy.empty((N, H), dout.dtype)
-    in_row_blocks(_layernorm_dx_dropout_block, (dout2, xhat2, rstd.reshape(N, 1), dx, dsum,
-                                                mask.reshape(N, H)), gamma,
-                  block_elements=LAYERNORM_BLOCK)
-    return dx.reshape(xhat.shape), dsum.reshape(xhat.shape), dgamma, dbeta
-
-
-def _layernorm_dx_dropout_block(dout, xhat, rstd, dx, dsum, mask, gamma):
-    """A block of rows [n, H]: LayerNorm's dx into dsum (dx the scratch), then dx = dsum
-    times dropout's mask."""
-    _layernorm_dx_block(dout, xhat, rstd, dx, dsum, gamma)
-    numpy.multiply(dsum, mask, out=dx)
+    dsum, dx, dgamma, dbeta = _layernorm_backward(dout, layernorm, dgamma, dbeta, mask)
+    return dx, dsum, dgamma, dbeta
 
 
 # ----------------------------------------------------------------------------- inference
