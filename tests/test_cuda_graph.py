@@ -263,3 +263,23 @@ def test_fine_tuning_replays_equal_eager_steps(cupy, model_class, monkeypatch):
     lengths = {shape[-1] for key in step.graph.layouts for name, shape, _ in key
                if name == "0/input_ids"}
     assert lengths <= {8, 12, 16} and len(lengths) > 1, lengths
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly(cupy, capsys, monkeypatch):
+    """A capture that fails (here: the step reads its loss on the host, which CUDA refuses
+    during capture) is said in one line, and the run goes on eagerly with the weights,
+    losses and AdamW step count of a run that never tried."""
+    eager, _, eager_state, eager_losses = train_steps(False, 4)
+    device_step = GPUTrainStep.device_step
+
+    def reading_step(self, buffers):
+        loss, outputs = device_step(self, buffers)
+        float(loss)
+        return loss, outputs
+    monkeypatch.setattr(GPUTrainStep, "device_step", reading_step)
+    graphed, step, state, losses = train_steps(True, 4)
+    printed = capsys.readouterr().out
+    assert printed.count("CUDA graph capture of the training step failed") == 1, printed
+    assert step.step.graph.capture is False and cupy.counts.graph_launches == 0
+    assert losses == eager_losses and (graphed.buffer.get() == eager.buffer.get()).all()
+    assert int(state[2]["step"]) == int(eager_state[2]["step"]) == 4

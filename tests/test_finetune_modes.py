@@ -11,6 +11,7 @@ import pytest
 
 import finetune
 from nanobert.formats import safetensors
+from nanobert.training import tasks as training_tasks
 from test_docs import ROOT, run_blocks
 from test_finetune import data, make_tiny_bert, records, run
 
@@ -176,14 +177,14 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes_exactly(tiny_bert, tmp_path, mon
     """SIGINT during step 5 (of 9): the step ends, the checkpoint is saved, the run stops
     with exit status 0; --resume then ends as the uninterrupted run."""
     run(*RESUMABLE, "--model", tiny_bert, "--out", tmp_path / "straight")
-    update, steps = finetune.update, []
+    update, steps = training_tasks.update, []     # fine_tuning_step's update
 
     def interrupted_update(group, model, optimizer, scaler, grads, lr, step, *rest, **options):
         steps.append(step)
         if step == 5:
             os.kill(os.getpid(), signal.SIGINT)
         return update(group, model, optimizer, scaler, grads, lr, step, *rest, **options)
-    monkeypatch.setattr(finetune, "update", interrupted_update)
+    monkeypatch.setattr(training_tasks, "update", interrupted_update)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         run(*RESUMABLE, "--model", tiny_bert, "--out", tmp_path / "resumed")
@@ -196,7 +197,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes_exactly(tiny_bert, tmp_path, mon
     printed = capsys.readouterr().out
     assert "SIGINT: saving a checkpoint after this step" in printed
     assert "checkpoint at step 5 of 9; --resume continues the run" in printed
-    monkeypatch.setattr(finetune, "update", update)
+    monkeypatch.setattr(training_tasks, "update", update)
     run(*RESUMABLE, "--model", tiny_bert, "--out", tmp_path / "resumed", "--resume")
     assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 

@@ -31,7 +31,9 @@ How it works, and what a step captured this way must respect:
   refuses capture.
 
 capture=False runs device_step eagerly every time on the same fixed buffers (--no-cuda-graph):
-the same arithmetic in the same order, which is what the tests compare a replay with.
+the same arithmetic in the same order, which is what the tests compare a replay with. A step
+that cannot be captured (CUDA refuses something in it) is said in one line and runs eagerly
+from then on, its host state (host_state: AdamW's step count) put back first.
 """
 import collections
 
@@ -55,9 +57,10 @@ class _Layout:
 class StepGraph:
     """device_step replayed from a CUDA graph per input layout (see the module's doc)."""
 
-    def __init__(self, xp, device_step, capture=True, max_graphs=4, host_update=None):
+    def __init__(self, xp, device_step, capture=True, max_graphs=4, host_update=None,
+                 host_state=None):
         self.xp, self.device_step, self.capture = xp, device_step, capture
-        self.max_graphs, self.host_update = max_graphs, host_update
+        self.max_graphs, self.host_update, self.host_state = max_graphs, host_update, host_state
         self.stream = xp.cuda.Stream()
         self.staging = PinnedStaging(xp)
         self.layouts = collections.OrderedDict()      # layout key -> _Layout, oldest first
@@ -76,7 +79,10 @@ class StepGraph:
             if not self.capture or layout.calls == 1:
                 return self.device_step(layout.buffers)   # eager (the first: a warm-up)
             if layout.graph is None:
-                self._capture(layout)      # its Python ran once: the host state advanced
+                try:
+                    self._capture(layout)  # its Python ran once: the host state advanced
+                except Exception as error:
+                    return self._give_up(layout, error)
             elif self.host_update is not None:
                 self.host_update()
             layout.graph.launch(self.stream)
@@ -94,15 +100,43 @@ class StepGraph:
         """device_step captured into layout.graph (not run: the caller launches it), its
         arrays from a pool of the graph's own."""
         xp = self.xp
+        saved = self.host_state[0]() if self.host_state else None
         layout.pool = xp.cuda.MemoryPool()
         with xp.cuda.using_allocator(layout.pool.malloc):
             self.stream.begin_capture()
             try:
                 layout.outputs = self.device_step(layout.buffers)
-            finally:
+            except BaseException:
+                self._end_failed_capture(saved)
+                raise
+            try:
                 layout.graph = self.stream.end_capture()
+            except BaseException:
+                if self.host_state:
+                    self.host_state[1](saved)
+                raise
         # the eager warm-up's arrays are free again: the graph has its own memory
         xp.get_default_memory_pool().free_all_blocks()
+
+    def _end_failed_capture(self, saved):
+        """The capture's end after device_step raised (CUDA may refuse to end it: the capture
+        is invalid either way), and the host state as it was before."""
+        try:
+            self.stream.end_capture()
+        except Exception:
+            pass
+        if self.host_state:
+            self.host_state[1](saved)
+
+    def _give_up(self, layout, error):
+        """A step that cannot be captured runs eagerly from now on, said once: the training
+        goes on at the eager step's speed."""
+        print(f"note: the CUDA graph capture of the training step failed "
+              f"({type(error).__name__}: {str(error)[:200]}); every step runs eagerly from "
+              f"here (--no-cuda-graph skips the attempt)", flush=True)
+        self.capture = False
+        layout.pool = None
+        return self.device_step(layout.buffers)
 
     @property
     def graphs(self):
@@ -134,7 +168,8 @@ class GPUTrainStep:
         # NCCL inside a capture is not built: several ranks run the same step eagerly
         self.graph = StepGraph(model.xp, self.device_step,
                                capture=cuda_graph and group.world_size == 1,
-                               host_update=self.host_update)
+                               host_update=self.host_update,
+                               host_state=(self.step_count, self.set_step_count))
 
     def __call__(self, hosts, lr, weights=None, denominators=None):
         weights = [1.0 / len(hosts)] * len(hosts) if weights is None else weights
@@ -173,3 +208,9 @@ class GPUTrainStep:
     def host_update(self):
         """What device_step's Python does to the host's state, for a replay that skips it."""
         self.optimizer.step_count += 1
+
+    def step_count(self):
+        return self.optimizer.step_count
+
+    def set_step_count(self, count):
+        self.optimizer.step_count = count
