@@ -294,8 +294,6 @@ def flat_buffer(tensors):
 
 GPU_INSTALL = ('pip install -e ".[gpu-cuda12]" (runs on CUDA 12 and 13 drivers) or '
                '".[gpu-cuda13]" (CUDA 13 drivers)')
-# Compiled and loaded, never launched: NVRTC works and the driver takes what it makes.
-NVRTC_PROBE = 'extern "C" __global__ void nanobert_probe(float* x) { x[0] = 1.0f; }'
 
 
 def require_gpu():
@@ -325,7 +323,8 @@ def require_gpu():
     except Exception as e:
         missing.append(f"cuBLAS ({_one_line(e)})")
     try:
-        cupy.RawModule(code=NVRTC_PROBE).get_function("nanobert_probe")
+        from .model.kernels import nvrtc_probe    # the kernels' module: CuPy kernels live there
+        nvrtc_probe(cupy)
     except Exception as e:
         missing.append(f"NVRTC ({_one_line(e)})")
     if missing:

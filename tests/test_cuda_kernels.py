@@ -12,7 +12,7 @@ not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
 """
 import numpy
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import cuda_emulation
@@ -215,6 +215,7 @@ lengths = st.one_of(st.integers(1, 40), st.integers(500, 5000))
 
 @settings(max_examples=12, deadline=None)
 @given(n=lengths, seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
+@example(n=1, seed=22, dtype=numpy.float32)          # x = -4.19: Phi in erf's tail
 def test_gelu_kernels_equal_the_reference(n, seed, dtype):
     rng = numpy.random.default_rng(seed)
     x = (rng.standard_normal(n) * 3).astype(dtype)
@@ -223,14 +224,16 @@ def test_gelu_kernels_equal_the_reference(n, seed, dtype):
     y, cdf = numpy.empty(n, dtype), numpy.empty(n, S)
     run_map("gelu_forward", dtype, n, x, numpy.int64(n), y, cdf)
     expected, (_, expected_cdf, _) = ops.gelu_forward(x.astype(numpy.float64))
-    check("gelu y", y, expected, dtype)
-    check("gelu Phi", cdf, expected_cdf, dtype)
+    # Phi = (1 + erf) / 2 is right to an ulp of 1, not of a tail's tiny Phi (x = -4.2: Phi
+    # 1.4e-5); so y = x Phi to an ulp of |x|, dx to one of |dout|
+    check("gelu y", y, expected, dtype, scale=numpy.abs(x.astype(float)).max())
+    check("gelu Phi", cdf, expected_cdf, dtype, scale=1.0)
     dx = numpy.empty(n, dtype)
     run_map("gelu_backward", dtype, n, dout, x, cdf, numpy.int64(n), dx)
     # the reference from the kernel's own Phi, so that only the backward's error counts
     expected_dx = ops.gelu_backward(dout.astype(numpy.float64),
                                     (x.astype(numpy.float64), cdf.astype(numpy.float64), "gelu"))
-    check("gelu dx", dx, expected_dx, dtype)
+    check("gelu dx", dx, expected_dx, dtype, scale=numpy.abs(dout.astype(float)).max())
 
 
 @settings(max_examples=12, deadline=None)

@@ -141,6 +141,18 @@ def test_batches_pad_to_the_longest_row():
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
     assert batch["labels"].tolist() == [1, 0]
 
+
+def test_batches_pad_to_a_multiple_at_most_max_length():
+    """The GPU's graphs want few lengths: 4 positions padded to 8, never past max_length,
+    never cut below the longest row; token labels padded with -100."""
+    features = tasks.Features([[2, 5, 6, 3], [2, 7, 3]], [[0] * 4, [0] * 3],
+                              {"labels": [[-100, 1, 0, -100], [-100, 1, -100]]})
+    batch = features.batch([0, 1], pad_to_multiple_of=8)
+    assert batch["input_ids"].shape == (2, 8) and batch["attention_mask"].sum() == 7
+    assert batch["labels"].tolist()[1] == [-100, 1] + [-100] * 6
+    assert features.batch([0, 1], 8, max_length=6)["input_ids"].shape == (2, 6)
+    assert features.batch([0, 1], 8, max_length=3)["input_ids"].shape == (2, 4)
+
 # ------------------------------------------------------------------------------- CoNLL
 
 

@@ -300,7 +300,8 @@ class Features:
         each length is a CUDA graph of its own, so few lengths."""
         rows = list(rows)
         T = max(self.length(r) for r in rows)
-        T = max(T, min(-(-T // pad_to_multiple_of) * pad_to_multiple_of, max_length or T))
+        padded = -(-T // pad_to_multiple_of) * pad_to_multiple_of
+        T = max(T, padded if max_length is None else min(padded, max_length))
         choice = isinstance(self.input_ids[rows[0]][0], list) if self.input_ids[rows[0]] else False
 
         def pad(sequences, value=0):

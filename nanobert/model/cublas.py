@@ -12,8 +12,11 @@ capturing stream (set before every call: CuPy sets it before its own calls on th
 handle), and cuBLAS allocates nothing during capture (a workspace given once, as cuBLAS's
 documentation asks of graph capture).
 
-The library is the one CuPy loaded (ctypes finds it by name in the process); the CPU
-stand-in of CuPy (tests/cupy_standin.py) hands in its emulation for its own namespace."""
+The library must be the very one CuPy loaded (its handle means nothing to another copy): CuPy
+loads it first (asked for its handle), then ctypes opens the path cuda-pathfinder gives (as
+CuPy 14 finds it: a pip wheel's or the toolkit's), else the soname, which the dynamic loader
+resolves to the library already loaded. The CPU stand-in of CuPy (tests/cupy_standin.py)
+hands in its emulation for its own namespace."""
 import ctypes
 
 # cublas_api.h's constants (as cupy_backends' cublas.pxd declares them)
@@ -36,11 +39,17 @@ def library(xp):
     """libcublas for the namespace xp (cupy), its functions declared."""
     lib = _LIBRARIES.get(xp)
     if lib is None:
+        xp.cuda.device.get_cublas_handle()          # CuPy loads its libcublas first
         lib = _LIBRARIES[xp] = _declare(_open())
     return lib
 
 
 def _open():
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib    # CuPy 14's own finder
+        return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:       # no pathfinder, or it found none: the loader's names
+        pass
     for name in _LIBRARY_NAMES:
         try:
             return ctypes.CDLL(name)

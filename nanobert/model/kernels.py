@@ -84,6 +84,15 @@ v = skip ? v : v_new;
 param = skip ? param : p_new;
 """
 
+# Compiled and loaded, never launched (backend.require_gpu, before any work): NVRTC works and
+# the driver takes what it makes.
+NVRTC_PROBE = 'extern "C" __global__ void nanobert_probe(float* x) { x[0] = 1.0f; }'
+
+
+def nvrtc_probe(xp):
+    xp.RawModule(code=NVRTC_PROBE).get_function("nanobert_probe")
+
+
 _ADAMW = {}                  # namespace -> the kernel (the stand-in of the tests is another)
 
 

@@ -195,24 +195,24 @@ class GPUStep:
                                  cuda_graph=cuda_graph, keys=MICRO_KEYS, outputs=DEVICE_OUTPUTS)
 
     def __call__(self, batches, denominators, lr):
-        hosts = []
+        hosts, masked = [], []
         for batch in batches:
             host = self.model.check_batch(batch if self.nsp else
                                           {k: v for k, v in batch.items()
                                            if k != "next_sentence_label"})
-            num_masked = host["num_masked"]
-            host.update(pad_masked(host, len(batch["input_ids"]) * self.predictions))
-            # the losses divide by the denominators: the counts in the graph are the shapes'
-            host.update(num_masked=len(host["masked_lm_ids"]),
-                        num_next_sentence=len(host["input_ids"]), masked=num_masked)
+            masked.append(host["num_masked"])
+            # the losses divide by the denominators: the graph's counts are the shapes'
+            host.update(pad_masked(host, len(batch["input_ids"]) * self.predictions),
+                        num_next_sentence=len(batch["input_ids"]))
             hosts.append(host)
         _, outputs = self.step(hosts, lr, [1.0] * len(hosts), denominators)
-        return [{**out, "num_masked": host["masked"]} for out, host in zip(outputs, hosts)]
+        return [{**out, "num_masked": n} for out, n in zip(outputs, masked)]
 
 
 def pad_masked(host, capacity):
     """check_batch's masked positions [M] and their labels padded to `capacity` entries
-    (position 0, label -100: no loss, no gradient) -> the two padded arrays."""
+    (position 0, label -100: no loss, no gradient) -> the two padded arrays and their
+    length as num_masked."""
     M = host["num_masked"]
     if M > capacity:
         raise ValueError(f"a micro-batch has {M} masked positions, more than its rows x "
@@ -220,7 +220,7 @@ def pad_masked(host, capacity):
     positions = numpy.zeros(capacity, numpy.int64)
     labels = numpy.full(capacity, IGNORE_INDEX, numpy.int64)
     positions[:M], labels[:M] = host["masked_lm_positions"], host["masked_lm_ids"]
-    return {"masked_lm_positions": positions, "masked_lm_ids": labels}
+    return {"masked_lm_positions": positions, "masked_lm_ids": labels, "num_masked": capacity}
 
 
 def host_sums(vector):
