@@ -692,19 +692,24 @@ extern "C" __global__ void nanobert_bias_gelu_backward(const T* dout, const T* p
 // This is the SIMT version (no tensor cores: fused multiply-adds of S on the CUDA cores).
 // Estimate, unmeasured (no GPU at hand; per-kernel times and bytes of
 // ../shared/GPU-MEASURED.md, H100). What goes: the scores, probabilities and dropped
-// probabilities written and read ([B, A, T, T] each: at T=512 B=32, 403 MB apiece in float32,
-// the softmax forward 9.9 ms + backward 11.2 ms of a 102 ms TF32 step, plus the three
-// batched products over them, ~5 ms), move_heads both ways and attention_grads (about a third
-// of the head-layout kernels' 2.5 + 2.3 ms at T=128 B=128 float16). What comes: ~2 (forward)
-// + 6 (backward) D-long dot products and updates per (query, key) pair on the CUDA cores,
-// 8 x 2 x 64 flops x B A T^2: 6.6 TFLOP a step at T=512 B=32 (12 layers), ~0.2-0.3 s at the
-// H100's ~25-35 TFLOP/s of float32 FMAs a well-fed SIMT kernel reaches: SLOWER than the
-// unfused path's ~26 ms there. The SIMT kernels are the proven reference for the tensor-core
-// version (mma.sync, float16) that is to make this fast; until a GPU measures them they stay
-// behind NANOBERT_FUSED_ATTENTION=1 (fast_gpu.py). Memory: the [B, A, T, T] arrays kept for
-// the backward go (float32 at T=512 B=32: probabilities + dropped, 806 MB a layer, 9.7 GB a
-// step; at T=128 B=128: 2.4 GB a step; float16 half of each), the cache keeps q, k, v, the
-// context and lse: O(B A T D).
+// probabilities written and read ([B, A, T, T] each), the softmax kernels, the five batched
+// products over them, move_heads both ways and attention_grads. At T=512 B=32 (TF32) that is
+// the softmax forward 9.9 ms + backward 11.2 ms of the 102 ms step and ~5 ms of products and
+// moves; at T=128 B=128 (float16) softmax 1.6 + ~1.8 ms, ~2 ms of products, ~1.6 ms of the
+// head-layout kernels' 2.5 + 2.3 ms. What comes: 18 D flops a (query, key) pair on the CUDA
+// cores (q.k three times, P v, dO.v twice, dq, dk, dv: 9 D-long products and updates), at
+// D = 64 1.4 TFLOP a step at T=512 B=32 and 0.35 at T=128 B=128 (12 layers): at the 25-40
+// TFLOP/s of float32 FMAs (of the H100's 67) that a SIMT kernel feeding every FMA one operand
+// from shared memory may reach, 35-56 ms and 9-14 ms. So: roughly even with the unfused path
+// at T=128 in TF32 (~10 ms there), SLOWER at T=512 (~26 ms) and in float16 (~7 ms at T=128,
+// where cuBLAS's products run on tensor cores). The tensor-core version (mma.sync, float16:
+// the same 1.4 TFLOP at a few hundred TFLOP/s, a few ms) is what would make this fast; the
+// SIMT kernels are its proven reference, behind NANOBERT_FUSED_ATTENTION=1 (fast_gpu.py)
+// until a GPU measures them. Memory (the estimate's firmer half): the [B, A, T, T] arrays
+// the backward kept go, probabilities + dropped at 2 x 4 bytes an element in float32:
+// 806 MB a layer, 9.7 GB a step at T=512 B=32; 2.4 GB a step at T=128 B=128 (float16 half of
+// each), against the measured 19.6 GiB (torch 16.4) at T=128 B=128 TF32; the cache keeps
+// q, k, v, the context and lse, O(B A T D).
 
 constexpr int ATTENTION_HEAD_MAX = 64;         // the largest head size D (BERT's is 64)
 constexpr int ATTENTION_HALF = ATTENTION_HEAD_MAX / 2;     // of a row, in each of its lanes
