@@ -1,16 +1,30 @@
 // What nanobert's CUDA kernels (nanobert/model/kernels.cu) need, on the CPU
 // (tests/cuda_emulation.py): threadIdx, blockIdx, blockDim, the qualifiers, two bit casts,
-// the float16 conversions, and __shfl_xor_sync across the 32 lanes of a warp. A warp's lanes
-// are 32 fibers (ucontext) on one thread: each runs until its next shuffle, writes its value,
-// and yields; when all 32 have, each reads its partner's. Blocks and their warps run one
-// after another. Only what the kernels use: no __syncthreads, no shared memory (a kernel
-// using them does not compile here).
+// the float16 conversions, __shfl_xor_sync and __syncwarp across the 32 lanes of a warp,
+// __syncthreads across a block, and __shared__ memory.
+//
+// Every thread of a block is a fiber (ucontext) on one OS thread. A sweep runs each fiber
+// that may go on until its next collective point (a shuffle, __syncwarp, __syncthreads) or
+// its end; then a warp whose 32 lanes all wait at the same warp point goes on (a shuffle:
+// each lane reads its partner's value), and once every thread of the block waits at the same
+// __syncthreads, all go on. Anything else (lanes at different shuffles, some threads at a
+// barrier and others finished or elsewhere) is a divergence CUDA would hang on or misread:
+// the process aborts naming the block. Blocks run one after another.
+//
+// Races. Between two collective points a fiber runs alone, and the sweeps alternate their
+// order (thread 0 first, then the last thread first, at each barrier), so a thread reading
+// shared memory that another writes in the same interval (a missing __syncthreads: read
+// before write, or write before the others' read) reads the other's old value in one of the
+// two orders; __shared__ memory is filled with 0xFF bytes (a NaN in float16, float and
+// double) at each block's start, so reading what no thread wrote gives NaN.
+// tests/test_fused_attention.py plants both races and checks they change the result.
 #include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <vector>
 #include <ucontext.h>
 
 struct dim3 {
@@ -21,6 +35,11 @@ static dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __restrict__
+// every __shared__ array in one section, which the scheduler poisons at each block's start
+#define __shared__ static __attribute__((section("nanobert_shared")))
+extern char __start_nanobert_shared[] __attribute__((weak));
+extern char __stop_nanobert_shared[] __attribute__((weak));
 
 static inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 static inline double __longlong_as_double(long long i) { return std::bit_cast<double>(i); }
@@ -35,46 +54,139 @@ static inline void store(half16* p, float v) { *p = std::bit_cast<half16>((_Floa
 namespace emulation {
 constexpr int LANES = 32;
 constexpr size_t STACK = 1 << 16;
-static ucontext_t scheduler, lanes[LANES];
-static char stacks[LANES][STACK];
-static unsigned char slots[2][LANES][8];     // one value a lane, two rounds of shuffles
-static int round_of[LANES];                  // each lane's shuffles so far, mod 2
-static int shuffles[LANES];                  // and in all
-static bool finished[LANES];
+constexpr int SLOT = 64;                     // bytes a lane may exchange at a warp point
+
+enum class Wait { none, warp, block, finished };
+struct Fiber {
+    ucontext_t context;
+    Wait wait;
+    int kind;                                // a warp point's kind (shuffle, __syncwarp, ...)
+    long long warp_points, barriers;         // passed so far
+};
+
+static ucontext_t scheduler;
+static std::vector<Fiber> fibers;
+static std::vector<char> stacks;
+// a warp point's values: [warp][round % 2][lane], two rounds so that a lane that has gone
+// on to the next point does not overwrite what a slower lane has still to read
+static std::vector<unsigned char> slots;
 static int current;
 static std::function<void()> kernel;
 
-static void run_lane() {
+static void run_fiber() {
     kernel();
-    finished[current] = true;                // uc_link returns to the scheduler
+    fibers[current].wait = Wait::finished;   // uc_link returns to the scheduler
 }
 
-static void run_warp(unsigned warp) {
-    for (int lane = 0; lane < LANES; lane++) {
-        getcontext(&lanes[lane]);
-        lanes[lane].uc_stack.ss_sp = stacks[lane];
-        lanes[lane].uc_stack.ss_size = STACK;
-        lanes[lane].uc_link = &scheduler;
-        makecontext(&lanes[lane], run_lane, 0);
-        finished[lane] = false;
-        round_of[lane] = shuffles[lane] = 0;
+static unsigned char* slot(int thread, long long point) {
+    const size_t warp = thread / LANES, lane = thread % LANES;
+    return &slots[((warp * 2 + point % 2) * LANES + lane) * SLOT];
+}
+
+// this fiber waits at a collective point until the scheduler lets it go on
+static void wait_at(Wait wait, int kind) {
+    Fiber& me = fibers[current];
+    me.wait = wait;
+    me.kind = kind;
+    swapcontext(&me.context, &scheduler);
+}
+
+// a warp point: writes `bytes` of `in` for the others, then (after every lane of the warp has
+// written) reads lane `source`'s into `out`
+static void warp_point(int kind, const void* in, void* out, size_t bytes, int source) {
+    const int me = current;
+    const long long point = fibers[me].warp_points;
+    if (bytes) std::memcpy(slot(me, point), in, bytes);
+    wait_at(Wait::warp, kind);
+    fibers[me].warp_points++;
+    if (bytes) std::memcpy(out, slot(me / LANES * LANES + source, point), bytes);
+}
+
+[[noreturn]] static void diverged(const char* what) {
+    std::fprintf(stderr, "cuda emulation: threads of block %u %s; where each thread waits:\n",
+                 blockIdx.x, what);
+    for (size_t t = 0; t < fibers.size(); t += LANES) {
+        std::fprintf(stderr, "  warp %zu:", t / LANES);
+        for (size_t lane = t; lane < t + LANES; lane++) {
+            const Fiber& f = fibers[lane];
+            const char* name[] = {"run", "warp", "barrier", "end"};
+            std::fprintf(stderr, " %s%lld", name[(int)f.wait],
+                         f.wait == Wait::warp ? f.warp_points : f.barriers);
+        }
+        std::fprintf(stderr, "\n");
     }
-    for (bool running = true; running;) {
-        running = false;
-        for (int lane = 0; lane < LANES; lane++) {
-            if (finished[lane]) continue;
-            current = lane;
-            threadIdx.x = warp * LANES + lane;
-            swapcontext(&scheduler, &lanes[lane]);
-            running = true;
+    std::abort();
+}
+
+// lets go the warps whose lanes all wait at the same warp point -> whether any went on
+static bool release_warps() {
+    bool released = false;
+    for (size_t w = 0; w < fibers.size(); w += LANES) {
+        const Fiber& first = fibers[w];
+        if (first.wait != Wait::warp) continue;
+        bool together = true;
+        for (size_t lane = w; lane < w + LANES; lane++) {
+            const Fiber& f = fibers[lane];
+            together &= f.wait == Wait::warp && f.warp_points == first.warp_points &&
+                        f.kind == first.kind;
         }
-        for (int lane = 1; lane < LANES; lane++) {
-            if (finished[lane] != finished[0] || shuffles[lane] != shuffles[0]) {
-                std::fprintf(stderr, "cuda emulation: lanes of warp %u diverge at a shuffle "
-                                     "(block %u)\n", warp, blockIdx.x);
-                std::abort();
-            }
+        if (!together)             // after a sweep no thread runs: these never meet
+            diverged("diverge at a warp point (a shuffle or __syncwarp some lanes skip)");
+        for (size_t lane = w; lane < w + LANES; lane++) fibers[lane].wait = Wait::none;
+        released = true;
+    }
+    return released;
+}
+
+// lets the block go on when every thread waits at the same __syncthreads
+static bool release_block() {
+    for (const Fiber& f : fibers)
+        if (f.wait != Wait::block || f.barriers != fibers[0].barriers) return false;
+    for (Fiber& f : fibers) {
+        f.wait = Wait::none;
+        f.barriers++;
+    }
+    return true;
+}
+
+static void run_block() {
+    const size_t threads = blockDim.x;
+    fibers.assign(threads, Fiber{});
+    if (stacks.size() < threads * STACK) stacks.resize(threads * STACK);
+    slots.assign(threads / LANES * 2 * LANES * SLOT, 0);
+    if (__start_nanobert_shared != nullptr)
+        std::memset(__start_nanobert_shared, 0xFF,
+                    __stop_nanobert_shared - __start_nanobert_shared);
+    for (size_t t = 0; t < threads; t++) {
+        Fiber& f = fibers[t];
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = &stacks[t * STACK];
+        f.context.uc_stack.ss_size = STACK;
+        f.context.uc_link = &scheduler;
+        makecontext(&f.context, run_fiber, 0);
+        f.wait = Wait::none;
+    }
+    bool backwards = false;
+    for (;;) {
+        for (size_t i = 0; i < threads; i++) {
+            const int t = backwards ? (int)(threads - 1 - i) : (int)i;
+            if (fibers[t].wait != Wait::none) continue;
+            current = t;
+            threadIdx.x = t;
+            swapcontext(&scheduler, &fibers[t].context);
         }
+        bool finished = true;
+        for (const Fiber& f : fibers) finished &= f.wait == Wait::finished;
+        if (finished) return;
+        if (release_warps()) continue;
+        if (release_block()) {
+            backwards = !backwards;
+            continue;
+        }
+        bool any_finished = false;
+        for (const Fiber& f : fibers) any_finished |= f.wait == Wait::finished;
+        diverged(any_finished ? "wait at a __syncthreads that others have left (ended)"
+                              : "wait at different collective points");
     }
 }
 }  // namespace emulation
@@ -82,23 +194,33 @@ static void run_warp(unsigned warp) {
 // every lane's v, read back from lane ^ lane_mask's (the mask is the full warp's here)
 template <typename V>
 static V __shfl_xor_sync(unsigned, V v, int lane_mask) {
-    using namespace emulation;
-    static_assert(sizeof(V) <= 8);
-    const int me = current, slot = round_of[me];
-    std::memcpy(slots[slot][me], &v, sizeof v);
-    round_of[me] ^= 1;
-    shuffles[me]++;
-    swapcontext(&lanes[me], &scheduler);     // every lane writes before any reads
+    static_assert(sizeof(V) <= emulation::SLOT);
     V other;
-    std::memcpy(&other, slots[slot][me ^ lane_mask], sizeof other);
+    emulation::warp_point(1, &v, &other, sizeof v, (emulation::current % emulation::LANES)
+                                                   ^ lane_mask);
     return other;
 }
 
+// every lane's v, read back from lane `source`'s
+template <typename V>
+static V __shfl_sync(unsigned, V v, int source) {
+    static_assert(sizeof(V) <= emulation::SLOT);
+    V other;
+    emulation::warp_point(2, &v, &other, sizeof v, source % emulation::LANES);
+    return other;
+}
+
+static inline void __syncwarp(unsigned = 0xffffffffu) {
+    emulation::warp_point(3, nullptr, nullptr, 0, 0);
+}
+
+static inline void __syncthreads() { emulation::wait_at(emulation::Wait::block, 0); }
+
 // the launch <<<grid, block>>> of a kernel call, block a whole number of warps
 static void emulate_launch(unsigned grid, unsigned block, std::function<void()> call) {
-    if (block == 0 || block % emulation::LANES) {
-        std::fprintf(stderr, "cuda emulation: a block of %u threads is not whole warps\n",
-                     block);
+    if (block == 0 || block % emulation::LANES || block > 1024) {
+        std::fprintf(stderr, "cuda emulation: a block of %u threads is not 1 to 32 whole "
+                             "warps\n", block);
         std::abort();
     }
     emulation::kernel = call;
@@ -106,7 +228,6 @@ static void emulate_launch(unsigned grid, unsigned block, std::function<void()> 
     blockDim.x = block;
     for (unsigned b = 0; b < grid; b++) {
         blockIdx.x = b;
-        for (unsigned warp = 0; warp < block / emulation::LANES; warp++)
-            emulation::run_warp(warp);
+        emulation::run_block();
     }
 }

@@ -1,9 +1,11 @@
 """nanobert's CUDA kernels (nanobert/model/kernels.cu, as kernels.cuda_source gives it)
 compiled for the CPU with g++ and run there: the same source a GPU compiles, with
-tests/cuda_emulation.h for threadIdx, blockIdx and __shfl_xor_sync (each warp's 32 lanes as
-fibers) and for the two float16 conversions (PTX on the GPU; C++'s _Float16 here, which
-rounds to nearest even as cvt.rn does). So the tests run the kernels' own indexing, loops,
-shuffles and arithmetic, not a NumPy twin. What this does not show: CUDA's own rounding
+tests/cuda_emulation.h for threadIdx, blockIdx, the warps' shuffles and __syncwarp, a block's
+__syncthreads and __shared__ memory (every thread of a block a fiber; a divergent barrier or
+shuffle stops the process, a missing barrier gives a wrong result: its header says how) and
+for the two float16 conversions (PTX on the GPU; C++'s _Float16 here, which rounds to nearest
+even as cvt.rn does). So the tests run the kernels' own indexing, loops, shuffles, barriers
+and arithmetic, not a NumPy twin. What this does not show: CUDA's own rounding
 (nvcc contracts a * b + c into an fma; g++ here does not) and its math library's
 expf/erff/sqrtf, speed, or that NVRTC compiles the source (tests/test_kernels_compile.py
 compiles it with nvcc).

@@ -37,6 +37,7 @@ from nanobert.model import kernels
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "90"                                    # H100 / H200
+CUDA_ARCHS = ("80", "90")                      # the CUDA kernels also for the A100
 H, F, D, BOOL = "float16", "float32", "float64", "bool"
 
 
@@ -156,10 +157,10 @@ def _variants():
 # ----------------------------------------------------------------------------- nvcc
 
 
-def _nvcc_errors(cupy, source, raw=False):
+def _nvcc_errors(cupy, source, raw=False, arch=ARCH):
     """Compile `source` (the kernel's code, CuPy's headers prepended; raw: as written, as
-    cupy.RawModule compiles it) as CuPy would for sm_90, with nvcc -> None, or nvcc's errors
-    with the source lines they point at."""
+    cupy.RawModule compiles it) as CuPy would for sm_<arch>, with nvcc -> None, or nvcc's
+    errors with the source lines they point at."""
     from cupy._core import core
     from cupy.cuda import compiler
     options = ()
@@ -167,7 +168,7 @@ def _nvcc_errors(cupy, source, raw=False):
         source = "".join(f"#include <{h}>\n" for h in core._cupy_header_list) + source
         options = core.assemble_cupy_compiler_options(()) + ("-ftz=true",)
     try:
-        compiler.compile_using_nvcc(source, options, arch=ARCH, code_type="cubin")
+        compiler.compile_using_nvcc(source, options, arch=arch, code_type="cubin")
     except compiler.CompileException as e:
         lines = source.splitlines()
         report = []
@@ -234,13 +235,16 @@ def test_kernel_compiles_for_sm90(compiled, name):
     assert not failures, f"kernels.{name} cannot be built for sm_{ARCH}:\n{failures}"
 
 
+@pytest.mark.parametrize("arch", CUDA_ARCHS)
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_cuda_kernels_compile_for_sm90(cupy, nvcc, dtype):
-    """kernels.cuda_source for each activation dtype, as cupy.RawModule compiles it; the
-    emulated runs (tests/test_row_kernels.py) do not show that nvcc accepts the PTX
-    conversions and CUDA's shuffles."""
-    errors = _nvcc_errors(cupy, kernels.cuda_source(numpy.dtype(dtype).char), raw=True)
-    assert errors is None, f"the CUDA kernels cannot be built for sm_{ARCH} ({dtype}):\n{errors}"
+def test_cuda_kernels_compile_for_sm80_and_sm90(cupy, nvcc, dtype, arch):
+    """kernels.cuda_source for each activation dtype, as cupy.RawModule compiles it, for the
+    H100/H200 and the A100; the emulated runs (tests/test_cuda_kernels.py,
+    tests/test_fused_attention.py) do not show that nvcc accepts the PTX conversions,
+    CUDA's shuffles, shared memory and barriers."""
+    errors = _nvcc_errors(cupy, kernels.cuda_source(numpy.dtype(dtype).char), raw=True,
+                          arch=arch)
+    assert errors is None, f"the CUDA kernels cannot be built for sm_{arch} ({dtype}):\n{errors}"
 
 
 def test_every_kernel_of_the_gpu_path_is_compiled():
@@ -261,10 +265,12 @@ def test_every_kernel_of_the_gpu_path_is_compiled():
     fast_gpu = sources[ROOT / "nanobert" / "model" / "fast_gpu.py"]
     rows = set(re.findall(r'_launch_rows\("(\w+)"', fast_gpu))
     maps = set(re.findall(r'_launch_map\("(\w+)"', fast_gpu))
+    fused = set(re.findall(r'_launch_attention\("(\w+)"', fast_gpu))
     defined = set(re.findall(r'extern "C" __global__ void nanobert_(\w+)\(',
                              kernels.cuda_source("f")))
     assert rows == set(kernels.ROW_KERNEL_NAMES) and maps == set(kernels.MAP_KERNEL_NAMES)
-    assert rows | maps == defined, (rows, maps, defined)
+    assert fused == set(kernels.ATTENTION_KERNEL_NAMES)
+    assert rows | maps | fused == defined, (rows, maps, fused, defined)
 
 
 def test_planted_errors_are_reported(cupy, nvcc):

@@ -23,6 +23,7 @@ dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; 
 gradients summed into float32 buffers.
 """
 import math
+import os
 from typing import NamedTuple
 
 import numpy
@@ -547,8 +548,10 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     """ops.self_attention_forward: one kernel (kernels.cu's attention_heads) adds
     the projection's bias, scales q and writes q, k and v as contiguous heads [B, A, T, D]
     (the stacked projection's heads are not equally spaced, so cuBLAS cannot read them in
-    place); the products are gemm calls (k^T an op flag, no copy); one kernel (move_heads)
-    brings the context back to [B, T, H]. Same math as the NumPy path in the same order."""
+    place). Then, where _fused_attention allows, one fused kernel (_fused_attention_forward);
+    else the products are gemm calls (k^T an op flag, no copy) around the softmax kernel, and
+    one kernel (move_heads) brings the context back to [B, T, H]. Same math as the NumPy path
+    in the same order."""
     xp = array_module(x)
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
@@ -558,9 +561,12 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     q, k, v = (xp.empty((B, A, T, D), dtype=dtype) for _ in range(3))
     _launch_map("attention_heads", dtype, q.size, qkv, _contiguous(b_qkv),
                 _head_scale(dtype, D), *_head_shape(A, T, D), numpy.int64(q.size), q, k, v)
+    dropout_p = dropout_p if training else 0.0
+    if _fused_attention(dtype, D):
+        return _fused_attention_forward((x2, w_qkv, x.shape), q, k, v, mask_bias, dropout_p,
+                                        rng)
     scores = gemm(q, k, xp.empty((B, A, T, T), dtype), transpose_b=True)  # q k^T
-    probs, probs_dropped, dropout_cache = _softmax(scores, mask_bias,
-                                                   dropout_p if training else 0.0, rng)
+    probs, probs_dropped, dropout_cache = _softmax(scores, mask_bias, dropout_p, rng)
     heads = gemm(probs_dropped, v, xp.empty((B, A, T, D), dtype))
     context = xp.empty((B, T, H), dtype)
     _launch_map("move_heads", dtype, heads.size, heads, numpy.int32(1), *_head_shape(A, T, D),
@@ -575,7 +581,9 @@ def self_attention_dqkv(dcontext, cache):
     then runs linear_backward): the products are gemm calls with transposes as op flags;
     one kernel (kernels.cu's attention_grads) scales dq and writes dq, dk, dv into
     the stacked projection's layout. One kernel (move_heads) brings dcontext into
-    contiguous heads."""
+    contiguous heads. A FusedAttentionCache: _fused_attention_dqkv."""
+    if isinstance(cache, FusedAttentionCache):
+        return _fused_attention_dqkv(dcontext, cache)
     xp = array_module(dcontext)
     B, T, H = dcontext.shape
     A = cache.num_heads
@@ -605,6 +613,123 @@ def _head_shape(A, T, D):
 def _head_scale(dtype, D):
     """1 / sqrt(D), q's scaling, in the activations' dtype, passed in the statistics'."""
     return _stats_dtype(dtype).type(dtype.type(1.0 / math.sqrt(D)))
+
+# The fused attention (kernels.cu's attention_forward, attention_backward_queries and
+# attention_backward_keys: FlashAttention-2's tiles and online softmax, SIMT): the scores,
+# probabilities and dropout masks [B, A, T, T] are never written; the cache keeps q, k, v,
+# the context and each row's log-sum-exp, O(B A T D). $NANOBERT_FUSED_ATTENTION=1 turns it on
+# for float32 and float16 heads of at most kernels.ATTENTION_HEAD_MAX; it is off by default
+# until a GPU has measured it (kernels.cu's estimate: slower than the unfused path on the
+# CUDA cores until its float16 tensor-core version exists, and far smaller). float64 keeps
+# the unfused kernels (the float64 = NumPy path). Read at import, as backend.tf32_enabled.
+
+
+def _read_fused_attention():
+    told = os.environ.get("NANOBERT_FUSED_ATTENTION", "0")
+    if told not in ("0", "1"):
+        raise ValueError(f"NANOBERT_FUSED_ATTENTION must be 0 or 1, got {told!r}")
+    return told == "1"
+
+
+FUSED_ATTENTION = _read_fused_attention()
+
+
+def _fused_attention(dtype, head_size):
+    """Whether attention of these activations and head size runs the fused kernels."""
+    return (FUSED_ATTENTION and dtype in (numpy.float32, numpy.float16)
+            and head_size <= kernels.ATTENTION_HEAD_MAX)
+
+
+class FusedAttentionCache(NamedTuple):
+    """The fused attention's cache: what its backward recomputes the probabilities from."""
+    qkv: tuple                 # linear cache of the stacked projection
+    q: object                  # [B, A, T, D], already scaled by 1/sqrt(D)
+    k: object                  # [B, A, T, D]
+    v: object                  # [B, A, T, D]
+    mask_bias: object          # [B, 1, 1, T] or None
+    context: object            # [B, T, H], the forward's output (O of D_i = dO_i . O_i)
+    lse: object                # [B, A, T] statistics' dtype: each row's log-sum-exp
+    dropout_mask: object       # DropoutDraw or None: the mask regenerated from it
+    num_heads: int
+
+    @property
+    def probs(self):
+        """The softmax before dropout [B, A, T, T] (output_attentions): recomputed on request
+        by the unfused kernels (q k^T, then the softmax kernel), never kept."""
+        q, k = self.q, self.k
+        scores = gemm(q, k, array_module(q).empty(q.shape[:3] + k.shape[2:3], q.dtype),
+                      transpose_b=True)
+        return _softmax(scores, self.mask_bias, 0.0, None)[0]
+
+
+def _fused_attention_forward(qkv_cache, q, k, v, mask_bias, dropout_p, rng):
+    """The attention from the heads q, k, v [B, A, T, D] on: one kernel (kernels.cu's
+    attention_forward) -> (context [B, T, H], FusedAttentionCache). Dropout draws from rng
+    the draw the unfused softmax kernel would (the same call index, the same masks)."""
+    xp = array_module(q)
+    B, A, T, D = q.shape
+    dtype = q.dtype
+    draw = _draw(rng, dropout_p, (B, A, T, T)) if dropout_p > 0.0 else None
+    context = xp.empty((B, T, A * D), dtype)
+    lse = xp.empty((B, A, T), _stats_dtype(dtype))
+    _launch_attention("attention_forward", dtype, B * A, T, q, k, v,
+                      *_mask_arguments(xp, mask_bias, B, T, dtype), *_head_shape(A, T, D),
+                      *_draw_arguments(xp, draw, dtype), numpy.int32(draw is not None),
+                      context, lse)
+    return context, FusedAttentionCache(qkv_cache, q, k, v, mask_bias, context, lse, draw, A)
+
+
+def _fused_attention_dqkv(dcontext, cache):
+    """self_attention_dqkv of a FusedAttentionCache: two kernels (kernels.cu's
+    attention_backward_queries, then attention_backward_keys, which reads the first's D_i)
+    read dcontext [B, T, H] in place and write dqkv [B, T, 3H]: no move_heads, no
+    attention_grads, no [B, A, T, T] array."""
+    xp = array_module(dcontext)
+    q = cache.q
+    B, A, T, D = q.shape
+    dtype = q.dtype
+    if dcontext.shape != (B, T, A * D) or dcontext.dtype != dtype:
+        raise ValueError(f"self_attention_backward: dcontext {dcontext.shape} {dcontext.dtype} "
+                         f"does not fit the fused attention's {(B, T, A * D)} {dtype}")
+    draw = cache.dropout_mask
+    if draw is not None and (not isinstance(draw, DropoutDraw) or draw.shape != (B, A, T, T)):
+        raise ValueError(f"self_attention_backward: the fused cache's draw should be a "
+                         f"DropoutDraw of {(B, A, T, T)}, got {draw!r:.120}")
+    dcontext = _contiguous(dcontext)
+    delta = xp.empty((B, A, T), cache.lse.dtype)           # D_i = dO_i . O_i
+    dqkv = xp.empty((B, T, 3 * A * D), dtype)
+    heads = (q, cache.k, cache.v, *_mask_arguments(xp, cache.mask_bias, B, T, dtype),
+             *_head_shape(A, T, D))
+    dropout = (*_draw_arguments(xp, draw, dtype), numpy.int32(draw is not None))
+    _launch_attention("attention_backward_queries", dtype, B * A, T, *heads, cache.context,
+                      dcontext, cache.lse, *dropout, _head_scale(dtype, D), delta, dqkv)
+    _launch_attention("attention_backward_keys", dtype, B * A, T, *heads, dcontext,
+                      cache.lse, delta, *dropout, dqkv)
+    return dqkv
+
+
+def _mask_arguments(xp, mask_bias, B, T, dtype):
+    """The mask bias [B, 1, 1, T] as the fused kernels take it: (bias, masked) (None: an
+    unused array, 0)."""
+    if mask_bias is None:
+        return _unused(xp, dtype), numpy.int32(0)
+    if mask_bias.size != B * T or mask_bias.dtype != dtype:
+        raise ValueError(f"mask bias {mask_bias.shape} {mask_bias.dtype} does not fit the "
+                         f"attention's [B, 1, 1, T] = {(B, 1, 1, T)} {dtype}")
+    return _contiguous(mask_bias), numpy.int32(1)
+
+
+def _launch_attention(name, dtype, heads, T, *args):
+    """The fused attention kernel `name` over `heads` (batch, head) pairs of T positions."""
+    if heads and T:
+        kernels.cuda_kernel(array_module(args[0]), name, dtype)(
+            *_attention_grid(heads, T), args)
+
+
+def _attention_grid(heads, T):
+    """(grid, block) of a fused attention kernel: ATTENTION_ROWS rows a block, two threads a
+    row."""
+    return (heads * -(-T // kernels.ATTENTION_ROWS),), (2 * kernels.ATTENTION_ROWS,)
 
 
 # ------------------------------------------------------------------------- cross-entropy

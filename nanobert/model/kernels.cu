@@ -659,3 +659,310 @@ extern "C" __global__ void nanobert_bias_gelu_backward(const T* dout, const T* p
                        + normal_cdf(v[k])) * d[k]);
     }
 }
+
+// ------------------------------------------------------------------------ fused attention
+// ops.self_attention_forward/backward from q, k, v to the context, and back to dq, dk, dv,
+// without the [B, A, T, T] scores, probabilities or dropout masks in memory (FlashAttention-2:
+// Dao, "FlashAttention-2: faster attention with better parallelism and work partitioning",
+// 2023). A block owns ATTENTION_ROWS rows of one (batch, head), two lanes a row (each holds
+// half of the row's D <= ATTENTION_HEAD_MAX values; a dot product is the two halves' sums
+// added by one shuffle), and walks the other side in tiles of ATTENTION_TILE rows that its
+// threads load into shared memory together (widened to S, 0 past the end and past D):
+//   forward (a row a query): scores of the tile = q k^T + the mask bias (-10000 on masked
+//     keys, as ops.attention_mask_bias); the online softmax (the running max m and sum l,
+//     the accumulated context rescaled by exp(m_old - m_new) when the max grows); dropout on
+//     the probabilities, each key's keep bit drawn as nanobert_softmax_forward draws it
+//     (element index row * T + key of the [B, A, T, T] probabilities: the same masks, bit for
+//     bit); context += P_dropped v. Writes the context in the rows' layout [B, T, H] (no
+//     move_heads) and each row's log-sum-exp m + log(l) [B, A, T].
+//   backward, queries (a row a query): P = exp(q k^T + bias - lse) recomputed, dP = dO v^T
+//     through dropout's mask (regenerated), dS = P (dP - D_i) with D_i = dO_i . O_i (the
+//     softmax backward's row sum sum_j dP_ij P_ij without P: Dao's D_i); dq = dS k, written
+//     times q's scaling into the projection's gradient dqkv [B, T, 3H] (no attention_grads);
+//     D_i kept for the other kernel.
+//   backward, keys (a row a key, tiles of queries): the same P and dS; dv = P_dropped^T dO,
+//     dk = dS^T q, into dqkv.
+// Two backward kernels rather than FlashAttention-2's one with atomic adds into dq: every sum
+// in a fixed order (the same bits every run), at the cost of computing P and dP twice.
+// q k^T is recomputed in the same order in every kernel (the same bits). Statistics,
+// products and sums in S (float32 for float16 activations), each output rounded to T once.
+// float64 compiles and is tested (ops.py to 1e-13) but the model keeps the unfused kernels
+// for it (the float64 = NumPy path); heads of more than ATTENTION_HEAD_MAX take them too.
+//
+// This is the SIMT version (no tensor cores: fused multiply-adds of S on the CUDA cores).
+// Estimate, unmeasured (no GPU at hand; per-kernel times and bytes of
+// ../shared/GPU-MEASURED.md, H100). What goes: the scores, probabilities and dropped
+// probabilities written and read ([B, A, T, T] each), the softmax kernels, the five batched
+// products over them, move_heads both ways and attention_grads. At T=512 B=32 (TF32) that is
+// the softmax forward 9.9 ms + backward 11.2 ms of the 102 ms step and ~5 ms of products and
+// moves; at T=128 B=128 (float16) softmax 1.6 + ~1.8 ms, ~2 ms of products, ~1.6 ms of the
+// head-layout kernels' 2.5 + 2.3 ms. What comes: 18 D flops a (query, key) pair on the CUDA
+// cores (q.k three times, P v, dO.v twice, dq, dk, dv: 9 D-long products and updates), at
+// D = 64 1.4 TFLOP a step at T=512 B=32 and 0.35 at T=128 B=128 (12 layers): at the 25-40
+// TFLOP/s of float32 FMAs (of the H100's 67) that a SIMT kernel feeding every FMA one operand
+// from shared memory may reach, 35-56 ms and 9-14 ms. So: roughly even with the unfused path
+// at T=128 in TF32 (~10 ms there), SLOWER at T=512 (~26 ms) and in float16 (~7 ms at T=128,
+// where cuBLAS's products run on tensor cores). The tensor-core version (mma.sync, float16:
+// the same 1.4 TFLOP at a few hundred TFLOP/s, a few ms) is what would make this fast; the
+// SIMT kernels are its proven reference, behind NANOBERT_FUSED_ATTENTION=1 (fast_gpu.py)
+// until a GPU measures them. Memory (the estimate's firmer half): the [B, A, T, T] arrays
+// the backward kept go, probabilities + dropped at 2 x 4 bytes an element in float32:
+// 806 MB a layer, 9.7 GB a step at T=512 B=32; 2.4 GB a step at T=128 B=128 (float16 half of
+// each), against the measured 19.6 GiB (torch 16.4) at T=128 B=128 TF32; the cache keeps
+// q, k, v, the context and lse, O(B A T D).
+
+constexpr int ATTENTION_HEAD_MAX = 64;         // the largest head size D (BERT's is 64)
+constexpr int ATTENTION_HALF = ATTENTION_HEAD_MAX / 2;     // of a row, in each of its lanes
+constexpr int ATTENTION_ROWS = 64;             // rows a block: 128 threads (kernels.py)
+constexpr int ATTENTION_TILE = 32;             // rows a tile: one 32-bit word of keep bits
+// a tile row in shared memory: its two halves 4 values apart, so that a pair's lanes read
+// different banks
+constexpr int HALF_STRIDE = ATTENTION_HALF + 4;
+constexpr int TILE_ROW = 2 * HALF_STRIDE;
+constexpr int KEEP_WORDS = ATTENTION_ROWS / 32;   // keep words of a block's keys, a query
+static_assert(ATTENTION_TILE * KEEP_WORDS == ATTENTION_ROWS, "a pair draws a query's word");
+
+// where a thread of a fused attention kernel works: its (batch, head), row and half
+struct AttentionRow {
+    long long head;            // b heads + a
+    long long b;
+    int a, row, part;
+    __device__ AttentionRow(int heads, int seq) {
+        const int blocks = (seq + ATTENTION_ROWS - 1) / ATTENTION_ROWS;     // a head's
+        head = blockIdx.x / blocks;
+        b = head / heads;
+        a = (int)(head % heads);
+        row = (int)(blockIdx.x % blocks) * ATTENTION_ROWS + (int)threadIdx.x / 2;
+        part = threadIdx.x % 2;
+    }
+};
+
+// this lane's half of row `row` of rows D long and `stride` apart, widened; 0 past D and
+// past the last row
+__device__ __forceinline__ void load_half(const T* rows, long long stride, int row, int seq,
+                                          int D, int part, S* x) {
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) {
+        const int column = part * ATTENTION_HALF + d;
+        x[d] = row < seq && column < D ? widen(rows[row * stride + column]) : 0;
+    }
+}
+
+// this lane's half of x, rounded to T, into row `row` (D long, `stride` apart), times `by`
+__device__ __forceinline__ void store_half(const S* x, S by, int row, int seq, int D,
+                                           int part, long long stride, T* rows) {
+    if (row >= seq) return;
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) {
+        const int column = part * ATTENTION_HALF + d;
+        if (column < D) store(&rows[row * stride + column], x[d] * by);
+    }
+}
+
+// rows first .. first + ATTENTION_TILE - 1 of `rows` (D long, `stride` apart) into a tile,
+// widened, by all the block's threads; 0 past the last row and past D
+__device__ __forceinline__ void load_tile(const T* rows, long long stride, int first,
+                                          int seq, int D, S* tile) {
+    for (int at = threadIdx.x; at < ATTENTION_TILE * ATTENTION_HEAD_MAX; at += blockDim.x) {
+        const int r = at / ATTENTION_HEAD_MAX, column = at % ATTENTION_HEAD_MAX;
+        const int row = first + r;
+        tile[r * TILE_ROW + column / ATTENTION_HALF * HALF_STRIDE + column % ATTENTION_HALF] =
+            row < seq && column < D ? widen(rows[row * stride + column]) : 0;
+    }
+}
+
+// x . tile row r over the whole head: this lane's half, plus its partner's (both lanes get
+// the same sum)
+__device__ __forceinline__ S pair_dot(const S* x, const S* tile, int r, int part) {
+    const S* y = tile + r * TILE_ROW + part * HALF_STRIDE;
+    S sum = 0;
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) sum += x[d] * y[d];
+    return sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+}
+
+// x += w tile row r, this lane's half
+__device__ __forceinline__ void pair_update(S w, const S* tile, int r, int part, S* x) {
+    const S* y = tile + r * TILE_ROW + part * HALF_STRIDE;
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) x[d] += w * y[d];
+}
+
+// dropout's keep bits of the 32 elements first .. first + 31 of the [B, A, T, T]
+// probabilities (bit i: element first + i kept), drawn in the counter layout's groups of 4
+// as the softmax kernel draws them; the pair's lanes draw alternate groups and share them
+__device__ __forceinline__ unsigned int keep_bits(const Draw& draw, long long first,
+                                                  int part) {
+    unsigned int bits = 0;
+    for (long long group = first / 4 + part; group * 4 < first + 32; group += 2) {
+        const Philox words = draw.block(group);
+        #pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const long long i = group * 4 + w - first;
+            if (i >= 0 && i < 32 && Draw::uniform(words.word[w]) >= draw.p) bits |= 1u << i;
+        }
+    }
+    return bits | __shfl_xor_sync(0xffffffffu, bits, 1);
+}
+
+// dropout's factor of bit j of a keep word: scale where kept, 0 where dropped; 1 without
+// dropout
+__device__ __forceinline__ S keep_factor(const Draw& draw, int dropout, unsigned int bits,
+                                         int j) {
+    return dropout ? (bits >> j & 1u ? draw.scale : (S)0) : (S)1;
+}
+
+// keys first .. first + ATTENTION_TILE - 1's mask bias (0 unmasked), -infinity past the last
+// key (no probability), by the block's first threads
+__device__ __forceinline__ void load_key_bias(const T* bias, int masked, long long b,
+                                              int first, int seq, S* tile) {
+    const int key = first + (int)threadIdx.x;
+    if (threadIdx.x < ATTENTION_TILE)
+        tile[threadIdx.x] = key >= seq ? minus_infinity(S(0))
+                          : masked ? widen(bias[b * seq + key]) : (S)0;
+}
+
+// The forward (see above): q, k, v [B, A, T, D] (q scaled), bias [B, T] (masked = 0: none)
+// -> context [B, T, H], lse [B, A, T]. Grid: B A ceil(T / ATTENTION_ROWS) blocks.
+extern "C" __global__ void nanobert_attention_forward(
+        const T* q, const T* k, const T* v, const T* bias, int masked, int heads, int seq,
+        int D, const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, T* context, S* lse) {
+    __shared__ S k_tile[ATTENTION_TILE * TILE_ROW], v_tile[ATTENTION_TILE * TILE_ROW];
+    __shared__ S key_bias[ATTENTION_TILE];
+    const AttentionRow at(heads, seq);
+    const long long own = at.head * seq * D, H = (long long)heads * D;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    S x[ATTENTION_HALF], o[ATTENTION_HALF];
+    load_half(q + own, D, at.row, seq, D, at.part, x);
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) o[d] = 0;
+    S m = minus_infinity(S(0)), l = 0;
+    const long long elements = (at.head * seq + at.row) * seq;    // of (row, key 0)
+    for (int first = 0; first < seq; first += ATTENTION_TILE) {
+        __syncthreads();                       // every thread is done with the last tile
+        load_tile(k + own, D, first, seq, D, k_tile);
+        load_tile(v + own, D, first, seq, D, v_tile);
+        load_key_bias(bias, masked, at.b, first, seq, key_bias);
+        __syncthreads();
+        const unsigned int kept = dropout ? keep_bits(draw, elements + first, at.part) : ~0u;
+        S s[ATTENTION_TILE], tile_max = minus_infinity(S(0));
+        #pragma unroll
+        for (int j = 0; j < ATTENTION_TILE; j++) {
+            s[j] = pair_dot(x, k_tile, j, at.part) + key_bias[j];
+            tile_max = s[j] > tile_max ? s[j] : tile_max;
+        }
+        const S m_new = tile_max > m ? tile_max : m;
+        const S rescale = exp_(m - m_new);         // 0 at the first tile (m = -infinity)
+        l *= rescale;
+        #pragma unroll
+        for (int d = 0; d < ATTENTION_HALF; d++) o[d] *= rescale;
+        #pragma unroll
+        for (int j = 0; j < ATTENTION_TILE; j++) {
+            const S e = exp_(s[j] - m_new);
+            l += e;
+            pair_update(e * keep_factor(draw, dropout, kept, j), v_tile, j, at.part, o);
+        }
+        m = m_new;
+    }
+    store_half(o, 1 / l, at.row, seq, D, at.part, H, context + at.b * seq * H + at.a * D);
+    if (at.row < seq && at.part == 0) lse[at.head * seq + at.row] = m + log_(l);
+}
+
+// The backward's dq (see above) from dcontext and the forward's context [B, T, H] and lse:
+// dq times q_scale into dqkv [B, T, 3H]'s q block; D_i = dO_i . O_i into delta [B, A, T].
+extern "C" __global__ void nanobert_attention_backward_queries(
+        const T* q, const T* k, const T* v, const T* bias, int masked, int heads, int seq,
+        int D, const T* context, const T* dcontext, const S* lse,
+        const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, S q_scale, S* delta, T* dqkv) {
+    __shared__ S k_tile[ATTENTION_TILE * TILE_ROW], v_tile[ATTENTION_TILE * TILE_ROW];
+    __shared__ S key_bias[ATTENTION_TILE];
+    const AttentionRow at(heads, seq);
+    const long long own = at.head * seq * D, H = (long long)heads * D;
+    const long long rows = at.b * seq * H + at.a * D;      // this head in [B, T, H]
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    S x[ATTENTION_HALF], g[ATTENTION_HALF], dq[ATTENTION_HALF];
+    load_half(q + own, D, at.row, seq, D, at.part, x);
+    load_half(dcontext + rows, H, at.row, seq, D, at.part, g);
+    load_half(context + rows, H, at.row, seq, D, at.part, dq);     // O, for D_i
+    S sum = 0;
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) {
+        sum += g[d] * dq[d];
+        dq[d] = 0;
+    }
+    const S row_delta = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+    const S row_lse = at.row < seq ? lse[at.head * seq + at.row] : (S)0;
+    const long long elements = (at.head * seq + at.row) * seq;
+    for (int first = 0; first < seq; first += ATTENTION_TILE) {
+        __syncthreads();
+        load_tile(k + own, D, first, seq, D, k_tile);
+        load_tile(v + own, D, first, seq, D, v_tile);
+        load_key_bias(bias, masked, at.b, first, seq, key_bias);
+        __syncthreads();
+        const unsigned int kept = dropout ? keep_bits(draw, elements + first, at.part) : ~0u;
+        #pragma unroll 4
+        for (int j = 0; j < ATTENTION_TILE; j++) {
+            const S prob = exp_(pair_dot(x, k_tile, j, at.part) + key_bias[j] - row_lse);
+            const S dprob = pair_dot(g, v_tile, j, at.part)
+                          * keep_factor(draw, dropout, kept, j);
+            pair_update(prob * (dprob - row_delta), k_tile, j, at.part, dq);
+        }
+    }
+    store_half(dq, q_scale, at.row, seq, D, at.part, 3 * H,
+               dqkv + at.b * seq * 3 * H + at.a * D);
+    if (at.row < seq && at.part == 0) delta[at.head * seq + at.row] = row_delta;
+}
+
+// The backward's dk and dv (see above), a row a key, tiles of queries; lse and delta [B, A, T]
+// from the forward and the queries' kernel -> dqkv [B, T, 3H]'s k and v blocks.
+extern "C" __global__ void nanobert_attention_backward_keys(
+        const T* q, const T* k, const T* v, const T* bias, int masked, int heads, int seq,
+        int D, const T* dcontext, const S* lse, const S* delta,
+        const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, T* dqkv) {
+    __shared__ S q_tile[ATTENTION_TILE * TILE_ROW], g_tile[ATTENTION_TILE * TILE_ROW];
+    __shared__ S query_lse[ATTENTION_TILE], query_delta[ATTENTION_TILE];
+    __shared__ unsigned int kept[ATTENTION_TILE * KEEP_WORDS];    // [query][word of keys]
+    const AttentionRow at(heads, seq);
+    const long long own = at.head * seq * D, H = (long long)heads * D;
+    const long long rows = at.b * seq * H + at.a * D;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    S kx[ATTENTION_HALF], vx[ATTENTION_HALF], dk[ATTENTION_HALF], dv[ATTENTION_HALF];
+    load_half(k + own, D, at.row, seq, D, at.part, kx);
+    load_half(v + own, D, at.row, seq, D, at.part, vx);
+    #pragma unroll
+    for (int d = 0; d < ATTENTION_HALF; d++) dk[d] = dv[d] = 0;
+    const S bias_of_key = masked && at.row < seq ? widen(bias[at.b * seq + at.row]) : (S)0;
+    const int pair = (int)threadIdx.x / 2, block_key = at.row - pair;   // the block's first
+    for (int first = 0; first < seq; first += ATTENTION_TILE) {
+        __syncthreads();
+        load_tile(q + own, D, first, seq, D, q_tile);
+        load_tile(dcontext + rows, H, first, seq, D, g_tile);
+        if (threadIdx.x < ATTENTION_TILE) {
+            const int query = first + (int)threadIdx.x;          // past the end: P = 0
+            query_lse[threadIdx.x] = query < seq ? lse[at.head * seq + query]
+                                                 : -minus_infinity(S(0));
+            query_delta[threadIdx.x] = query < seq ? delta[at.head * seq + query] : (S)0;
+        }
+        if (dropout) {                 // a pair draws one query's word of the block's keys
+            const int query = first + pair / KEEP_WORDS, word = pair % KEEP_WORDS;
+            const unsigned int bits = keep_bits(
+                draw, (at.head * seq + query) * seq + block_key + 32 * word, at.part);
+            if (at.part == 0) kept[pair] = bits;
+        }
+        __syncthreads();
+        const int word = pair / 32, bit = pair % 32;   // this key's, in a query's words
+        for (int i = 0; i < ATTENTION_TILE; i++) {
+            const S prob = exp_(pair_dot(kx, q_tile, i, at.part) + bias_of_key - query_lse[i]);
+            const S factor = keep_factor(draw, dropout, kept[i * KEEP_WORDS + word], bit);
+            pair_update(prob * factor, g_tile, i, at.part, dv);
+            const S dprob = pair_dot(vx, g_tile, i, at.part) * factor;
+            pair_update(prob * (dprob - query_delta[i]), q_tile, i, at.part, dk);
+        }
+    }
+    T* out = dqkv + at.b * seq * 3 * H + at.a * D;
+    store_half(dk, 1, at.row, seq, D, at.part, 3 * H, out + H);
+    store_half(dv, 1, at.row, seq, D, at.part, 3 * H, out + 2 * H);
+}

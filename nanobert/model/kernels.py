@@ -7,7 +7,9 @@ math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place th
 - CUDA kernels (kernels.cu, compiled by cupy.RawModule once a dtype): row kernels for the ops
   that reduce over a row and then map it (LayerNorm, the attention's mask + softmax +
   dropout, the cross-entropy), one warp a row; map kernels for GELU, dropout and the
-  attention's head layouts, 16 bytes of each input a thread. Dropout draws its keep mask
+  attention's head layouts, 16 bytes of each input a thread; the fused attention
+  (FlashAttention-2's tiles in shared memory: the [B, A, T, T] scores never written; behind
+  fast_gpu's NANOBERT_FUSED_ATTENTION switch). Dropout draws its keep mask
   inside the kernels from Philox4x32-10 (counter_rng.CounterGenerator: no cuRAND draw, no
   mask stored; the backward regenerates it), and the uniform kernel is that generator's
   random().
@@ -38,6 +40,12 @@ ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward"
 MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward", "uniform",
                     "attention_heads", "attention_grads", "move_heads",
                     "bias_gelu_forward", "bias_gelu_backward")
+# the fused attention (fast_gpu's _launch_attention): ATTENTION_ROWS rows a block, two threads
+# a row, heads of at most ATTENTION_HEAD_MAX (kernels.cu's constants of the same names)
+ATTENTION_KERNEL_NAMES = ("attention_forward", "attention_backward_queries",
+                          "attention_backward_keys")
+ATTENTION_ROWS = 64
+ATTENTION_HEAD_MAX = 64
 
 
 def cuda_source(dtype_char):
