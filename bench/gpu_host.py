@@ -15,6 +15,7 @@ waits issues the step in its usual time, and a call that waits shows that wait a
 """
 import argparse
 import cProfile
+import os
 import pstats
 import statistics
 import sys
@@ -400,11 +401,14 @@ def profile_steps(args):
     config = make_config(args.preset, args.seq_len)
     batch = train_step.make_batch(config, args.batch_size, args.seq_len)
     cupy = backend.get_xp("gpu")
+    if args.no_cuda_graph:
+        os.environ["NANOBERT_CUDA_GRAPH"] = "0"        # read by the step's constructor
     step, _ = train_step.nanobert_step_fn(config, batch, device="gpu", dtype=dtype)
-    for _ in range(2):
+    for _ in range(2):                                 # the warm-up, then the capture
         step()
     cupy.cuda.Device().synchronize()
-    what = f"{args.preset} B={args.batch_size} T={args.seq_len} {args.precision}"
+    what = (f"{args.preset} B={args.batch_size} T={args.seq_len} {args.precision}, "
+            + ("eager" if args.no_cuda_graph else "replayed from a CUDA graph"))
     if args.busy_ms:
         keep_busy(cupy, 1)
         idle, busy = (issue_ms(step, cupy, ms, args.steps) for ms in (0, args.busy_ms))
@@ -451,6 +455,9 @@ def main(argv=None):
                         help="also time a CUDA graph's replay against eager launches")
     parser.add_argument("--no-calls", action="store_true", help="skip the per-call costs")
     parser.add_argument("--no-profile", action="store_true", help="skip the step's profile")
+    parser.add_argument("--no-cuda-graph", action="store_true",
+                        help="profile the step issued kernel by kernel (default: as train.py "
+                             "runs it, replayed from a CUDA graph)")
     args = parser.parse_args(argv)
     if not backend.gpu_available():
         sys.exit("bench.gpu_host: no GPU here (CuPy cannot see a CUDA device)")
