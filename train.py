@@ -394,7 +394,9 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
         lr = learning_rate(step, args.lr, warmup_steps(args.warmup, args.steps), args.steps)
         step += 1
         if gpu_step:          # the whole update, replayed from a CUDA graph (training/graph.py)
-            outputs = gpu_step(batches, denominators, lr)
+            with batch_fits(batches[0]["input_ids"].shape, args.batch_size, args.grad_accum,
+                            args.device):
+                outputs = gpu_step(batches, denominators, lr)
             sums = step_sums(group, model.xp, batches, outputs, denominators)
         else:
             _, grads, outputs = average_gradients(loss_and_grads(args, model, scaler,

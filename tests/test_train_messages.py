@@ -34,10 +34,11 @@ def test_the_progress_line_gives_a_small_models_mfu_in_digits(tmp_path, capsys):
 
 
 def out_of_memory_run(tmp_path, monkeypatch, error, *extra):
-    """train.py whose first step raises `error` -> the message it stops with."""
+    """train.py whose first step raises `error` -> the message it stops with (both devices'
+    steps go through loss_and_grads_checked)."""
     def runs_out(self, batch, *args, **kwargs):
         raise error
-    monkeypatch.setattr(BertForPreTraining, "loss_and_grads", runs_out)
+    monkeypatch.setattr(BertForPreTraining, "loss_and_grads_checked", runs_out)
     with pytest.raises(SystemExit) as stopped:
         run(tmp_path, tmp_path / "run", "--steps", "2", "--grad-accum", "2", *extra)
     message = str(stopped.value.code)

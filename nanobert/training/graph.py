@@ -101,6 +101,9 @@ class StepGraph:
         arrays from a pool of the graph's own."""
         xp = self.xp
         saved = self.host_state[0]() if self.host_state else None
+        # the warm-up's arrays, cached by CuPy's pool, go back to the GPU first: the graph's
+        # pool takes the step's memory once more, not beside them
+        xp.get_default_memory_pool().free_all_blocks()
         layout.pool = xp.cuda.MemoryPool()
         with xp.cuda.using_allocator(layout.pool.malloc):
             self.stream.begin_capture()
@@ -115,8 +118,6 @@ class StepGraph:
                 if self.host_state:
                     self.host_state[1](saved)
                 raise
-        # the eager warm-up's arrays are free again: the graph has its own memory
-        xp.get_default_memory_pool().free_all_blocks()
 
     def _end_failed_capture(self, saved):
         """The capture's end after device_step raised (CUDA may refuse to end it: the capture
