@@ -11,7 +11,9 @@ products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
 fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
 cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
-and the attention's layout moves one map kernel each (16 bytes of each input a thread).
+and the attention's layout moves one map kernel each (16 bytes of each input a thread). The
+attention can run fused instead (FlashAttention-2's tiles: no [B, A, T, T] array; float16 on
+tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it (_fused_attention_forward).
 Dropout draws its keep mask inside those kernels from a counter-based generator
 (counter_rng.CounterGenerator, Philox4x32-10): no cuRAND draw, no mask kept; the backward
 regenerates it from the forward's DropoutDraw. What each choice measured on an H200 is in
