@@ -1011,14 +1011,16 @@ extern "C" __global__ void nanobert_attention_backward_keys(
 // The float32 and float64 modules compile these kernels too (one source), but they return at
 // once there and fast_gpu never launches them: float32 takes the SIMT kernels.
 // Estimate, unmeasured (no GPU at hand): the 1.4 TFLOP of a step at T=512 B=32 (0.35 at T=128
-// B=128) at ~25-50% of an H100's ~990 TFLOP/s of dense float16, ~3-6 ms (~1-1.5 ms), where
-// the unfused path spends ~26 ms (TF32) at T=512 and ~7 ms (float16) at T=128 on the softmax,
-// its products and the head moves (../shared/GPU-MEASURED.md): ~20 ms of the 60 ms float16
-// step at T=512 B=32 and ~5 ms of the 49 ms at T=128 B=128; the memory as above (1.2 GB a
-// step at T=128 B=128, 4.8 GB at T=512 B=32, in float16). Operands are read from shared
-// memory with 32-bit loads (no ldmatrix) and the transposed ones (v, k, q and dO as a
-// product's second operand along their rows) 16 bits at a time: a first version, correct
-// before fast.
+// B=128) at ~25-35% of an H100's ~990 TFLOP/s of dense float16: ~4-6 ms (~1-1.5 ms). The
+// unfused float16 path spends there (../shared/GPU-MEASURED.md, float16 moving half of
+// TF32's bytes): at T=512 B=32 the softmax ~5 + ~5.6 ms, ~4 ms of products over the [B, A,
+// T, T] arrays, ~1.5 ms of head moves, ~16 ms; at T=128 B=128 softmax 1.6 + ~1.8 ms,
+// products ~1.5-2 ms, moves ~1.6 ms, ~7 ms. So ~10-12 ms off the 60.1 ms float16 step at
+// T=512 B=32 (torch 60.9) and ~5 ms off the 49.2 ms at T=128 B=128 (torch 58.5); memory
+// as above, halved (1.2 GB a step at T=128 B=128, 4.8 GB at T=512 B=32). Operands are read
+// from shared memory with 32-bit loads (no ldmatrix) and the transposed ones (v, k, q and dO
+// as a product's second operand along their rows) 16 bits at a time: a first version,
+// correct before fast.
 
 // whether this module's activations take the tensor-core kernels: float16 only
 template <typename X> struct TensorCores { static constexpr bool on = false; };
