@@ -1,7 +1,8 @@
 // What nanobert's CUDA kernels (nanobert/model/kernels.cu) need, on the CPU
 // (tests/cuda_emulation.py): threadIdx, blockIdx, blockDim, the qualifiers, two bit casts,
 // the float16 conversions, __shfl_xor_sync and __syncwarp across the 32 lanes of a warp,
-// __syncthreads across a block, and __shared__ memory.
+// __syncthreads across a block, __shared__ memory, and the tensor cores' float16 product
+// (mma.sync m16n8k16) with its fragments' layout.
 //
 // Every thread of a block is a fiber (ucontext) on one OS thread. A sweep runs each fiber
 // that may go on until its next collective point (a shuffle, __syncwarp, __syncthreads) or
@@ -91,15 +92,25 @@ static void wait_at(Wait wait, int kind) {
     swapcontext(&me.context, &scheduler);
 }
 
-// a warp point: writes `bytes` of `in` for the others, then (after every lane of the warp has
-// written) reads lane `source`'s into `out`
-static void warp_point(int kind, const void* in, void* out, size_t bytes, int source) {
+// a warp point: writes `bytes` of `in` for the others and waits until every lane of the warp
+// has written -> the point's number, for lane_slot
+static long long warp_point(int kind, const void* in, size_t bytes) {
     const int me = current;
     const long long point = fibers[me].warp_points;
     if (bytes) std::memcpy(slot(me, point), in, bytes);
     wait_at(Wait::warp, kind);
     fibers[me].warp_points++;
-    if (bytes) std::memcpy(out, slot(me / LANES * LANES + source, point), bytes);
+    return point;
+}
+
+// what lane `lane` of this fiber's warp wrote at warp point `point`
+static const unsigned char* lane_slot(int lane, long long point) {
+    return slot(current / LANES * LANES + lane, point);
+}
+
+// a warp point at which each lane reads lane `source`'s `bytes` into `out`
+static void exchange(int kind, const void* in, void* out, size_t bytes, int source) {
+    std::memcpy(out, lane_slot(source, warp_point(kind, in, bytes)), bytes);
 }
 
 [[noreturn]] static void diverged(const char* what) {
@@ -196,8 +207,8 @@ template <typename V>
 static V __shfl_xor_sync(unsigned, V v, int lane_mask) {
     static_assert(sizeof(V) <= emulation::SLOT);
     V other;
-    emulation::warp_point(1, &v, &other, sizeof v, (emulation::current % emulation::LANES)
-                                                   ^ lane_mask);
+    emulation::exchange(1, &v, &other, sizeof v, (emulation::current % emulation::LANES)
+                                                 ^ lane_mask);
     return other;
 }
 
@@ -206,12 +217,57 @@ template <typename V>
 static V __shfl_sync(unsigned, V v, int source) {
     static_assert(sizeof(V) <= emulation::SLOT);
     V other;
-    emulation::warp_point(2, &v, &other, sizeof v, source % emulation::LANES);
+    emulation::exchange(2, &v, &other, sizeof v, source % emulation::LANES);
     return other;
 }
 
-static inline void __syncwarp(unsigned = 0xffffffffu) {
-    emulation::warp_point(3, nullptr, nullptr, 0, 0);
+static inline void __syncwarp(unsigned = 0xffffffffu) { emulation::warp_point(3, nullptr, 0); }
+
+// kernels.cu's tensor-core product, PTX's
+//     mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 d, a, b, c   (here d = c, in place)
+// d [16 x 8] += a [16 x 16] b [16 x 8], float16 operands, float32 accumulators, one warp. Each
+// lane holds a fragment of each matrix (PTX ISA, "Matrix Fragments for mma.m16n8k16 with
+// floating point type"), with g = lane >> 2 (groupID) and t = lane % 4 (threadID_in_group),
+// a register's two float16 elements low half first:
+//     a: 4 registers, elements a0..a7: row g for a0, a1, a4, a5, g + 8 for the others;
+//        column 2t + (i & 1) for i < 4, 2t + (i & 1) + 8 for i >= 4
+//     b: 2 registers, elements b0..b3: row 2t + (i & 1) for i < 2, 2t + (i & 1) + 8 for
+//        i >= 2; column g
+//     c, d: 4 floats c0..c3: row g for c0, c1, g + 8 for c2, c3; column 2t + (i & 1)
+// The warp's lanes meet (a warp point): each writes its fragments, then each reads all 32
+// lanes' to compute its own four sums. Each sum of 16 products is taken in double (the
+// products of float16 are exact there, their sum nearly so) and added to c, rounded once to
+// float: the tensor cores' own order and rounding inside a product PTX does not specify.
+static inline void nanobert_mma_m16n8k16(float* d, const unsigned int* a,
+                                         const unsigned int* b) {
+    struct Fragments {
+        unsigned int a[4], b[2];
+    } mine{{a[0], a[1], a[2], a[3]}, {b[0], b[1]}};
+    static_assert(sizeof mine <= emulation::SLOT);
+    const long long point = emulation::warp_point(4, &mine, sizeof mine);
+    float A[16][16], B[16][8];
+    auto element = [](unsigned int reg, int high) {
+        return widen((half16)(high ? reg >> 16 : reg & 0xffffu));
+    };
+    for (int lane = 0; lane < emulation::LANES; lane++) {
+        Fragments f;
+        std::memcpy(&f, emulation::lane_slot(lane, point), sizeof f);
+        const int g = lane >> 2, t = lane % 4;
+        for (int i = 0; i < 8; i++) {
+            const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+            const int column = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][column] = element(f.a[i / 2], i % 2);
+        }
+        for (int i = 0; i < 4; i++)
+            B[2 * t + (i & 1) + (i >= 2 ? 8 : 0)][g] = element(f.b[i / 2], i % 2);
+    }
+    const int lane = emulation::current % emulation::LANES, g = lane >> 2, t = lane % 4;
+    for (int i = 0; i < 4; i++) {
+        const int row = i < 2 ? g : g + 8, column = 2 * t + (i & 1);
+        double sum = 0;
+        for (int k = 0; k < 16; k++) sum += (double)A[row][k] * (double)B[k][column];
+        d[i] = (float)((double)d[i] + sum);
+    }
 }
 
 static inline void __syncthreads() { emulation::wait_at(emulation::Wait::block, 0); }

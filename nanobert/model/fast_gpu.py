@@ -11,7 +11,9 @@ products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
 fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
 cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
-and the attention's layout moves one map kernel each (16 bytes of each input a thread).
+and the attention's layout moves one map kernel each (16 bytes of each input a thread). The
+attention can run fused instead (FlashAttention-2's tiles: no [B, A, T, T] array; float16 on
+tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it (_fused_attention_forward).
 Dropout draws its keep mask inside those kernels from a counter-based generator
 (counter_rng.CounterGenerator, Philox4x32-10): no cuRAND draw, no mask kept; the backward
 regenerates it from the forward's DropoutDraw. What each choice measured on an H200 is in
@@ -615,29 +617,44 @@ def _head_scale(dtype, D):
     return _stats_dtype(dtype).type(dtype.type(1.0 / math.sqrt(D)))
 
 # The fused attention (kernels.cu's attention_forward, attention_backward_queries and
-# attention_backward_keys: FlashAttention-2's tiles and online softmax, SIMT): the scores,
+# attention_backward_keys: FlashAttention-2's tiles and online softmax): the scores,
 # probabilities and dropout masks [B, A, T, T] are never written; the cache keeps q, k, v,
-# the context and each row's log-sum-exp, O(B A T D). $NANOBERT_FUSED_ATTENTION=1 turns it on
-# for float32 and float16 heads of at most kernels.ATTENTION_HEAD_MAX; it is off by default
-# until a GPU has measured it (kernels.cu's estimate: slower than the unfused path on the
-# CUDA cores until its float16 tensor-core version exists, and far smaller). float64 keeps
-# the unfused kernels (the float64 = NumPy path). Read at import, as backend.tf32_enabled.
+# the context and each row's log-sum-exp, O(B A T D). float16 on a GPU of sm_80 or later
+# runs their tensor-core twins (the _mma kernels: mma.sync), float32 (and float16 before
+# sm_80) the SIMT kernels, float64 the unfused kernels always (the float64 = NumPy path), and
+# so do heads larger than kernels.ATTENTION_HEAD_MAX. $NANOBERT_FUSED_ATTENTION picks the
+# dtypes: 0 none, float16, or 1 (float16 and float32). Default 0: neither has run on a GPU
+# yet (kernels.cu's estimates: the tensor-core kernels ~4-5 ms faster a float16 step at
+# T=128 B=128, ~20 ms at T=512 B=32; the SIMT ones even at T=128 in TF32, slower at T=512).
+# Read at import, as backend.tf32_enabled.
+FUSED_ATTENTION_DTYPES = {"0": (), "float16": (numpy.float16,),
+                          "1": (numpy.float16, numpy.float32)}
 
 
 def _read_fused_attention():
+    """$NANOBERT_FUSED_ATTENTION -> the dtypes whose attention runs fused."""
     told = os.environ.get("NANOBERT_FUSED_ATTENTION", "0")
-    if told not in ("0", "1"):
-        raise ValueError(f"NANOBERT_FUSED_ATTENTION must be 0 or 1, got {told!r}")
-    return told == "1"
+    if told not in FUSED_ATTENTION_DTYPES:
+        raise ValueError(f"NANOBERT_FUSED_ATTENTION must be one of "
+                         f"{', '.join(FUSED_ATTENTION_DTYPES)}, got {told!r}")
+    return frozenset(numpy.dtype(d) for d in FUSED_ATTENTION_DTYPES[told])
 
 
 FUSED_ATTENTION = _read_fused_attention()
+_TENSOR_CORES = {}           # namespace -> whether its GPU runs mma.sync m16n8k16 (sm_80+)
 
 
 def _fused_attention(dtype, head_size):
     """Whether attention of these activations and head size runs the fused kernels."""
-    return (FUSED_ATTENTION and dtype in (numpy.float32, numpy.float16)
-            and head_size <= kernels.ATTENTION_HEAD_MAX)
+    return dtype in FUSED_ATTENTION and head_size <= kernels.ATTENTION_HEAD_MAX
+
+
+def _tensor_cores(xp):
+    """Whether the device of namespace xp has float16 mma.sync m16n8k16 (sm_80 and later),
+    asked once."""
+    if xp not in _TENSOR_CORES:
+        _TENSOR_CORES[xp] = int(xp.cuda.Device().compute_capability) >= 80
+    return _TENSOR_CORES[xp]
 
 
 class FusedAttentionCache(NamedTuple):
@@ -720,10 +737,13 @@ def _mask_arguments(xp, mask_bias, B, T, dtype):
 
 
 def _launch_attention(name, dtype, heads, T, *args):
-    """The fused attention kernel `name` over `heads` (batch, head) pairs of T positions."""
+    """The fused attention kernel `name` over `heads` (batch, head) pairs of T positions;
+    float16 on tensor cores: its twin name + kernels.ATTENTION_MMA (the same arguments)."""
     if heads and T:
-        kernels.cuda_kernel(array_module(args[0]), name, dtype)(
-            *_attention_grid(heads, T), args)
+        xp = array_module(args[0])
+        if dtype == HALF and _tensor_cores(xp):
+            name += kernels.ATTENTION_MMA
+        kernels.cuda_kernel(xp, name, dtype)(*_attention_grid(heads, T), args)
 
 
 def _attention_grid(heads, T):

@@ -702,10 +702,10 @@ extern "C" __global__ void nanobert_bias_gelu_backward(const T* dout, const T* p
 // TFLOP/s of float32 FMAs (of the H100's 67) that a SIMT kernel feeding every FMA one operand
 // from shared memory may reach, 35-56 ms and 9-14 ms. So: roughly even with the unfused path
 // at T=128 in TF32 (~10 ms there), SLOWER at T=512 (~26 ms) and in float16 (~7 ms at T=128,
-// where cuBLAS's products run on tensor cores). The tensor-core version (mma.sync, float16:
-// the same 1.4 TFLOP at a few hundred TFLOP/s, a few ms) is what would make this fast; the
-// SIMT kernels are its proven reference, behind NANOBERT_FUSED_ATTENTION=1 (fast_gpu.py)
-// until a GPU measures them. Memory (the estimate's firmer half): the [B, A, T, T] arrays
+// where cuBLAS's products run on tensor cores). The tensor-core twins below (mma.sync,
+// float16) are what would make this fast; the SIMT kernels run float32 (and float16 before
+// sm_80) where NANOBERT_FUSED_ATTENTION asks for them (fast_gpu.py; off by default until a
+// GPU measures them). Memory (the estimate's firmer half): the [B, A, T, T] arrays
 // the backward kept go, probabilities + dropped at 2 x 4 bytes an element in float32:
 // 806 MB a layer, 9.7 GB a step at T=512 B=32; 2.4 GB a step at T=128 B=128 (float16 half of
 // each), against the measured 19.6 GiB (torch 16.4) at T=128 B=128 TF32; the cache keeps
@@ -790,11 +790,13 @@ __device__ __forceinline__ void pair_update(S w, const S* tile, int r, int part,
 
 // dropout's keep bits of the 32 elements first .. first + 31 of the [B, A, T, T]
 // probabilities (bit i: element first + i kept), drawn in the counter layout's groups of 4
-// as the softmax kernel draws them; the pair's lanes draw alternate groups and share them
+// as the softmax kernel draws them; LANES adjacent lanes (this one is `part` of them) draw
+// every LANES-th group and share them
+template <int LANES>
 __device__ __forceinline__ unsigned int keep_bits(const Draw& draw, long long first,
                                                   int part) {
     unsigned int bits = 0;
-    for (long long group = first / 4 + part; group * 4 < first + 32; group += 2) {
+    for (long long group = first / 4 + part; group * 4 < first + 32; group += LANES) {
         const Philox words = draw.block(group);
         #pragma unroll
         for (int w = 0; w < 4; w++) {
@@ -802,7 +804,10 @@ __device__ __forceinline__ unsigned int keep_bits(const Draw& draw, long long fi
             if (i >= 0 && i < 32 && Draw::uniform(words.word[w]) >= draw.p) bits |= 1u << i;
         }
     }
-    return bits | __shfl_xor_sync(0xffffffffu, bits, 1);
+    #pragma unroll
+    for (int lanes = 1; lanes < LANES; lanes *= 2)
+        bits |= __shfl_xor_sync(0xffffffffu, bits, lanes);
+    return bits;
 }
 
 // dropout's factor of bit j of a keep word: scale where kept, 0 where dropped; 1 without
@@ -822,6 +827,53 @@ __device__ __forceinline__ void load_key_bias(const T* bias, int masked, long lo
                           : masked ? widen(bias[b * seq + key]) : (S)0;
 }
 
+// The next tile of keys from `first` (k and v rows of the head, widened, and their mask
+// bias) between two barriers (every thread done with the last tile first) -> this thread's
+// row's keep word over them (all kept without dropout)
+__device__ __forceinline__ unsigned int next_key_tile(
+        const T* k, const T* v, const T* bias, int masked, int first, int seq, int D,
+        const AttentionRow& at, const Draw& draw, int dropout, S* k_tile, S* v_tile,
+        S* key_bias) {
+    __syncthreads();
+    load_tile(k, D, first, seq, D, k_tile);
+    load_tile(v, D, first, seq, D, v_tile);
+    load_key_bias(bias, masked, at.b, first, seq, key_bias);
+    __syncthreads();
+    const long long row = at.head * seq + at.row;
+    return dropout ? keep_bits<2>(draw, row * seq + first, at.part) : ~0u;
+}
+
+// The backward keys kernels' next tile of queries from `first`, between two barriers: q's
+// rows of the head and dO's (the context's layout, H apart) into tiles (E: S for the SIMT
+// kernels, float16 for the tensor-core ones); each query's lse and D_i (+infinity and 0 past
+// the last query: P = 0 there); with dropout the keep words of the tile's queries over the
+// block's keys from block_key (a pair of threads draws a (query, word))
+__device__ __forceinline__ void load_tile(const T* rows, long long stride, int first, int seq,
+                                          int D, half16* tile);     // the tensor cores' below
+template <typename E>
+__device__ __forceinline__ void next_query_tile(
+        const T* q, const T* dcontext, long long H, const S* lse, const S* delta,
+        const Draw& draw, int dropout, long long head, int seq, int D, int first,
+        int block_key, E* q_tile, E* g_tile, S* query_lse, S* query_delta,
+        unsigned int* kept) {
+    __syncthreads();
+    load_tile(q, D, first, seq, D, q_tile);
+    load_tile(dcontext, H, first, seq, D, g_tile);
+    if (threadIdx.x < ATTENTION_TILE) {
+        const int query = first + (int)threadIdx.x;
+        query_lse[threadIdx.x] = query < seq ? lse[head * seq + query] : -minus_infinity(S(0));
+        query_delta[threadIdx.x] = query < seq ? delta[head * seq + query] : (S)0;
+    }
+    if (dropout) {
+        const int pair = (int)threadIdx.x / 2, part = threadIdx.x % 2;
+        const int query = first + pair / KEEP_WORDS, word = pair % KEEP_WORDS;
+        const unsigned int bits = keep_bits<2>(
+            draw, (head * seq + query) * seq + block_key + 32 * word, part);
+        if (part == 0) kept[pair] = bits;
+    }
+    __syncthreads();
+}
+
 // The forward (see above): q, k, v [B, A, T, D] (q scaled), bias [B, T] (masked = 0: none)
 // -> context [B, T, H], lse [B, A, T]. Grid: B A ceil(T / ATTENTION_ROWS) blocks.
 extern "C" __global__ void nanobert_attention_forward(
@@ -838,14 +890,9 @@ extern "C" __global__ void nanobert_attention_forward(
     #pragma unroll
     for (int d = 0; d < ATTENTION_HALF; d++) o[d] = 0;
     S m = minus_infinity(S(0)), l = 0;
-    const long long elements = (at.head * seq + at.row) * seq;    // of (row, key 0)
     for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        __syncthreads();                       // every thread is done with the last tile
-        load_tile(k + own, D, first, seq, D, k_tile);
-        load_tile(v + own, D, first, seq, D, v_tile);
-        load_key_bias(bias, masked, at.b, first, seq, key_bias);
-        __syncthreads();
-        const unsigned int kept = dropout ? keep_bits(draw, elements + first, at.part) : ~0u;
+        const unsigned int kept = next_key_tile(k + own, v + own, bias, masked, first, seq,
+                                                D, at, draw, dropout, k_tile, v_tile, key_bias);
         S s[ATTENTION_TILE], tile_max = minus_infinity(S(0));
         #pragma unroll
         for (int j = 0; j < ATTENTION_TILE; j++) {
@@ -894,14 +941,9 @@ extern "C" __global__ void nanobert_attention_backward_queries(
     }
     const S row_delta = sum + __shfl_xor_sync(0xffffffffu, sum, 1);
     const S row_lse = at.row < seq ? lse[at.head * seq + at.row] : (S)0;
-    const long long elements = (at.head * seq + at.row) * seq;
     for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        __syncthreads();
-        load_tile(k + own, D, first, seq, D, k_tile);
-        load_tile(v + own, D, first, seq, D, v_tile);
-        load_key_bias(bias, masked, at.b, first, seq, key_bias);
-        __syncthreads();
-        const unsigned int kept = dropout ? keep_bits(draw, elements + first, at.part) : ~0u;
+        const unsigned int kept = next_key_tile(k + own, v + own, bias, masked, first, seq,
+                                                D, at, draw, dropout, k_tile, v_tile, key_bias);
         #pragma unroll 4
         for (int j = 0; j < ATTENTION_TILE; j++) {
             const S prob = exp_(pair_dot(x, k_tile, j, at.part) + key_bias[j] - row_lse);
@@ -937,22 +979,8 @@ extern "C" __global__ void nanobert_attention_backward_keys(
     const S bias_of_key = masked && at.row < seq ? widen(bias[at.b * seq + at.row]) : (S)0;
     const int pair = (int)threadIdx.x / 2, block_key = at.row - pair;   // the block's first
     for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        __syncthreads();
-        load_tile(q + own, D, first, seq, D, q_tile);
-        load_tile(dcontext + rows, H, first, seq, D, g_tile);
-        if (threadIdx.x < ATTENTION_TILE) {
-            const int query = first + (int)threadIdx.x;          // past the end: P = 0
-            query_lse[threadIdx.x] = query < seq ? lse[at.head * seq + query]
-                                                 : -minus_infinity(S(0));
-            query_delta[threadIdx.x] = query < seq ? delta[at.head * seq + query] : (S)0;
-        }
-        if (dropout) {                 // a pair draws one query's word of the block's keys
-            const int query = first + pair / KEEP_WORDS, word = pair % KEEP_WORDS;
-            const unsigned int bits = keep_bits(
-                draw, (at.head * seq + query) * seq + block_key + 32 * word, at.part);
-            if (at.part == 0) kept[pair] = bits;
-        }
-        __syncthreads();
+        next_query_tile(q + own, dcontext + rows, H, lse, delta, draw, dropout, at.head, seq,
+                        D, first, block_key, q_tile, g_tile, query_lse, query_delta, kept);
         const int word = pair / 32, bit = pair % 32;   // this key's, in a query's words
         for (int i = 0; i < ATTENTION_TILE; i++) {
             const S prob = exp_(pair_dot(kx, q_tile, i, at.part) + bias_of_key - query_lse[i]);
@@ -965,4 +993,418 @@ extern "C" __global__ void nanobert_attention_backward_keys(
     T* out = dqkv + at.b * seq * 3 * H + at.a * D;
     store_half(dk, 1, at.row, seq, D, at.part, 3 * H, out + H);
     store_half(dv, 1, at.row, seq, D, at.part, 3 * H, out + 2 * H);
+}
+
+// ------------------------------------------------ fused attention on tensor cores (float16)
+// The same three kernels for float16 activations with their products on the tensor cores
+// (PTX's mma.sync m16n8k16: float16 operands, float32 sums; sm_80 and later, fast_gpu checks),
+// as FlashAttention-2 computes them: a warp owns 16 rows (4 warps, ATTENTION_ROWS = 64 rows a
+// block, as the SIMT kernels), the other side's tiles of ATTENTION_TILE = 32 rows are float16
+// in shared memory, and each 16 x 32 block of scores is 4 x 4 mma's (the head's D <= 64 in
+// steps of 16) that leave it in the accumulators' layout: a lane holds 2 rows (g and g + 8)
+// of 8 columns apart, a row's values spread over a quad of 4 lanes (row maxima and sums are
+// two shuffles). The probabilities (times dropout's factor) go from the accumulators straight
+// into the next product's operand registers, rounded to float16 as FlashAttention-2 does (the
+// unfused path rounds them to float16 too). The same arithmetic as the SIMT kernels
+// otherwise: online softmax and lse, D_i = dO_i . O_i, the keep bits of the same element
+// indices (a quad draws its two rows' words), dq in one kernel and dk, dv in the other.
+// The float32 and float64 modules compile these kernels too (one source), but they return at
+// once there and fast_gpu never launches them: float32 takes the SIMT kernels.
+// Estimate, unmeasured (no GPU at hand): the 1.4 TFLOP of a step at T=512 B=32 (0.35 at T=128
+// B=128) at ~25-35% of an H100's ~990 TFLOP/s of dense float16: ~4-6 ms (~1-1.5 ms). The
+// unfused float16 path spends there (../shared/GPU-MEASURED.md, float16 moving half of
+// TF32's bytes): at T=512 B=32 the softmax ~5 + ~5.6 ms, ~4 ms of products over the [B, A,
+// T, T] arrays, ~1.5 ms of head moves, ~16 ms; at T=128 B=128 softmax 1.6 + ~1.8 ms,
+// products ~1.5-2 ms, moves ~1.6 ms, ~7 ms. So ~10-12 ms off the 60.1 ms float16 step at
+// T=512 B=32 (torch 60.9) and ~5 ms off the 49.2 ms at T=128 B=128 (torch 58.5); memory
+// as above, halved (1.2 GB a step at T=128 B=128, 4.8 GB at T=512 B=32). Operands are read
+// from shared memory with 32-bit loads (no ldmatrix) and the transposed ones (v, k, q and dO
+// as a product's second operand along their rows) 16 bits at a time: a first version,
+// correct before fast.
+
+// whether this module's activations take the tensor-core kernels: float16 only
+template <typename X> struct TensorCores { static constexpr bool on = false; };
+template <> struct TensorCores<half16> { static constexpr bool on = true; };
+
+#ifndef NANOBERT_CPU_EMULATION
+// d [16 x 8] += a [16 x 16] b [16 x 8], one warp, each lane's fragments as PTX's ISA lays them
+// out ("Matrix Fragments for mma.m16n8k16 with floating point type"; tests/cuda_emulation.h
+// restates the layout and emulates the instruction). Before sm_80 (no such instruction) the
+// body is empty: fast_gpu launches these kernels on sm_80 and later only.
+__device__ __forceinline__ void nanobert_mma_m16n8k16(float* d, const unsigned int* a,
+                                                      const unsigned int* b) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+#endif
+
+// a tile row in shared memory: float16, 8 past the head's 64 (a lane's 32-bit loads of
+// rows g = 0..7, 4 words apart in a row, fall into 32 different banks)
+constexpr int HALF_TILE_ROW = ATTENTION_HEAD_MAX + 8;
+
+// a value of T as float16 (the float32 and float64 modules compile the kernels, never run them)
+__device__ __forceinline__ half16 as_half(half16 v) { return v; }
+__device__ __forceinline__ half16 as_half(float v) {
+    half16 h;
+    store(&h, v);
+    return h;
+}
+__device__ __forceinline__ half16 as_half(double v) { return as_half((float)v); }
+
+// two float16 values in the 32-bit register an mma operand takes, `low` in bits 0-15
+__device__ __forceinline__ unsigned int pack(half16 low, half16 high) {
+    return (unsigned int)low | (unsigned int)high << 16;
+}
+__device__ __forceinline__ unsigned int pack(float low, float high) {
+    half16 l, h;
+    store(&l, low);
+    store(&h, high);
+    return pack(l, h);
+}
+
+// where a lane of the tensor-core kernels works: its (batch, head), its warp's 16 rows from
+// `first`, and its place in an mma's fragments (g = lane / 4, t = lane % 4)
+struct MmaLane {
+    long long head, b;
+    int a, first, g, t, lane;
+    __device__ MmaLane(int heads, int seq) {
+        const int blocks = (seq + ATTENTION_ROWS - 1) / ATTENTION_ROWS;
+        head = blockIdx.x / blocks;
+        b = head / heads;
+        a = (int)(head % heads);
+        first = (int)(blockIdx.x % blocks) * ATTENTION_ROWS + (int)threadIdx.x / 32 * 16;
+        lane = threadIdx.x % 32;
+        g = lane / 4;
+        t = lane % 4;
+    }
+};
+
+// element (row, column) of rows D long, `stride` apart, as float16; 0 past the last row or D
+__device__ __forceinline__ half16 half_at(const T* rows, long long stride, int row,
+                                          int column, int seq, int D) {
+    return row < seq && column < D ? as_half(rows[row * stride + column]) : (half16)0;
+}
+
+// the a operand (16 x 16) of rows first .. first + 15, columns 16 step .. + 15 of rows D long
+// (global memory), in this lane's 4 registers
+__device__ __forceinline__ void load_a(const T* rows, long long stride, int first, int step,
+                                       int seq, int D, const MmaLane& at, unsigned int* a) {
+    #pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = first + at.g + (r % 2) * 8, column = 16 * step + 2 * at.t + (r / 2) * 8;
+        a[r] = pack(half_at(rows, stride, row, column, seq, D),
+                    half_at(rows, stride, row, column + 1, seq, D));
+    }
+}
+
+// load_tile of a float16 tile (HALF_TILE_ROW a row)
+__device__ __forceinline__ void load_tile(const T* rows, long long stride, int first,
+                                               int seq, int D, half16* tile) {
+    for (int at = threadIdx.x; at < ATTENTION_TILE * ATTENTION_HEAD_MAX; at += blockDim.x) {
+        const int r = at / ATTENTION_HEAD_MAX, column = at % ATTENTION_HEAD_MAX;
+        tile[r * HALF_TILE_ROW + column] = half_at(rows, stride, first + r, column, seq, D);
+    }
+}
+
+// the b operand (16 x 8) whose column n is tile row `row0` + n, its rows (k) the tile's
+// columns 16 step .. + 15: a product with the tile's rows (q k^T, dO v^T)
+__device__ __forceinline__ void load_b_rows(const half16* tile, int row0, int step,
+                                            const MmaLane& at, unsigned int* b) {
+    const half16* row = tile + (row0 + at.g) * HALF_TILE_ROW + 16 * step + 2 * at.t;
+    b[0] = pack(row[0], row[1]);
+    b[1] = pack(row[8], row[9]);
+}
+
+// the b operand (16 x 8) whose rows (k) are tile rows 16 step .. + 15, its columns n the
+// tile's columns column0 + n: a product along the tile's rows (P v, dS k, P^T dO, dS^T q)
+__device__ __forceinline__ void load_b_columns(const half16* tile, int step, int column0,
+                                               const MmaLane& at, unsigned int* b) {
+    const half16* at_row = tile + (16 * step + 2 * at.t) * HALF_TILE_ROW + column0 + at.g;
+    b[0] = pack(at_row[0], at_row[HALF_TILE_ROW]);
+    b[1] = pack(at_row[8 * HALF_TILE_ROW], at_row[9 * HALF_TILE_ROW]);
+}
+
+// the a operand (16 x 16) of columns 16 step .. + 15 of accumulators c[4][4] (16 x 32, 4
+// blocks of 8 columns), each rounded to float16: an mma's result as the next one's operand
+__device__ __forceinline__ void accumulators_as_a(const float (*c)[4], int step,
+                                                  unsigned int* a) {
+    a[0] = pack(c[2 * step][0], c[2 * step][1]);
+    a[1] = pack(c[2 * step][2], c[2 * step][3]);
+    a[2] = pack(c[2 * step + 1][0], c[2 * step + 1][1]);
+    a[3] = pack(c[2 * step + 1][2], c[2 * step + 1][3]);
+}
+
+// s [16 x 32] = rows (the a operands of the head, in registers) times the tile's 32 rows
+// (float16 in shared memory), transposed: q k^T, dO v^T, k q^T, v dO^T
+__device__ __forceinline__ void scores_with_tile(const unsigned int (*a)[4],
+                                                 const half16* tile, int D,
+                                                 const MmaLane& at, float (*s)[4]) {
+    #pragma unroll
+    for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) s[block][i] = 0;
+        #pragma unroll
+        for (int step = 0; step < ATTENTION_HEAD_MAX / 16; step++) {
+            if (16 * step >= D) break;
+            unsigned int b[2];
+            load_b_rows(tile, 8 * block, step, at, b);
+            nanobert_mma_m16n8k16(s[block], a[step], b);
+        }
+    }
+}
+
+// out [16 x 64] += p [16 x 32] (accumulators, rounded to float16) times the tile [32 x 64]:
+// P v, dS k, P^T dO, dS^T q
+__device__ __forceinline__ void accumulate_times_tile(const float (*p)[4], const half16* tile,
+                                                      int D, const MmaLane& at,
+                                                      float (*out)[4]) {
+    #pragma unroll
+    for (int step = 0; step < ATTENTION_TILE / 16; step++) {
+        unsigned int a[4];
+        accumulators_as_a(p, step, a);
+        #pragma unroll
+        for (int block = 0; block < ATTENTION_HEAD_MAX / 8; block++) {
+            if (8 * block >= D) break;
+            unsigned int b[2];
+            load_b_columns(tile, step, 8 * block, at, b);
+            nanobert_mma_m16n8k16(out[block], a, b);
+        }
+    }
+}
+
+// the accumulators [16 x 64] of rows first .. first + 15 into rows D long (`stride` apart)
+// times `by` (row g's: by[0], row g + 8's: by[1]), rounded to T; not past the last row or D
+__device__ __forceinline__ void store_accumulators(const float (*c)[4], const float* by,
+                                                   int first, int seq, int D,
+                                                   long long stride, const MmaLane& at,
+                                                   T* rows) {
+    #pragma unroll
+    for (int block = 0; block < ATTENTION_HEAD_MAX / 8; block++) {
+        #pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = first + at.g + (i / 2) * 8, column = 8 * block + 2 * at.t + i % 2;
+            if (row < seq && column < D)
+                store(&rows[row * stride + column], c[block][i] * by[i / 2]);
+        }
+    }
+}
+
+// the max (sum) of a row's values over the quad of lanes that holds it
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// next_key_tile of the tensor-core kernels: k and v as float16, and the keep words of this
+// lane's two rows (g, g + 8) over the keys (a quad draws each; all kept without dropout)
+__device__ __forceinline__ void next_key_tile(
+        const T* k, const T* v, const T* bias, int masked, int first, int seq, int D,
+        const MmaLane& at, const Draw& draw, int dropout, half16* k_tile, half16* v_tile,
+        S* key_bias, unsigned int* kept) {
+    __syncthreads();
+    load_tile(k, D, first, seq, D, k_tile);
+    load_tile(v, D, first, seq, D, v_tile);
+    load_key_bias(bias, masked, at.b, first, seq, key_bias);
+    __syncthreads();
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const long long row = at.head * seq + at.first + at.g + 8 * h;
+        kept[h] = dropout ? keep_bits<4>(draw, row * seq + first, at.t) : ~0u;
+    }
+}
+
+// ops.self_attention_forward as nanobert_attention_forward, on tensor cores
+extern "C" __global__ void nanobert_attention_forward_mma(
+        const T* q, const T* k, const T* v, const T* bias, int masked, int heads, int seq,
+        int D, const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, T* context, S* lse) {
+    if (!TensorCores<T>::on) return;
+    __shared__ half16 k_tile[ATTENTION_TILE * HALF_TILE_ROW];
+    __shared__ half16 v_tile[ATTENTION_TILE * HALF_TILE_ROW];
+    __shared__ S key_bias[ATTENTION_TILE];
+    const MmaLane at(heads, seq);
+    const long long own = at.head * seq * D, H = (long long)heads * D;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    unsigned int qa[ATTENTION_HEAD_MAX / 16][4];
+    #pragma unroll
+    for (int s = 0; s < ATTENTION_HEAD_MAX / 16; s++)
+        load_a(q + own, D, at.first, s, seq, D, at, qa[s]);
+    float o[ATTENTION_HEAD_MAX / 8][4] = {}, m[2], l[2] = {0, 0};
+    m[0] = m[1] = minus_infinity(0.0f);
+    for (int first = 0; first < seq; first += ATTENTION_TILE) {
+        unsigned int kept[2];
+        next_key_tile(k + own, v + own, bias, masked, first, seq, D, at, draw, dropout,
+                      k_tile, v_tile, key_bias, kept);
+        float s[ATTENTION_TILE / 8][4];
+        scores_with_tile(qa, k_tile, D, at, s);
+        float top[2] = {minus_infinity(0.0f), minus_infinity(0.0f)};
+        #pragma unroll
+        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                s[block][i] += key_bias[8 * block + 2 * at.t + i % 2];
+                top[i / 2] = fmaxf(top[i / 2], s[block][i]);
+            }
+        }
+        float rescale[2];
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float m_new = fmaxf(m[h], quad_max(top[h]));
+            rescale[h] = exp_(m[h] - m_new);          // 0 at the first tile
+            m[h] = m_new;
+            l[h] *= rescale[h];
+        }
+        #pragma unroll
+        for (int block = 0; block < ATTENTION_HEAD_MAX / 8; block++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) o[block][i] *= rescale[i / 2];
+        }
+        #pragma unroll
+        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float e = exp_(s[block][i] - m[i / 2]);
+                l[i / 2] += e;                         // this lane's part of the row's sum
+                const int key = 8 * block + 2 * at.t + i % 2;
+                s[block][i] = e * keep_factor(draw, dropout, kept[i / 2], key);
+            }
+        }
+        accumulate_times_tile(s, v_tile, D, at, o);
+    }
+    float inverse[2];
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] = quad_sum(l[h]);
+        inverse[h] = 1 / l[h];
+        const int row = at.first + at.g + 8 * h;
+        if (at.t == 0 && row < seq) lse[at.head * seq + row] = m[h] + log_(l[h]);
+    }
+    store_accumulators(o, inverse, at.first, seq, D, H, at, context + at.b * seq * H + at.a * D);
+}
+
+// nanobert_attention_backward_queries on tensor cores: dq (times q_scale) into dqkv's q
+// block, D_i into delta
+extern "C" __global__ void nanobert_attention_backward_queries_mma(
+        const T* q, const T* k, const T* v, const T* bias, int masked, int heads, int seq,
+        int D, const T* context, const T* dcontext, const S* lse,
+        const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, S q_scale, S* delta, T* dqkv) {
+    if (!TensorCores<T>::on) return;
+    __shared__ half16 k_tile[ATTENTION_TILE * HALF_TILE_ROW];
+    __shared__ half16 v_tile[ATTENTION_TILE * HALF_TILE_ROW];
+    __shared__ S key_bias[ATTENTION_TILE];
+    const MmaLane at(heads, seq);
+    const long long own = at.head * seq * D, H = (long long)heads * D;
+    const long long rows = at.b * seq * H + at.a * D;      // this head in [B, T, H]
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    // D_i = dO_i . O_i, two lanes a row (lane 2r + part: row r of the warp's 16), then to the
+    // lanes whose accumulators hold row r (g = r or r - 8)
+    float sum = 0;
+    const int own_row = at.first + at.lane / 2;
+    for (int column = at.lane % 2; column < D && own_row < seq; column += 2)
+        sum += widen(dcontext[rows + own_row * H + column])
+             * widen(context[rows + own_row * H + column]);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (at.lane % 2 == 0 && own_row < seq) delta[at.head * seq + own_row] = sum;
+    float row_delta[2], row_lse[2];
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        row_delta[h] = __shfl_sync(0xffffffffu, sum, 2 * (at.g + 8 * h));
+        const int row = at.first + at.g + 8 * h;
+        row_lse[h] = row < seq ? lse[at.head * seq + row] : 0.0f;
+    }
+    unsigned int qa[ATTENTION_HEAD_MAX / 16][4], ga[ATTENTION_HEAD_MAX / 16][4];
+    #pragma unroll
+    for (int s = 0; s < ATTENTION_HEAD_MAX / 16; s++) {
+        load_a(q + own, D, at.first, s, seq, D, at, qa[s]);
+        load_a(dcontext + rows, H, at.first, s, seq, D, at, ga[s]);
+    }
+    float dq[ATTENTION_HEAD_MAX / 8][4] = {};
+    for (int first = 0; first < seq; first += ATTENTION_TILE) {
+        unsigned int kept[2];
+        next_key_tile(k + own, v + own, bias, masked, first, seq, D, at, draw, dropout,
+                      k_tile, v_tile, key_bias, kept);
+        float s[ATTENTION_TILE / 8][4], dp[ATTENTION_TILE / 8][4];
+        scores_with_tile(qa, k_tile, D, at, s);
+        scores_with_tile(ga, v_tile, D, at, dp);
+        #pragma unroll
+        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = 8 * block + 2 * at.t + i % 2;
+                const float prob = exp_(s[block][i] + key_bias[key] - row_lse[i / 2]);
+                const float factor = keep_factor(draw, dropout, kept[i / 2], key);
+                s[block][i] = prob * (dp[block][i] * factor - row_delta[i / 2]);   // dS
+            }
+        }
+        accumulate_times_tile(s, k_tile, D, at, dq);
+    }
+    const float by[2] = {(float)q_scale, (float)q_scale};
+    store_accumulators(dq, by, at.first, seq, D, 3 * H, at, dqkv + at.b * seq * 3 * H + at.a * D);
+}
+
+// nanobert_attention_backward_keys on tensor cores: a warp's rows are 16 keys, the tiles
+// queries; dk and dv into dqkv's k and v blocks
+extern "C" __global__ void nanobert_attention_backward_keys_mma(
+        const T* q, const T* k, const T* v, const T* bias, int masked, int heads, int seq,
+        int D, const T* dcontext, const S* lse, const S* delta,
+        const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, T* dqkv) {
+    if (!TensorCores<T>::on) return;
+    __shared__ half16 q_tile[ATTENTION_TILE * HALF_TILE_ROW];
+    __shared__ half16 g_tile[ATTENTION_TILE * HALF_TILE_ROW];
+    __shared__ S query_lse[ATTENTION_TILE], query_delta[ATTENTION_TILE];
+    __shared__ unsigned int kept[ATTENTION_TILE * KEEP_WORDS];    // [query][word of keys]
+    const MmaLane at(heads, seq);
+    const long long own = at.head * seq * D, H = (long long)heads * D;
+    const long long rows = at.b * seq * H + at.a * D;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    unsigned int ka[ATTENTION_HEAD_MAX / 16][4], va[ATTENTION_HEAD_MAX / 16][4];
+    #pragma unroll
+    for (int s = 0; s < ATTENTION_HEAD_MAX / 16; s++) {
+        load_a(k + own, D, at.first, s, seq, D, at, ka[s]);
+        load_a(v + own, D, at.first, s, seq, D, at, va[s]);
+    }
+    float key_bias[2];
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int key = at.first + at.g + 8 * h;
+        key_bias[h] = masked && key < seq ? widen(bias[at.b * seq + key]) : 0.0f;
+    }
+    const int block_key = at.first - (int)threadIdx.x / 32 * 16;     // the block's first key
+    float dk[ATTENTION_HEAD_MAX / 8][4] = {}, dv[ATTENTION_HEAD_MAX / 8][4] = {};
+    for (int first = 0; first < seq; first += ATTENTION_TILE) {
+        next_query_tile(q + own, dcontext + rows, H, lse, delta, draw, dropout, at.head, seq,
+                        D, first, block_key, q_tile, g_tile, query_lse, query_delta, kept);
+        float s[ATTENTION_TILE / 8][4], dp[ATTENTION_TILE / 8][4];
+        scores_with_tile(ka, q_tile, D, at, s);                 // S^T: keys x queries
+        scores_with_tile(va, g_tile, D, at, dp);                // dP^T
+        #pragma unroll
+        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int query = 8 * block + 2 * at.t + i % 2;
+                const int key = at.first - block_key + at.g + (i / 2) * 8;    // in the block
+                const float prob = exp_(s[block][i] + key_bias[i / 2] - query_lse[query]);
+                const float factor = keep_factor(draw, dropout,
+                                                 kept[query * KEEP_WORDS + key / 32], key % 32);
+                s[block][i] = prob * factor;                               // P^T dropped
+                dp[block][i] = prob * (dp[block][i] * factor - query_delta[query]);   // dS^T
+            }
+        }
+        accumulate_times_tile(s, g_tile, D, at, dv);
+        accumulate_times_tile(dp, q_tile, D, at, dk);
+    }
+    const float one[2] = {1, 1};
+    T* out = dqkv + at.b * seq * 3 * H + at.a * D;
+    store_accumulators(dk, one, at.first, seq, D, 3 * H, at, out + H);
+    store_accumulators(dv, one, at.first, seq, D, 3 * H, at, out + 2 * H);
 }

@@ -44,6 +44,7 @@ MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backwar
 # a row, heads of at most ATTENTION_HEAD_MAX (kernels.cu's constants of the same names)
 ATTENTION_KERNEL_NAMES = ("attention_forward", "attention_backward_queries",
                           "attention_backward_keys")
+ATTENTION_MMA = "_mma"       # a name's suffix: its float16 tensor-core twin (sm_80 and later)
 ATTENTION_ROWS = 64
 ATTENTION_HEAD_MAX = 64
 
