@@ -7,9 +7,9 @@
 #     bash bench/gpu_session.sh tests profile    # only these phases, in this order
 #     BASE=path/to/older/checkout bash bench/gpu_session.sh   # also that code's nanobert profile
 #
-# Phases (default: env tests targets profile eager base; ~8 minutes without BASE, an estimate
-# from the last session's 8 profile runs in under 5 minutes; each limit caps a phase that
-# hangs):
+# Phases (default: env tests targets profile fused eager base; ~9 minutes without BASE, an
+# estimate from the last session's 8 profile runs in under 5 minutes; each limit caps a phase
+# that hangs):
 #   env      the GPU, versions, load, the CUDA wheels; require_gpu's check (NVRTC compiles)
 #   tests    every test marked gpu: first, so that a kernel CUDA refuses shows at once
 #   targets  bench.gpu_profile, TF32: BERT-mini B=128 T=128 (tokens/s, beside torch) and
@@ -17,6 +17,8 @@
 #   profile  bench.gpu_profile: nanobert and torch, BERT-base T=128 B=32,128 and T=512 B=32,
 #            tf32 and float16 (time, host time, tokens/s, peak memory, kernels), and the
 #            float64 parity line
+#   fused    BERT-base T=128 B=128 and T=512 B=32, nanobert alone, NANOBERT_FUSED_ATTENTION=1:
+#            the fused attention (float16 on tensor cores, float32 SIMT) against `profile`
 #   eager    the same BERT-base B=32, BERT-mini and train.py cases, nanobert alone, with
 #            NANOBERT_CUDA_GRAPH=0: each step issued kernel by kernel (the graph's own effect)
 #   base     $BASE's nanobert (an older checkout), profiled by this bench.gpu_profile, alone:
@@ -53,11 +55,15 @@ run_phase() {
     profile) TAIL=70 phase profile "${PROFILE_LIMIT:-330}" $PY -m bench.gpu_profile \
         --cases base:32x128,base:128x128,base:32x512 --precisions tf32,float16 --steps 10 \
         --out "$OUT/profile.json" ;;
+    fused) TAIL=30 NANOBERT_FUSED_ATTENTION=1 phase fused "${FUSED_LIMIT:-100}" $PY -m \
+        bench.gpu_profile --no-torch --no-parity --cases base:128x128,base:32x512 \
+        --precisions tf32,float16 --steps 10 --out "$OUT/fused.json" ;;
     eager) TAIL=30 NANOBERT_CUDA_GRAPH=0 phase eager "${EAGER_LIMIT:-100}" $PY -m \
         bench.gpu_profile --no-torch --no-parity --cases base:32x128,mini:128x128,train.py \
         --precisions tf32,float16 --steps 10 --out "$OUT/eager.json" ;;
     tests) phase tests "${TESTS_LIMIT:-110}" $PY -m pytest -q -m gpu -p no:cacheprovider \
-        tests/test_gpu_numerics.py tests/test_inputs.py tests/test_special.py ;;
+        tests/test_gpu_numerics.py tests/test_inputs.py tests/test_special.py \
+        tests/test_cuda_graph.py tests/test_fused_attention.py ;;
     train) phase train 60 $PY train.py --device gpu --preset mini --max-seq-length 128 \
         --batch-size 128 --steps 200 --log-every 50 --heldout none --out /tmp/gpu-session-train ;;
     base) if [ -n "${BASE:-}" ]; then
@@ -74,6 +80,6 @@ run_phase() {
     esac
 }
 
-for name in "${@:-env tests targets profile eager base}"; do
+for name in "${@:-env tests targets profile fused eager base}"; do
     for one in $name; do run_phase "$one"; done
 done

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
 
 import cupy_standin  # noqa: E402
+from nanobert import backend  # noqa: E402
 from nanobert.data.tasks import Features  # noqa: E402
 from nanobert.model import fast_gpu  # noqa: E402
 from nanobert.model.config import BertConfig, with_labels  # noqa: E402
@@ -283,3 +284,22 @@ def test_a_step_that_cannot_be_captured_runs_eagerly(cupy, capsys, monkeypatch):
     assert step.step.graph.capture is False and cupy.counts.graph_launches == 0
     assert losses == eager_losses and (graphed.buffer.get() == eager.buffer.get()).all()
     assert int(state[2]["step"]) == int(eager_state[2]["step"]) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.gpu_available(), reason="needs a real GPU: CuPy sees none")
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16])
+def test_on_a_gpu_replayed_steps_equal_eager_steps(dtype):
+    """On CUDA itself: the step captured by a real stream capture and replayed gives the
+    eager step's weights (float64 bitwise; float32 and float16 within a few ulps, should
+    cuBLAS pick another algorithm under capture)."""
+    eager, _, eager_state, eager_losses = train_steps(False, 6, dtype)
+    graphed, step, state, losses = train_steps(True, 6, dtype)
+    assert step.step.graph.graphs == 1
+    weights, expected = graphed.buffer.get(), eager.buffer.get()
+    if dtype == numpy.float64:
+        assert (weights == expected).all() and losses == eager_losses
+    else:
+        err = numpy.abs(weights - expected).max() / numpy.abs(expected).max()
+        assert err <= 1e-5, err
+    assert state[3] == eager_state[3]
