@@ -13,10 +13,10 @@ handle), and cuBLAS allocates nothing during capture (a workspace given once, as
 documentation asks of graph capture).
 
 The library must be the very one CuPy loaded (its handle means nothing to another copy): CuPy
-loads it first (asked for its handle), then ctypes opens the path cuda-pathfinder gives (as
-CuPy 14 finds it: a pip wheel's or the toolkit's), else the soname, which the dynamic loader
-resolves to the library already loaded. The CPU stand-in of CuPy (tests/cupy_standin.py)
-hands in its emulation for its own namespace."""
+loads it first (asked for its handle), then ctypes opens it by its soname, which the dynamic
+loader resolves to the library already loaded, wherever it came from (a pip wheel's, the
+toolkit's); failing that, the path cuda-pathfinder gives (as CuPy 14 finds it). The CPU
+stand-in of CuPy (tests/cupy_standin.py) hands in its emulation for its own namespace."""
 import ctypes
 
 # cublas_api.h's constants (as cupy_backends' cublas.pxd declares them)
@@ -45,16 +45,16 @@ def library(xp):
 
 
 def _open():
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib    # CuPy 14's own finder
-        return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
-    except Exception:       # no pathfinder, or it found none: the loader's names
-        pass
     for name in _LIBRARY_NAMES:
         try:
             return ctypes.CDLL(name)
         except OSError:
             continue
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib    # CuPy 14's own finder
+        return ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:       # no pathfinder, or it found none
+        pass
     raise RuntimeError("the GPU path needs cuBLAS (libcublas.so.12 or .13): "
                        "pip install -e \".[gpu]\" brings it with CuPy's [ctk] extra")
 
