@@ -44,6 +44,7 @@ pretraining records, table.md and results.json. A run whose record exists is not
 interrupted pretraining run is resumed from its last checkpoint.
 """
 import argparse
+import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -497,26 +498,128 @@ def split_rates(texts, tokenizer, lexicon, corpus_counts, reference=None):
     return rates
 
 
+ANTONYMS = (("good", "bad"), ("best", "worst"), ("great", "terrible"), ("love", "hate"),
+            ("happy", "sad"), ("strong", "weak"), ("success", "failure"), ("win", "lose"))
+
+
+def read_lexicon():
+    """{word: valence} of VADER's alphabetic entries."""
+    from nanobert.formats.hub import package_file
+    lexicon = {}
+    with open(package_file(*LEXICON), encoding="utf-8", errors="replace") as f:
+        for line in f:
+            word, valence = line.split("\t")[:2]
+            if word.isalpha():
+                lexicon[word.lower()] = float(valence)
+    return lexicon
+
+
+def polarity_probe(features, positive, folds=5, ridge=1.0, seed=0):
+    """Cross-validated accuracy of a linear classifier (least squares on +-1 targets, ridge,
+    standardised features) that reads a word's polarity from its feature vector: near the
+    majority rate when the features hold no polarity."""
+    import numpy
+    x = (features - features.mean(0)) / features.std(0)
+    x = numpy.c_[x, numpy.ones(len(x))]                           # [N, H + 1], a bias column
+    target = numpy.where(positive, 1.0, -1.0)
+    order, right = numpy.random.default_rng(seed).permutation(len(x)), 0
+    for k in range(folds):
+        held = order[k::folds]
+        fit = numpy.setdiff1d(order, held)
+        beta = numpy.linalg.solve(x[fit].T @ x[fit] + ridge * numpy.eye(x.shape[1]),
+                                  x[fit].T @ target[fit])
+        right += int(((x[held] @ beta > 0) == positive[held]).sum())
+    return right / len(x)
+
+
+def nearest_rank(embeddings, a, b):
+    """How many rows of `embeddings` are closer (cosine) to row a than row b is."""
+    import numpy
+    unit = embeddings / numpy.linalg.norm(embeddings, axis=1, keepdims=True)
+    similarity = unit @ unit[a]
+    return int((similarity > similarity[b]).sum()) - 1               # a itself not counted
+
+
+def embedding_report(args, tokenizer, lexicon):
+    """Does Brown's MLM + NSP checkpoint hold polarity? Its input embeddings of VADER's
+    whole-word entries with |valence| >= 1: the polarity probe (against random embeddings of
+    the same shape and the majority rate), and where each antonym sits among a word's nearest
+    neighbours. None without the checkpoint."""
+    import numpy
+
+    from nanobert.formats.checkpoint import read_weights
+    folder = os.path.join(pretraining_folder(args, "brown", "mlm-nsp"), "checkpoint")
+    if not os.path.isdir(folder):
+        return None
+    embeddings = next(v for k, v in read_weights(folder).items()
+                      if k.endswith("word_embeddings.weight")).astype(numpy.float64)
+    found = sorted(w for w, v in lexicon.items() if w in tokenizer.vocab and abs(v) >= 1)
+    features = embeddings[[tokenizer.vocab[w] for w in found]]
+    positive = numpy.array([lexicon[w] > 0 for w in found])
+    noise = numpy.random.default_rng(0).normal(0.0, 0.02, features.shape)
+    return {"words": len(found), "majority": max(positive.mean(), 1 - positive.mean()),
+            "probe_pretrained": polarity_probe(features, positive),
+            "probe_random": polarity_probe(noise, positive),
+            "antonym_ranks": {f"{a}-{b}": nearest_rank(embeddings, tokenizer.vocab[a],
+                                                       tokenizer.vocab[b])
+                              for a, b in ANTONYMS
+                              if a in tokenizer.vocab and b in tokenizer.vocab}}
+
+
+def sentence_group(tokenizer, lexicon, counts, text):
+    """Which evaluative words a sentence has: none, all whole and common in Brown, or one
+    that Brown's vocab splits or its text holds fewer than RARE times."""
+    found = [w for w in words(tokenizer, text) if w.isalpha() and w in lexicon]
+    if not found:
+        return "none"
+    poor = any(len(tokenizer.wordpiece(w)) > 1 or counts[w] < RARE for w in found)
+    return "split or rare in Brown" if poor else "whole and common in Brown"
+
+
+def accuracy_by_group(args, tokenizer, lexicon, counts):
+    """Test accuracy of the dev-chosen sentiment runs, per sentence group (sentence_group),
+    mean over the seeds: does a start lose where Brown's vocab serves the evaluative words
+    badly? Reads the runs' test_predictions.tsv in --out (the seeds whose folder is there)."""
+    import csv
+
+    from nanobert.data import datasets
+    test = datasets.load("movie-sentiment", "classify")[0][2]
+    groups = [sentence_group(tokenizer, lexicon, counts, e.text_a) for e in test]
+    report = {"sentences": dict(collections.Counter(groups))}
+    for task in ("sentiment", "sentiment-1k"):
+        for start in STARTS:
+            right = collections.defaultdict(list)
+            for seed, run in chosen_runs(args, task, start)[0].items():
+                path = os.path.join(finetune_folder(args, task, start, seed, run["lr"]),
+                                    "test_predictions.tsv")
+                if not os.path.isfile(path):
+                    continue
+                hits = collections.defaultdict(list)
+                with open(path, encoding="utf-8") as f:
+                    for row in csv.DictReader(f, delimiter="\t"):
+                        hits[groups[int(row["index"])]].append(row["prediction"] == row["label"])
+                for group, h in hits.items():
+                    right[group].append(100 * sum(h) / len(h))
+            if right:
+                report[f"{task} {start}"] = {g: statistics.mean(v) for g, v in right.items()}
+    return report
+
+
 def vocab_report(args):
-    """split_rates of the sentiment and TREC test sentences under Brown's vocab (BERT's 30,522
-    pieces for reference, when all-MiniLM-L6-v2 is installed), as a table; vocab.json in
-    --results."""
-    import collections
+    """Why sentiment? split_rates of the sentiment and TREC test sentences under Brown's vocab
+    (BERT's 30,522 pieces for reference, when all-MiniLM-L6-v2 is installed), the polarity
+    the pretrained embeddings hold (embedding_report) and the sentiment accuracy by sentence
+    group (accuracy_by_group); printed, and vocab.json in --results."""
     import gzip
 
     from nanobert.data import datasets
-    from nanobert.formats.hub import package_file, resolve_model
+    from nanobert.formats.hub import resolve_model
     brown = BertTokenizer(os.path.join(REPOSITORY, BROWN_VOCAB), do_lower_case=True)
     try:
         reference = BertTokenizer.from_pretrained(resolve_model("all-MiniLM-L6-v2"))
     except FileNotFoundError:
         reference = None
-    lexicon = set()
-    with open(package_file(*LEXICON), encoding="utf-8", errors="replace") as f:
-        for line in f:
-            word = line.split("\t")[0]
-            if word.isalpha():
-                lexicon.add(word.lower())
+    lexicon = read_lexicon()
     counts = collections.Counter()
     with gzip.open(os.path.join(REPOSITORY, BROWN_TEXT), "rt", encoding="utf-8") as f:
         for line in f:
@@ -533,7 +636,10 @@ def vocab_report(args):
             lines.append(f"| {name} | {kind} ({r['words']:,} distinct) | "
                          f"{r['occurrences']:,} | {r['split']:.1f}% | {reference_split} | "
                          f"{r['rare_in_corpus']:.1f}% |")
+    report["embeddings"] = embedding_report(args, brown, lexicon)
+    report["accuracy_by_group"] = accuracy_by_group(args, brown, lexicon, counts)
     print("\n".join(lines))
+    print(json.dumps({k: report[k] for k in ("embeddings", "accuracy_by_group")}, indent=1))
     write_json(os.path.join(args.results, "vocab.json"), report)
 
 # ---------------------------------------------------------------------------------- main

@@ -223,3 +223,31 @@ def test_split_rates_count_the_evaluative_words_the_vocab_splits(tmp_path):
     assert math.isclose(other["split"], 100 / 3)           # was: [UNK]
     assert evaluative["rare_in_corpus"] == 50.0 and math.isclose(other["rare_in_corpus"], 200 / 3)
     assert evaluative["reference_split"] == 50.0
+
+
+def test_the_polarity_probe_finds_polarity_only_where_the_features_hold_it():
+    import numpy
+    rng = numpy.random.default_rng(0)
+    positive = rng.random(400) < 0.6
+    features = rng.normal(size=(400, 16))
+    assert abs(ablation.polarity_probe(features, positive) - 0.5) < 0.1      # noise: chance
+    features[:, 3] += numpy.where(positive, 2.0, -2.0)                       # one direction
+    assert ablation.polarity_probe(features, positive) > 0.95
+
+
+def test_nearest_rank_and_sentence_groups(tmp_path):
+    import numpy
+    embeddings = numpy.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.7, 0.7]])
+    assert ablation.nearest_rank(embeddings, 0, 1) == 0                      # the nearest
+    assert ablation.nearest_rank(embeddings, 0, 2) == 2                      # behind 1 and 3
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film",
+                                "good", "aw", "##ful"]) + "\n")
+    tokenizer = ablation.BertTokenizer(str(vocab), do_lower_case=True)
+    lexicon, counts = {"good": 1.9, "awful": -2.0}, collections.Counter(good=50, awful=50)
+    group = ablation.sentence_group
+    assert group(tokenizer, lexicon, counts, "the film") == "none"
+    assert group(tokenizer, lexicon, counts, "good film") == "whole and common in Brown"
+    assert group(tokenizer, lexicon, counts, "good, awful") == "split or rare in Brown"
+    assert group(tokenizer, lexicon, collections.Counter(good=3), "good") == \
+        "split or rare in Brown"
