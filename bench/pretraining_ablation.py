@@ -403,7 +403,8 @@ def table(args):
                 difference = mean - base[0]
                 pooled = math.sqrt((std ** 2 + base[1] ** 2) / 2)
                 spreads = difference / pooled if pooled > 0 else math.nan   # one seed
-                versus = f"{difference:+.1f} ({spreads:+.1f} std)"
+                versus = (f"{difference:+.1f} ({spreads:+.1f} std)" if pooled > 0
+                          else f"{difference:+.1f} (one seed: no spread yet)")
                 row.update(difference=difference, pooled_std=pooled, in_stds=spreads)
             lines.append(f"| {TASKS[task].about} | {row_name} | {mean:.1f} +- {std:.1f} | "
                          f"{len(runs)}{waiting} | "
