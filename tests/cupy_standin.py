@@ -746,7 +746,8 @@ matmul = Matmul()
 
 # ------------------------------------------------------------------------- functions
 
-CUPY_CUBLAS = {"matmul", "dot", "vdot", "inner", "tensordot", "einsum"}   # through cuBLAS
+# through cuBLAS (vdot is not: two vectors take tensordot_core's multiply + CUB sum path)
+CUPY_CUBLAS = {"matmul", "dot", "inner", "tensordot", "einsum"}
 NO_LAUNCH = {"empty", "empty_like", "asarray", "asanyarray", "ascontiguousarray", "shape",
              "ndim", "result_type", "can_cast", "dtype", "promote_types", "iinfo", "finfo"}
 SYNCING = {"flatnonzero", "nonzero", "argwhere", "unique", "extract"}   # output size from data

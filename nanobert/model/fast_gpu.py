@@ -203,16 +203,6 @@ def column_sum(x, out=None, dtype=None):
     return out
 
 
-def dot(x, y):
-    """The dot product of two vectors -> a 0-d array (float32 for float16 vectors), as the
-    product [1, n] @ [n, 1] on cuBLAS through gemm: cupy.vdot calls cuBLAS through CuPy's
-    wrapper, which a CUDA graph's capture refuses. Never TF32."""
-    xp = array_module(x)
-    out = xp.empty((), dtype=_stats_dtype(x.dtype))
-    gemm(x.reshape(1, -1), y.reshape(-1, 1), out.reshape(1, 1), exact=True)
-    return out
-
-
 def matmul(a, b, out=None):
     """a @ b (into out if given). Matrices whose rows or columns are adjacent (a transpose
     is an op flag) go to gemm: one cuBLAS call without cupy.matmul's checks. float16 gives

@@ -20,7 +20,7 @@ import math
 import numpy
 
 from ..backend import array_module, to_device, to_host
-from . import fast_gpu, kernels
+from . import kernels
 from .flat import flat_buffer, flat_offsets
 from .threads import in_row_blocks, run_tasks, thread_count
 
@@ -104,7 +104,9 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
     buffer = flat_buffer(grads)
     xp = array_module(buffer) if buffer is not None else numpy
     if xp is not numpy:
-        norm = xp.sqrt(fast_gpu.dot(buffer, buffer))               # one product, on device
+        # one reduction, on device: CuPy's vdot of two vectors is a multiply and CUB's sum
+        # (tensordot_core's m = n = 1 path), no cuBLAS call, so a CUDA graph captures it
+        norm = xp.sqrt(xp.vdot(buffer, buffer))
         if mode == "bert":
             scale = max_norm / xp.maximum(norm, max_norm)
         else:
