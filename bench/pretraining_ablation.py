@@ -380,7 +380,8 @@ def table(args):
     for task in args.tasks:
         numbers[task] = {}
         chosen = {start: chosen_runs(args, task, start) for start in table_starts(args)}
-        base = mean_std([run["test"] for run in chosen.get(BASELINE, ({}, []))[0].values()])
+        base_runs = chosen.get(BASELINE, ({}, []))[0]
+        base = mean_std([run["test"] for run in base_runs.values()])
         pretrained = {s: statistics.mean(run["dev"] for run in runs.values())
                       for s, (runs, _) in chosen.items() if s != BASELINE and runs}
         dev_best = max(pretrained, key=pretrained.get) if pretrained else None
@@ -402,9 +403,12 @@ def table(args):
             if start != BASELINE and base is not None:
                 difference = mean - base[0]
                 pooled = math.sqrt((std ** 2 + base[1] ** 2) / 2)
-                spreads = difference / pooled if pooled > 0 else math.nan   # one seed
-                versus = (f"{difference:+.1f} ({spreads:+.1f} std)" if pooled > 0
-                          else f"{difference:+.1f} (one seed: no spread yet)")
+                if len(runs) > 1 and len(base_runs) > 1 and pooled > 0:
+                    spreads = difference / pooled
+                    versus = f"{difference:+.1f} ({spreads:+.1f} std)"
+                else:        # a side of one seed has no spread to measure the gap in
+                    pooled = spreads = math.nan
+                    versus = f"{difference:+.1f} (one seed on a side: no spread yet)"
                 row.update(difference=difference, pooled_std=pooled, in_stds=spreads)
             lines.append(f"| {TASKS[task].about} | {row_name} | {mean:.1f} +- {std:.1f} | "
                          f"{len(runs)}{waiting} | "

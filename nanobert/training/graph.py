@@ -18,12 +18,14 @@ How it works, and what a step captured this way must respect:
   learning rate, the losses' denominators) or lives on the device and is updated in place
   (AdamW's moments and step count, the loss scale, the dropout generator's step counter:
   model/counter_rng.py draws inside the kernels from (seed, device step, call, element)).
-  Host state the step changes (AdamW's host step count, the dropout calls) is advanced by
-  `host_update` after each replay.
+  Host state the step changes (AdamW's host step count; the dropout draws' call index starts
+  at 0 each step anyway) is advanced by `host_update` after each replay.
 - Memory. Capture allocates from a memory pool of the graph's own, kept as long as the
   graph: an array the step frees goes back to that pool, never to another array, while the
-  graph still writes it (PyTorch's graph-private pools do the same). The outputs are arrays
-  of that pool: each replay rewrites them, so read them before the next call.
+  graph still writes it (PyTorch's graph-private pools do the same). CuPy's cached blocks
+  (the warm-up's) go back to the GPU first, so a capture needs the step's memory once. The
+  outputs are arrays of that pool: each replay rewrites them, so read them before the next
+  call.
 - Streams. Everything runs on one blocking stream of this object (capture needs one that is
   not the legacy default; blocking, so work on the default stream, e.g. an evaluation, stays
   ordered with it).
