@@ -41,9 +41,8 @@ from nanobert.training.metrics import (Window, append_metrics, peak_tflops, perc
                                       time_left)
 from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, GPUStep, corpus_files,
                                            evaluate, fill_mask_example, host_sums, means,
-                                           prepare_corpus,
-                                           prepare_datasets, prepare_vocab, step_sums,
-                                           total_loss, trim, unigram_baseline)
+                                           prepare_corpus, prepare_datasets, prepare_vocab,
+                                           step_sums, total_loss, trim, unigram_baseline)
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, resume_training, save_checkpoint)
 from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
@@ -309,15 +308,15 @@ def global_batch(args, group, model, dataset, phase, step):
 
 
 def loss_and_grads(args, model, scaler, denominators):
-    """model.loss_and_grads of one micro-batch, its losses divided by the whole batch's counts
-    (so the sum over micro-batches and ranks is the batch's loss); --no-nsp: the model sees
-    no NSP labels, so its loss is the MLM alone (the sums still count the random-next pairs)."""
+    """model.loss_and_grads of one micro-batch on the CPU (the GPU's step is GPUStep), its
+    losses divided by the whole batch's counts (so the sum over micro-batches and ranks is the
+    batch's loss); --no-nsp: the model sees no NSP labels, so its loss is the MLM alone (the
+    sums still count the random-next pairs)."""
     def micro_batch(batch):
         if args.no_nsp:
             batch = {k: v for k, v in batch.items() if k != "next_sentence_label"}
         with batch_fits(batch["input_ids"].shape, args.batch_size, args.grad_accum, args.device):
             return model.loss_and_grads(batch, return_outputs=True, denominators=denominators,
-                                        on_device=model.xp is not numpy,
                                         loss_scale=scaler.scale if scaler else None)
     return micro_batch
 
@@ -397,12 +396,12 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
             with batch_fits(batches[0]["input_ids"].shape, args.batch_size, args.grad_accum,
                             args.device):
                 outputs = gpu_step(batches, denominators, lr)
-            sums = step_sums(group, model.xp, batches, outputs, denominators)
         else:
             _, grads, outputs = average_gradients(loss_and_grads(args, model, scaler,
                                                                  denominators),
                                                   batches, weights=[1.0] * len(batches))
-            sums = step_sums(group, model.xp, batches, outputs, denominators)  # over the ranks
+        sums = step_sums(group, model.xp, batches, outputs, denominators)   # over the ranks
+        if not gpu_step:      # the update, its loss checked (the GPU's: at a log line)
             keep = (os.path.join(args.out, "nonfinite_batch.npz"), whole) if group.is_main \
                 else None
             update(group, model, optimizer, scaler, grads, lr, step, mode=args.optimizer,

@@ -189,8 +189,8 @@ class GPUStep:
     """
 
     def __init__(self, args, group, model, optimizer, scaler, cuda_graph=True):
-        self.model, self.predictions, self.nsp = model, args.max_predictions_per_seq, \
-            not args.no_nsp
+        self.model, self.predictions = model, args.max_predictions_per_seq
+        self.nsp = not args.no_nsp
         self.step = GPUTrainStep(model, group, optimizer, scaler, args.optimizer,
                                  cuda_graph=cuda_graph, keys=MICRO_KEYS, outputs=DEVICE_OUTPUTS)
 
