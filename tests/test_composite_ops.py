@@ -21,7 +21,7 @@ from conftest import assert_close, record
 from nanobert import backend
 from nanobert.model import fast, fast_cpu, ops
 from nanobert.testing import check_gradients
-from test_cuda_kernels import run_map, stats
+from test_cuda_kernels import draw_arguments, draws, run, run_map, stats
 from test_fast import LAYERNORM_BOUND, gelu_within_float32_bound, layernorm_errors, normal, same
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -293,22 +293,33 @@ def test_gpu_linear_gelu_gives_the_numpy_numbers_in_two_launches(dtype, tol, kin
 @pytest.mark.parametrize("p", [0.0, 0.25])
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16])
 def test_gpu_dropout_add_layernorm_is_the_chain_of_its_gpu_ops(dtype, p):
-    """The CuPy path: dropout_add_forward then layernorm_forward (bitwise the chain, from the
-    same seed), backward likewise; without dropout the NumPy path's numbers (float64 within
-    1e-13, float32 1e-5, float16 2e-3)."""
+    """The CuPy path: one row kernel forward (kernels.cu's dropout_add_layernorm_forward),
+    one backward (+ the two column sums), bitwise the chain dropout_add_forward then
+    layernorm_forward (2 launches) and layernorm_backward then dropout_backward (+1 launch
+    with dropout) from the same seed; without dropout the NumPy path's numbers (float64
+    within 1e-13, float32 1e-5, float16 2e-3)."""
     cupy_standin = pytest.importorskip("cupy_standin")
     rng = numpy.random.default_rng(4)
-    x, residual, dout = (rng.standard_normal((3, 4, 40)).astype(dtype) for _ in range(3))
+    x, residual, dout = (rng.standard_normal((3, 5, 40)).astype(dtype) for _ in range(3))
     gamma, beta = (rng.standard_normal(40).astype(dtype) for _ in range(2))
     with cupy_standin.installed() as cupy:
         device = [cupy.asarray(a) for a in (x, residual, gamma, beta, dout)]
-        out, cache = fast.dropout_add_layernorm_forward(*device[:4], 1e-12, p,
-                                                        backend.default_rng(cupy, 7), True)
-        grads = fast.dropout_add_layernorm_backward(device[4], cache)
+        for _ in range(2):             # the first call fills the cached ones vectors: once
+            cupy.counts.reset()
+            out, cache = fast.dropout_add_layernorm_forward(*device[:4], 1e-12, p,
+                                                            backend.default_rng(cupy, 7), True)
+            fused_forward = cupy.counts.kernel_launches
+            grads = fast.dropout_add_layernorm_backward(device[4], cache)
+            fused_backward = cupy.counts.kernel_launches - fused_forward
+        cupy.counts.reset()
         y, mask = fast.dropout_add_forward(*device[:2], p, backend.default_rng(cupy, 7), True)
         chain_out, layernorm = fast.layernorm_forward(y, *device[2:4], 1e-12)
+        chain_forward = cupy.counts.kernel_launches
         dsum, dgamma, dbeta = fast.layernorm_backward(device[4], layernorm)
         chain = (fast.dropout_backward(dsum, mask), dsum, dgamma, dbeta)
+        chain_backward = cupy.counts.kernel_launches - chain_forward
+        launches = (fused_forward, fused_backward, chain_forward, chain_backward)
+        assert launches == (1, 3, 2, 3 + (p > 0)), launches
         same(out.get(), chain_out.get(), "GPU add & norm out vs its chain")
         for g, r in zip(grads, chain):
             same(g.get(), r.get(), "GPU add & norm gradient vs its chain")
@@ -375,3 +386,57 @@ def max_error(actual, expected, scale):
     """max |actual - expected| / max |scale|."""
     return float(numpy.abs(actual.astype(float) - expected).max()
                  / max(numpy.abs(scale.astype(float)).max(), 1e-300))
+
+
+@needs_gxx
+@settings(max_examples=16, deadline=None)
+@given(rows=st.integers(1, 11), H=st.one_of(st.integers(1, 80), st.integers(200, 300)),
+       seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
+       p=st.sampled_from([0.0, 0.1, 0.5]), draw=draws, padded=st.booleans())
+def test_add_and_norm_kernels_are_bitwise_the_chain_of_kernels(rows, H, seed, dtype, p, draw,
+                                                               padded):
+    """dropout_add_layernorm_forward (one row kernel) is bitwise dropout (its add_residual
+    form; without dropout x + residual rounded to the dtype) then layernorm_forward, out,
+    xhat and rstd; dropout_add_layernorm_backward bitwise layernorm_backward then
+    dropout_backward, dx, dresidual and dout * xhat. Rows that leave a block's warps idle,
+    lengths that are no multiple of 32 or 4 (a row starting inside a Philox block), padded
+    rows (x and residual the same value across the row: variance 0, rstd 1/sqrt(eps))."""
+    rng = numpy.random.default_rng(seed)
+    x, residual, dout = ((rng.standard_normal((rows, H)) * 2).astype(dtype) for _ in range(3))
+    if padded:
+        x[-1], residual[-1] = 0, residual[-1, 0]
+    gamma, beta = (rng.standard_normal(H).astype(dtype) for _ in range(2))
+    S, dropout = stats(dtype), p > 0
+    arguments = draw_arguments(draw, dtype, p if dropout else 0.5)
+    shaped = [lambda: numpy.empty((rows, H), S), lambda: numpy.empty((rows, H), dtype),
+              lambda: numpy.empty((rows, 1), S)]
+    fused, chain = [make() for make in shaped], [make() for make in shaped]
+    run("dropout_add_layernorm_forward", dtype, rows, x, residual, *arguments,
+        numpy.int32(dropout), gamma, beta, S(1e-12), numpy.int64(rows), numpy.int32(H), *fused)
+    y = x + residual                                   # rounded to dtype, as CuPy's add
+    if dropout:
+        run_map("dropout", dtype, x.size, x, *arguments, numpy.int32(1), residual,
+                numpy.int64(x.size), y)
+    run("layernorm_forward", dtype, rows, y, gamma, beta, S(1e-12), numpy.int64(rows),
+        numpy.int32(H), *chain)
+    for name, a, e in zip(("xhat", "out", "rstd"), fused, chain):
+        same(a, e, f"add & norm kernel {name} vs dropout then layernorm_forward")
+    xhat, _, rstd = fused
+
+    dx, dresidual = numpy.full((rows, H), numpy.nan, dtype), numpy.empty((rows, H), dtype)
+    dout_xhat = numpy.empty((rows, H), S)
+    run("dropout_add_layernorm_backward", dtype, rows, dout, gamma, xhat, rstd,
+        numpy.int64(rows), numpy.int32(H), *arguments, numpy.int32(dropout), dx, dresidual,
+        dout_xhat)
+    chain_dsum, chain_dout_xhat = numpy.empty((rows, H), dtype), numpy.empty((rows, H), S)
+    run("layernorm_backward", dtype, rows, dout, gamma, xhat, rstd, numpy.int64(rows),
+        numpy.int32(H), chain_dsum, chain_dout_xhat)
+    same(dresidual, chain_dsum, "add & norm kernel dresidual vs layernorm_backward's dx")
+    same(dout_xhat, chain_dout_xhat, "add & norm kernel dout * xhat vs layernorm_backward's")
+    if dropout:
+        chain_dx = numpy.empty((rows, H), dtype)
+        run_map("dropout_backward", dtype, x.size, chain_dsum, *arguments[:6],
+                numpy.int64(x.size), chain_dx)
+        same(dx, chain_dx, "add & norm kernel dx vs dropout_backward of layernorm_backward's")
+    else:
+        assert numpy.isnan(dx).all(), "without dropout dx is dresidual: the kernel leaves it"

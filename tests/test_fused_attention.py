@@ -578,7 +578,7 @@ def test_on_a_gpu_the_fused_kernels_give_the_unfused_numbers(monkeypatch, dtype,
 def test_a_training_step_launches_8_kernels_a_layer_fewer(cupy, monkeypatch, dtype):
     """A 12-layer model's pretraining forward and backward on the stand-in: with the switch
     on, 8 launches a layer fewer than the unfused path (test_cupy_standin's BERT-base budgets
-    count the unfused path: 630 / 686 there, 532 / 588 fused, counted once), still no host
+    count the unfused path: 581 / 638 there, 96 fewer fused), still no host
     wait. Each count is a second step's (the first makes the ones vectors a process keeps)."""
     from nanobert.model.config import BertConfig
     from nanobert.model.pretraining import BertForPreTraining

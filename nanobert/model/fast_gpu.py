@@ -333,9 +333,15 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     dx, dout_xhat = xp.empty(xhat.shape, dout.dtype), xp.empty(xhat.shape, xhat.dtype)
     _launch_rows("layernorm_backward", dout.dtype, rows, dout, gamma, xhat, rstd,
                  numpy.int64(rows), numpy.int32(H), dx, dout_xhat)
-    dgamma = column_sum(dout_xhat.reshape(-1, H), out=dgamma)
-    dbeta = column_sum(dout.reshape(-1, H), out=dbeta, dtype=xhat.dtype)
-    return dx, dgamma, dbeta
+    return (dx, *_layernorm_parameter_grads(dout, dout_xhat, dgamma, dbeta))
+
+
+def _layernorm_parameter_grads(dout, dout_xhat, dgamma=None, dbeta=None):
+    """dgamma and dbeta [H]: the column sums of dout * xhat and dout [..., H] (cuBLAS), in
+    the statistics' dtype, into the given buffers."""
+    H = dout_xhat.shape[-1]
+    return (column_sum(dout_xhat.reshape(-1, H), out=dgamma),
+            column_sum(dout.reshape(-1, H), out=dbeta, dtype=dout_xhat.dtype))
 
 # ---------------------------------------------------------------------------------- gelu
 
@@ -816,7 +822,7 @@ def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_atten
 # ------------------------------------------------------------------------ composite ops
 # ops.py's composites: the up-projection with its GELU as a product and one map kernel (no
 # rank-1 product for the bias: an align1 cuBLAS kernel, K = 1); dropout + residual +
-# LayerNorm as the functions above in turn.
+# LayerNorm as one row kernel each way.
 
 
 class BiasGeluCache(NamedTuple):
@@ -881,13 +887,44 @@ def linear_gelu_inference(x, weight, bias, kind="gelu"):
 
 
 def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
-    """ops.dropout_add_layernorm_forward: dropout_add_forward then layernorm_forward."""
-    y, mask = dropout_add_forward(x, residual, p, rng, training)
-    out, layernorm = layernorm_forward(y, gamma, beta, eps)
-    return out, ops.DropoutAddLayerNormCache(mask, layernorm)
+    """ops.dropout_add_layernorm_forward in one row kernel (kernels.cu's
+    dropout_add_layernorm_forward): dropout (its keep mask drawn in the kernel, as
+    dropout_add_forward's), the residual's add and LayerNorm, the sum never in memory; the
+    same arithmetic as dropout_add_forward then layernorm_forward, bitwise. The cache: the
+    DropoutDraw (None without dropout) and layernorm_forward's."""
+    xp = array_module(x)
+    x, residual = _contiguous(x), _contiguous(residual)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"dropout_add_layernorm_forward: residual {residual.shape} "
+                         f"{residual.dtype} is not shaped and typed like x {x.shape} {x.dtype}")
+    dtype, H = x.dtype, x.shape[-1]
+    rows, stats = x.size // H, _stats_dtype(dtype)
+    draw = _draw(rng, p, x.shape) if training and p != 0.0 else None
+    xhat, out = xp.empty(x.shape, stats), xp.empty(x.shape, dtype)
+    rstd = xp.empty(x.shape[:-1] + (1,), stats)
+    _launch_rows("dropout_add_layernorm_forward", dtype, rows, x, residual,
+                 *_draw_arguments(xp, draw, dtype), numpy.int32(draw is not None), gamma, beta,
+                 stats.type(eps), numpy.int64(rows), numpy.int32(H), xhat, out, rstd)
+    return out, ops.DropoutAddLayerNormCache(draw, (xhat, gamma, rstd))
 
 
 def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
-    """ops.dropout_add_layernorm_backward: layernorm_backward then dropout_backward."""
-    dsum, dgamma, dbeta = layernorm_backward(dout, cache.layernorm, dgamma, dbeta)
-    return dropout_backward(dsum, cache.dropout_mask), dsum, dgamma, dbeta
+    """ops.dropout_add_layernorm_backward in one row kernel (kernels.cu's
+    dropout_add_layernorm_backward: layernorm_backward's dx is dresidual, dropout's multiply
+    made on it in registers, the keep mask regenerated), dgamma and dbeta as
+    layernorm_backward's: bitwise layernorm_backward then dropout_backward. Without dropout
+    dx is dresidual, one array."""
+    xp = array_module(dout)
+    draw, (xhat, gamma, rstd) = cache
+    dout = _contiguous(dout)
+    H = xhat.shape[-1]
+    rows = xhat.size // H
+    if draw is not None:
+        _check_draw("dropout_add_layernorm_backward", draw, dout)
+    dresidual, dout_xhat = xp.empty(xhat.shape, dout.dtype), xp.empty(xhat.shape, xhat.dtype)
+    dx = xp.empty(xhat.shape, dout.dtype) if draw is not None else dresidual
+    _launch_rows("dropout_add_layernorm_backward", dout.dtype, rows, dout, gamma, xhat, rstd,
+                 numpy.int64(rows), numpy.int32(H), *_draw_arguments(xp, draw, dout.dtype),
+                 numpy.int32(draw is not None), dx, dresidual, dout_xhat)
+    dgamma, dbeta = _layernorm_parameter_grads(dout, dout_xhat, dgamma, dbeta)
+    return dx, dresidual, dgamma, dbeta

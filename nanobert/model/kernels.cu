@@ -183,12 +183,12 @@ __device__ __forceinline__ void walk_row_groups(long long start, int keys, int l
 // flight at once: one 2- or 4-byte load a thread at a time is too few bytes in flight to
 // reach the memory's bandwidth (docs/gpu.md, "Where the time still goes").
 
-// ops.layernorm_forward of x [rows, H]: mean, biased variance, rstd = 1/sqrt(var + eps),
-// xhat = (x - mean) rstd, out = xhat gamma + beta. Statistics and xhat in S.
-extern "C" __global__ void nanobert_layernorm_forward(
-        const T* x, const T* gamma, const T* beta, S eps, long long rows, int H,
-        S* xhat, T* out, S* rstd) {
-    ROW_AND_LANE(rows)
+// ops.layernorm_forward of the row [start, start + H) of x: mean, biased variance,
+// rstd = 1/sqrt(var + eps), xhat = (x - mean) rstd, out = xhat gamma + beta. Statistics and
+// xhat in S. out may be x itself (each lane overwrites only the elements it read).
+__device__ __forceinline__ void layernorm_row(const T* x, const T* gamma, const T* beta, S eps,
+                                              long long row, int H, int lane, S* xhat, T* out,
+                                              S* rstd) {
     const long long start = row * H;
     S sum = 0;
     #pragma unroll 4
@@ -210,6 +210,29 @@ extern "C" __global__ void nanobert_layernorm_forward(
     if (lane == 0) rstd[row] = r;
 }
 
+// ops.layernorm_forward of x [rows, H], a row a warp
+extern "C" __global__ void nanobert_layernorm_forward(
+        const T* x, const T* gamma, const T* beta, S eps, long long rows, int H,
+        S* xhat, T* out, S* rstd) {
+    ROW_AND_LANE(rows)
+    layernorm_row(x, gamma, beta, eps, row, H, lane, xhat, out, rstd);
+}
+
+// ops.layernorm_backward's row sums, dxhat = dout gamma: mean(dxhat) and mean(dxhat xhat)
+__device__ __forceinline__ void layernorm_backward_means(const T* dout, const T* gamma,
+                                                         const S* xhat, long long start, int H,
+                                                         int lane, S& mean, S& projection) {
+    S sum = 0, dot = 0;
+    #pragma unroll 4
+    for (int i = lane; i < H; i += 32) {
+        S dxhat = widen(dout[start + i]) * widen(gamma[i]);
+        sum += dxhat;
+        dot += dxhat * xhat[start + i];
+    }
+    mean = warp_sum(sum) / H;
+    projection = warp_sum(dot) / H;
+}
+
 // ops.layernorm_backward's dx of a row, dxhat = dout gamma:
 // dx = (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) rstd; and dout xhat, whose column sums
 // (cuBLAS) are dgamma.
@@ -218,15 +241,8 @@ extern "C" __global__ void nanobert_layernorm_backward(
         T* dx, S* dout_xhat) {
     ROW_AND_LANE(rows)
     const long long start = row * H;
-    S sum = 0, projection = 0;
-    #pragma unroll 4
-    for (int i = lane; i < H; i += 32) {
-        S dxhat = widen(dout[start + i]) * widen(gamma[i]);
-        sum += dxhat;
-        projection += dxhat * xhat[start + i];
-    }
-    const S mean = warp_sum(sum) / H;
-    const S mean_projection = warp_sum(projection) / H;
+    S mean, mean_projection;
+    layernorm_backward_means(dout, gamma, xhat, start, H, lane, mean, mean_projection);
     const S r = rstd[row];
     #pragma unroll 4
     for (int i = lane; i < H; i += 32) {
@@ -235,6 +251,52 @@ extern "C" __global__ void nanobert_layernorm_backward(
         store(&dx[start + i], (d * widen(gamma[i]) - mean - normalized * mean_projection) * r);
         dout_xhat[start + i] = d * normalized;
     }
+}
+
+// ops.dropout_add_layernorm_forward ("Add & Norm") of x, residual [rows, H], a row a warp:
+// y = dropout(x) + residual (if dropout, nanobert_dropout's arithmetic, the keep mask drawn
+// here at element index row H + column; else x + residual, rounded to T), then
+// layernorm_row of y. y is written into out (the lanes walk the row in the counter's groups
+// of 4, one Philox block each), read back from the cache by the warp after __syncwarp, and
+// overwritten by the output: the two-kernel chain wrote y [rows, H] to memory and read it
+// back (float16: 4 bytes an element of 14, and one launch, saved).
+extern "C" __global__ void nanobert_dropout_add_layernorm_forward(
+        const T* x, const T* residual, const unsigned long long* step, unsigned int seed_lo,
+        unsigned int seed_hi, unsigned int call, S p, S scale, int dropout, const T* gamma,
+        const T* beta, S eps, long long rows, int H, S* xhat, T* out, S* rstd) {
+    ROW_AND_LANE(rows)
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    walk_row_groups(row * H, H, lane, draw, dropout, [&](long long i, int, S keep) {
+        store(&out[i], round_to_T(widen(x[i]) * keep) + widen(residual[i]));
+    });
+    __syncwarp();                      // y of the other lanes' groups, for the row's sums
+    layernorm_row(out, gamma, beta, eps, row, H, lane, xhat, out, rstd);
+}
+
+// ops.dropout_add_layernorm_backward of a row: nanobert_layernorm_backward's dx is the sum's
+// gradient, dresidual; dx = dresidual keep (rounded to T, the keep mask regenerated from the
+// forward's draw), written only if dropout (without, dx is dresidual: the same array). The
+// second pass walks the row in the counter's groups of 4. Saves the chain's second launch
+// and its read of dresidual (float16: 2 bytes an element of 16).
+extern "C" __global__ void nanobert_dropout_add_layernorm_backward(
+        const T* dout, const T* gamma, const S* xhat, const S* rstd, long long rows, int H,
+        const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int call, S p, S scale, int dropout, T* dx, T* dresidual, S* dout_xhat) {
+    ROW_AND_LANE(rows)
+    const long long start = row * H;
+    const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
+    S mean, mean_projection;
+    layernorm_backward_means(dout, gamma, xhat, start, H, lane, mean, mean_projection);
+    const S r = rstd[row];
+    walk_row_groups(start, H, lane, draw, dropout, [&](long long i, int column, S keep) {
+        S d = widen(dout[i]);
+        S normalized = xhat[i];
+        const S dsum = round_to_T((d * widen(gamma[column]) - mean
+                                   - normalized * mean_projection) * r);
+        store(&dresidual[i], dsum);
+        if (dropout) store(&dx[i], dsum * keep);
+        dout_xhat[i] = d * normalized;
+    });
 }
 
 // a score plus its key's mask bias (masked), rounded to T as the reference's `scores += bias`

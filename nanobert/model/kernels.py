@@ -36,7 +36,8 @@ MAP_THREADS = 256                              # threads a block of a map kernel
 MAP_BYTES = 16                                 # bytes of each array a map thread loads
 
 ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward",
-                    "softmax_backward", "cross_entropy_forward", "cross_entropy_backward")
+                    "softmax_backward", "cross_entropy_forward", "cross_entropy_backward",
+                    "dropout_add_layernorm_forward", "dropout_add_layernorm_backward")
 MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward", "uniform",
                     "attention_heads", "attention_grads", "move_heads",
                     "bias_gelu_forward", "bias_gelu_backward")
