@@ -271,8 +271,8 @@ def test_bert_base_step_launch_and_sync_budgets(cupy, dtype, budget):
     and 638 once each Add & Norm was one row kernel forward and one backward (kernels.cu's
     dropout_add_layernorm_*: 4 launches a layer fewer); the budgets, 584 and 640, leave room
     for the fills of the ones vectors the column sums multiply by, made once per process.
-    CUPTI saw 1,000 kernels for a whole B=32 TF32 step on an H200 where the stand-in counted 968 (cuBLAS splits some products in
-    two).
+    CUPTI saw 1,000 kernels for a whole B=32 TF32 step on an H200 where the stand-in counted
+    968 (cuBLAS splits some products in two).
     Clipping + AdamW <= 9 (vdot alone is 4). The 6 host-to-device copies of the batch are
     async copies from pinned memory (backend.PinnedStaging): 0 host waits (6 when they were
     pageable). Counts depend on the layer count, hardly on B and T (only where a reduction
