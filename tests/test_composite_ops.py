@@ -7,11 +7,16 @@ up-projection and its GELU) and dropout_add_layernorm (a post-LN sublayer's Add 
   float32 within the bounds of the ops they chain (GELU's erf_float32, LayerNorm's row sums:
   tests/test_fast.py).
 - The GPU twins (fast_gpu) on the CPU stand-in of CuPy: the NumPy path's numbers, and the
-  launches they save (the bias's rank-1 product).
-- The new CUDA kernels (kernels.cu's bias_gelu_forward, _backward) through the CUDA
-  emulation: bitwise the unfused kernels (gelu_forward, gelu_backward) on product + bias,
-  within float64/float32/float16 bounds of the reference, no write past an array's end.
+  launches they save (the bias's rank-1 product and its gradient's ones product; Add & Norm's
+  second kernel each way).
+- The new CUDA kernels through the CUDA emulation: bias_gelu_forward, _backward bitwise the
+  unfused kernels (gelu_forward, gelu_backward) on product + bias, within float64/float32/
+  float16 bounds of the reference, the bias gradient's tile sums bitwise their order of
+  additions and within a sum's error of float64; dropout_add_layernorm_forward, _backward
+  bitwise the two-kernel chains; no write past an array's end.
 """
+import re
+
 import numpy
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -19,9 +24,9 @@ from hypothesis import given, settings, strategies as st
 import cuda_emulation
 from conftest import assert_close, record
 from nanobert import backend
-from nanobert.model import fast, fast_cpu, ops
+from nanobert.model import fast, fast_cpu, fast_gpu, kernels, ops
 from nanobert.testing import check_gradients
-from test_cuda_kernels import draw_arguments, draws, run, run_map, stats
+from test_cuda_kernels import draw_arguments, draws, guarded, run, run_map, stats
 from test_fast import LAYERNORM_BOUND, gelu_within_float32_bound, layernorm_errors, normal, same
 
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -121,7 +126,7 @@ def test_fast_linear_gelu_is_the_chain_of_fast_ops_and_the_reference(n, d_in, d_
     ref_grads = ops.linear_gelu_backward(dout, ref_cache)
     same(cache.gelu[0], ref_cache.gelu[0], "linear_gelu the linear's output vs the reference")
     if kind == "gelu" and dtype is numpy.float32:
-        dlinear = fast_cpu.bias_gelu_backward(dout, cache.gelu)
+        dlinear = fast_cpu.bias_gelu_backward(dout, cache.gelu)[0]
         gelu_within_float32_bound(cache.gelu[0], dout, (out, cache.gelu[1], dlinear),
                                   (ref_out, ref_cache.gelu[1],
                                    ops.gelu_backward(dout, ref_cache.gelu)))
@@ -219,7 +224,7 @@ def test_fused_blocks_on_threads_are_bitwise_the_chain(monkeypatch, dtype):
         inter, gelu_cache = fast.linear_gelu_forward(out, w, b)
         chain_inter, chain_gelu = fast.gelu_forward(fast.linear_forward(out, w, b)[0])
         same(inter, chain_inter, f"linear_gelu out vs the chain, {count} threads")
-        same(fast_cpu.bias_gelu_backward(dinter, gelu_cache.gelu),
+        same(fast_cpu.bias_gelu_backward(dinter, gelu_cache.gelu)[0],
              fast.gelu_backward(dinter, chain_gelu), f"linear_gelu dlinear, {count} threads")
         same(fast.linear_gelu_inference(out, w, b), inter,
              f"linear_gelu_inference vs the forward, {count} threads")
@@ -269,7 +274,8 @@ def gpu_linear_gelu(xp, dtype, kind, seed=0, N=6, d_in=5, d_out=40):
                                         (numpy.float16, 2e-2)])
 def test_gpu_linear_gelu_gives_the_numpy_numbers_in_two_launches(dtype, tol, kind):
     """The CuPy path: the product (one cuBLAS call, no rank-1 product for the bias) and one
-    map kernel forward; backward one map kernel and linear_backward's 3 cuBLAS calls. Against
+    map kernel forward; backward GELU's kernel with dbias's tile sums, the kernel adding
+    them, and the 2 cuBLAS calls of dx and dweight. Against
     the NumPy path: float64 within 1e-13, float32 within erf_float32's ulps (2e-6), float16
     within a float16 rounding of results that then enter products (2e-2 of the largest)."""
     cupy_standin = pytest.importorskip("cupy_standin")
@@ -285,8 +291,10 @@ def test_gpu_linear_gelu_gives_the_numpy_numbers_in_two_launches(dtype, tol, kin
     if kind == "gelu":
         assert kernels.get("RawKernel:nanobert_bias_gelu_forward") == 1, kernels
         assert kernels.get("RawKernel:nanobert_bias_gelu_backward") == 1, kernels
-        # the product, then dx, dweight and dbias (ones @ dout): 4; linear_forward + gelu: 5
-        assert kernels.get("cublas.gemmStridedBatchedEx") == 4, kernels
+        assert kernels.get("RawKernel:nanobert_column_partials") == 1, kernels
+        # the product, then dx and dweight: 3 (dbias from the GELU kernel's tile sums, no
+        # ones @ dout); linear_forward + gelu + linear_backward: 5
+        assert kernels.get("cublas.gemmStridedBatchedEx") == 3, kernels
         assert "ndarray.astype" not in kernels or dtype == numpy.float16, kernels
 
 
@@ -342,17 +350,29 @@ DTYPES = [numpy.float64, numpy.float32, numpy.float16]
 BOUND = {numpy.float64: 1e-13, numpy.float32: 3e-6, numpy.float16: 2e-3}   # as test_cuda_kernels
 
 
+def run_column_tiles(name, dtype, rows, columns, *args):
+    """The column-tile kernel on NumPy arrays, launched as fast_gpu._launch_column_tiles
+    launches it."""
+    (grid,), (block,) = fast_gpu._column_tile_grid(rows, columns)
+    guarded(name, dtype, grid, block, args)
+
+
 @needs_gxx
 @settings(max_examples=12, deadline=None)
-@given(rows=st.integers(1, 11), columns=st.one_of(st.integers(1, 40), st.integers(250, 700)),
+@given(rows=st.one_of(st.integers(1, 11), st.integers(60, 140)),
+       columns=st.one_of(st.integers(1, 40), st.integers(250, 700)),
        seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
 def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, columns, seed,
                                                                      dtype):
     """bias_gelu_forward(product, bias) is bitwise gelu_forward(product + bias rounded to the
-    dtype), and bias_gelu_backward(dout, product, bias) bitwise gelu_backward(dout, that x,
-    gelu_forward's Phi): Phi recomputed as the forward made it. Against the float64
+    dtype), and bias_gelu_backward(dout, product, bias)'s dx bitwise gelu_backward(dout, that
+    x, gelu_forward's Phi): Phi recomputed as the forward made it. Against the float64
     reference within BOUND. Rows shorter than a block's width (columns < 256: a thread's
-    elements cross several rows) and longer; lengths that end inside a thread's elements."""
+    elements cross several rows) and longer; lengths that end inside a thread's elements;
+    one tile of BIAS_ROWS rows and several (the last one partial). The bias gradient: each
+    tile's column sums of dx in row order, then the tiles' in tile order (column_partials),
+    bitwise that order of additions in the statistics' dtype; against the float64 column
+    sums of dx within a float32 (float64) sum's error."""
     rng = numpy.random.default_rng(seed)
     n = rows * columns
     product = (rng.standard_normal((rows, columns)) * 2).astype(dtype)
@@ -369,9 +389,11 @@ def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, colum
     err = record(f"cuda kernel bias_gelu y {numpy.dtype(dtype).name} (of max |x|)",
                  max_error(y, expected, x))
     assert err <= BOUND[dtype], err
-    dx = numpy.empty(n, dtype)
-    run_map("bias_gelu_backward", dtype, n, dout, product, bias, numpy.int64(columns),
-            numpy.int64(n), dx)
+    S = stats(dtype)
+    tiles = fast_gpu._column_tiles(rows)
+    dx, partials = numpy.empty(n, dtype), numpy.empty((tiles, columns), S)
+    run_column_tiles("bias_gelu_backward", dtype, rows, columns, dout, product, bias,
+                     numpy.int64(rows), numpy.int32(columns), dx, partials)
     unfused_dx = numpy.empty(n, dtype)
     run_map("gelu_backward", dtype, n, dout, x, cdf, numpy.int64(n), unfused_dx)
     same(dx, unfused_dx, "bias_gelu_backward vs gelu_backward")
@@ -380,6 +402,29 @@ def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, colum
     err = record(f"cuda kernel bias_gelu dx {numpy.dtype(dtype).name} (of max |dout|)",
                  max_error(dx, expected_dx, dout))
     assert err <= BOUND[dtype], err
+
+    dbias = numpy.empty(columns, S)
+    run_map("column_partials", dtype, columns, partials, numpy.int64(tiles),
+            numpy.int64(columns), dbias)
+    rows_of_dx = dx.reshape(rows, columns).astype(S)
+    in_order = numpy.zeros((tiles, columns), S)
+    for row in range(rows):                            # each addition rounded to S, in order
+        in_order[row // kernels.BIAS_ROWS] += rows_of_dx[row]
+    same(partials, in_order, "bias_gelu_backward's tile sums vs row-order additions")
+    same(dbias, numpy.cumsum(in_order, axis=0, dtype=S)[-1],
+         "column_partials vs tile-order additions")
+    # a sum of `rows` terms in S: error within rows ulp of S of the sum of |dx|
+    exact = rows_of_dx.astype(numpy.float64).sum(axis=0)
+    err = record(f"cuda kernel bias_gelu dbias {numpy.dtype(dtype).name} vs float64 sums "
+                 f"(of the sums of |dx|)",
+                 max_error(dbias, exact, numpy.abs(rows_of_dx.astype(float)).sum(axis=0)))
+    assert err <= rows * numpy.finfo(S).eps, err
+
+
+def test_the_bias_rows_are_kernels_py_s():
+    """fast_gpu sizes the partial sums by kernels.py's BIAS_ROWS: kernels.cu's constant."""
+    found = re.search(r"constexpr int BIAS_ROWS = (\d+);", kernels.CUDA_SOURCE.read_text())
+    assert found and int(found.group(1)) == kernels.BIAS_ROWS
 
 
 def max_error(actual, expected, scale):

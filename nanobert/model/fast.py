@@ -39,16 +39,22 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
     temporary), by the layer's matmul and column_sum; float16 gradients summed into the
     float32 buffers."""
     layer = _layer(dout)
-    x2, weight, x_shape = cache
+    weight = cache[1]
     if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
         dout = dout.astype(weight.dtype)
     dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
-    dx = layer.matmul(dout2, weight).reshape(x_shape)
-    dweight = layer.matmul(dout2.T, x2, out=dweight)
+    dx, dweight = _linear_input_and_weight_grads(layer, dout2, cache, dweight)
     # float16 gradients are summed in (and written to) the float32 buffer's dtype
     dtype = dbias.dtype if dbias is not None and dbias.dtype != dout2.dtype else None
-    dbias = layer.column_sum(dout2, out=dbias, dtype=dtype)
-    return dx, dweight, dbias
+    return dx, dweight, layer.column_sum(dout2, out=dbias, dtype=dtype)
+
+
+def _linear_input_and_weight_grads(layer, dout2, cache, dweight=None):
+    """dx = dout W [..., in] and dweight = dout^T x [out, in] (into dweight if given) of
+    dout2 [N, out]."""
+    x2, weight, x_shape = cache
+    dx = layer.matmul(dout2, weight).reshape(x_shape)
+    return dx, layer.matmul(dout2.T, x2, out=dweight)
 
 
 def layernorm_forward(x, gamma, beta, eps):
@@ -103,10 +109,14 @@ def linear_gelu_forward(x, weight, bias, kind="gelu"):
 
 
 def linear_gelu_backward(dout, cache, dweight=None, dbias=None):
-    """ops.linear_gelu_backward: GELU's backward (on CuPy one kernel that adds the bias to
-    the product again, as the forward kept it without), then linear_backward."""
-    dlinear = _layer(dout).bias_gelu_backward(dout, cache.gelu)       # [..., out]
-    return linear_backward(dlinear, cache.linear, dweight, dbias)
+    """ops.linear_gelu_backward: GELU's backward with the bias's gradient (on CuPy one kernel
+    that adds the bias to the product again, as the forward kept it without, and sums dbias's
+    partials as it writes the linear's output gradient), then linear_backward's dx and
+    dweight."""
+    layer = _layer(dout)
+    dlinear, dbias = layer.bias_gelu_backward(dout, cache.gelu, dbias)     # [..., out], [out]
+    dlinear2 = dlinear.reshape(-1, dlinear.shape[-1])                      # [N, out]
+    return (*_linear_input_and_weight_grads(layer, dlinear2, cache.linear, dweight), dbias)
 
 
 def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):

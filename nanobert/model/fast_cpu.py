@@ -529,9 +529,13 @@ def _bias_gelu_block(y, cdf, out, bias):
     _gelu_block(y, cdf, out)
 
 
-# The forward above keeps the biased product, as the reference's GELU cache: the backward is
-# GELU's (fast_gpu's twin keeps the product without its bias and adds it again).
-bias_gelu_backward = gelu_backward
+def bias_gelu_backward(dout, cache, dbias=None):
+    """GELU's backward of linear_gelu_forward's output and the linear's bias gradient ->
+    (dx [..., out], dbias [out], into dbias if given): gelu_backward (the forward above keeps
+    the biased product, as the reference's GELU cache; fast_gpu's twin keeps the product
+    without its bias and adds it again), then column_sum."""
+    dx = gelu_backward(dout, cache)
+    return dx, column_sum(dx.reshape(-1, dx.shape[-1]), out=dbias)
 
 
 def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):

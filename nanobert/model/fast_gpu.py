@@ -9,9 +9,11 @@ host time whatever its size, so a step should make few of them (fused kernels); 
 never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
 products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
-fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
-cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
-and the attention's layout moves one map kernel each (16 bytes of each input a thread). The
+fraction of the bandwidth. LayerNorm, Add & Norm (dropout + residual + LayerNorm), the
+attention's mask + softmax + dropout and the cross-entropy are one row kernel each (one warp a
+row), forward and backward; GELU, dropout and the attention's layout moves one map kernel each
+(16 bytes of each input a thread); GELU's backward after the up-projection also sums its bias
+gradient (tiles of rows, no atomics). The
 attention can run fused instead (FlashAttention-2's tiles: no [B, A, T, T] array; float16 on
 tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it (_fused_attention_forward).
 Dropout draws its keep mask inside those kernels from a counter-based generator
@@ -272,6 +274,24 @@ def _launch_map(name, dtype, n, *args):
     """The map kernel `name` (kernels.cu) for activations of dtype over n elements."""
     if n:
         kernels.cuda_kernel(array_module(args[0]), name, dtype)(*_map_grid(n, dtype), args)
+
+
+def _launch_column_tiles(name, dtype, rows, columns, *args):
+    """The kernel `name` (kernels.cu) over [rows, columns] in tiles of BIAS_ROWS rows."""
+    if rows and columns:
+        kernels.cuda_kernel(array_module(args[0]), name, dtype)(
+            *_column_tile_grid(rows, columns), args)
+
+
+def _column_tiles(rows):
+    """The tiles of kernels.BIAS_ROWS rows that cover `rows`."""
+    return -(-rows // kernels.BIAS_ROWS)
+
+
+def _column_tile_grid(rows, columns):
+    """(grid, block) of a column-tile kernel: a block a tile of BIAS_ROWS rows by
+    MAP_THREADS columns, a thread a column."""
+    return (_column_tiles(rows) * -(-columns // kernels.MAP_THREADS),), (kernels.MAP_THREADS,)
 
 
 def _row_grid(rows):
@@ -811,7 +831,11 @@ def cross_entropy_backward(dloss, cache):
 
 
 def layernorm_inference(x, gamma, beta, eps, residual=None):
-    return layernorm_forward(x if residual is None else x + residual, gamma, beta, eps)[0]
+    """LayerNorm(x + residual): the Add & Norm kernel without dropout (the sum never in
+    memory)."""
+    if residual is None:
+        return layernorm_forward(x, gamma, beta, eps)[0]
+    return dropout_add_layernorm_forward(x, residual, gamma, beta, eps, 0.0, None, False)[0]
 
 
 def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
@@ -855,23 +879,41 @@ def linear_gelu_forward(x, weight, bias, kind="gelu"):
                                                    BiasGeluCache(product, bias, kind))
 
 
-def bias_gelu_backward(dout, cache):
-    """GELU's backward of linear_gelu_forward's output: one map kernel (kernels.cu's
-    bias_gelu_backward) from dout, the product and the bias -> dx, the gradient of the
-    linear's output [..., out]; the tanh kinds (an ordinary GELU cache): gelu_backward."""
+def bias_gelu_backward(dout, cache, dbias=None):
+    """GELU's backward of linear_gelu_forward's output and the linear's bias gradient
+    -> (dx, the gradient of the linear's output [..., out]; dbias [out], into dbias if given,
+    else in dout's dtype). One kernel (kernels.cu's bias_gelu_backward) from dout, the product
+    and the bias writes dx and each tile's column sums of it, a second (column_partials) adds
+    the tiles in order: deterministic, and dx is not read again for dbias (column_sum's
+    cuBLAS product read it: [N, out] bytes). The sums differ from column_sum's in their
+    order only (float32 for float16 dx, as cuBLAS's). The tanh kinds (an ordinary GELU
+    cache): gelu_backward, then column_sum."""
     if not isinstance(cache, BiasGeluCache):
-        return gelu_backward(dout, cache)
+        dx = gelu_backward(dout, cache)
+        return dx, column_sum(dx.reshape(-1, dx.shape[-1]), out=dbias)
     xp = array_module(dout)
     dout = _contiguous(dout)
     if dout.size != cache.product.size or dout.dtype != cache.product.dtype:
         raise ValueError(f"bias_gelu_backward: dout {dout.shape} {dout.dtype} does not match "
                          f"the product {cache.product.shape} {cache.product.dtype}")
     product = cache.product
+    rows, columns = product.shape
+    stats = _stats_dtype(dout.dtype)
     dx = xp.empty(dout.shape, dout.dtype)
-    _launch_map("bias_gelu_backward", dout.dtype, dout.size, dout, product,
-                _bias_of(product, cache.bias), numpy.int64(product.shape[-1]),
-                numpy.int64(product.size), dx)
-    return dx
+    partials = xp.empty((_column_tiles(rows), columns), stats)
+    _launch_column_tiles("bias_gelu_backward", dout.dtype, rows, columns, dout, product,
+                         _bias_of(product, cache.bias), numpy.int64(rows),
+                         numpy.int32(columns), dx, partials)
+    into = dbias is not None and dbias.dtype == stats and dbias.flags.c_contiguous
+    sums = dbias if into else xp.empty(columns, stats)
+    _launch_map("column_partials", dout.dtype, columns, partials,
+                numpy.int64(partials.shape[0]), numpy.int64(columns), sums)
+    if into:
+        return dx, dbias
+    if dbias is None:
+        return dx, sums.astype(dout.dtype, copy=False)
+    dbias[...] = sums
+    return dx, dbias
 
 
 def _bias_of(product, bias):

@@ -414,6 +414,8 @@ extern "C" __global__ void nanobert_cross_entropy_backward(
 // (each of its loads coalesced with its neighbours'), loading its inputs for all of them
 // before computing any: 16 bytes of each T-typed input in flight a thread.
 constexpr int ELEMENTS = 16 / sizeof(T);
+// rows a block of nanobert_bias_gelu_backward sums (kernels.BIAS_ROWS)
+constexpr int BIAS_ROWS = 64;
 
 // the index of this thread's k-th element
 __device__ __forceinline__ long long element(int k) {
@@ -697,29 +699,67 @@ extern "C" __global__ void nanobert_bias_gelu_forward(const T* product, const T*
     }
 }
 
-// ops.linear_gelu_backward's GELU: dx = (Phi(x) + x phi(x)) dout, x = product + bias and
-// Phi(x) recomputed as the forward made them (the same arithmetic: the same bits), phi(x) =
-// exp(-x^2 / 2) / sqrt(2 pi). Reads dout and the product, writes dx (float16: 6 bytes an
-// element; nanobert_gelu_backward read x and Phi in S: 10).
+// GELU's derivative times dout: (Phi(x) + x phi(x)) dout, phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+__device__ __forceinline__ S gelu_gradient(S x, S d) {
+    return (exp_(x * x * (S)-0.5) * x * (S)0.39894228040143267794 + normal_cdf(x)) * d;
+}
+
+// ops.linear_gelu_backward's GELU and its bias gradient: dx = (Phi(x) + x phi(x)) dout, x =
+// product + bias and Phi(x) recomputed as the forward made them (the same arithmetic: the
+// same bits), and the column sums of dx over a tile of BIAS_ROWS rows. A block is a tile of
+// blockDim.x columns by BIAS_ROWS rows (1-D grid: column blocks within a tile, tiles in row
+// order); a thread a column, ELEMENTS rows of it loaded at once (a warp's load is 32
+// adjacent elements of a row, ELEMENTS of them in flight a thread, as in the map kernels).
+// The thread sums its column's dx, rounded to T as the reference sums the T-typed dx, in
+// row order into partials[tile, column]; nanobert_column_partials adds the tiles in their
+// order: no atomics, the same bits every run. Reads dout and the product, writes dx
+// (float16: 6 bytes an element); the bias gradient no longer reads dx again (cuBLAS's ones
+// product: 2 bytes an element more).
 extern "C" __global__ void nanobert_bias_gelu_backward(const T* dout, const T* product,
-                                                       const T* bias, long long columns,
-                                                       long long n, T* dx) {
-    S d[ELEMENTS], v[ELEMENTS];
-    int column = (int)(element(0) % columns);
+                                                       const T* bias, long long rows,
+                                                       int columns, T* dx, S* partials) {
+    const int column_blocks = (columns + blockDim.x - 1) / blockDim.x;
+    const long long tile = blockIdx.x / column_blocks;
+    const int column = (blockIdx.x % column_blocks) * blockDim.x + threadIdx.x;
+    if (column >= columns) return;
+    const long long first = tile * BIAS_ROWS;
+    const long long end = first + BIAS_ROWS < rows ? first + BIAS_ROWS : rows;
+    S sum = 0;
+    for (long long row = first; row < end; row += ELEMENTS) {
+        S d[ELEMENTS], v[ELEMENTS];
+        #pragma unroll
+        for (int k = 0; k < ELEMENTS; k++) {
+            const long long i = (row + k) * columns + column;
+            d[k] = row + k < end ? widen(dout[i]) : 0;
+            v[k] = row + k < end ? biased(product, bias, i, column) : 0;
+        }
+        #pragma unroll
+        for (int k = 0; k < ELEMENTS; k++) {
+            if (row + k >= end) break;
+            const S g = round_to_T(gelu_gradient(v[k], d[k]));
+            store(&dx[(row + k) * columns + column], g);
+            sum += g;
+        }
+    }
+    partials[tile * columns + column] = sum;
+}
+
+// The column sums of partials [tiles, columns], tile by tile in order (a thread ELEMENTS
+// columns, a block's width apart) -> sums [columns]: a bias gradient from
+// nanobert_bias_gelu_backward's partial sums.
+extern "C" __global__ void nanobert_column_partials(const S* partials, long long tiles,
+                                                    long long columns, S* sums) {
+    S total[ELEMENTS];
     #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) {
-        const long long i = element(k);
-        d[k] = i < n ? widen(dout[i]) : 0;
-        v[k] = i < n ? biased(product, bias, i, column) : 0;
-        column = next_column(column, (int)columns);
+    for (int k = 0; k < ELEMENTS; k++) total[k] = 0;
+    for (long long tile = 0; tile < tiles; tile++) {
+        #pragma unroll
+        for (int k = 0; k < ELEMENTS; k++)
+            if (element(k) < columns) total[k] += partials[tile * columns + element(k)];
     }
     #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) {
-        const long long i = element(k);
-        if (i >= n) break;
-        store(&dx[i], (exp_(v[k] * v[k] * (S)-0.5) * v[k] * (S)0.39894228040143267794
-                       + normal_cdf(v[k])) * d[k]);
-    }
+    for (int k = 0; k < ELEMENTS; k++)
+        if (element(k) < columns) sums[element(k)] = total[k];
 }
 
 // ------------------------------------------------------------------------ fused attention

@@ -5,9 +5,10 @@ kernel is here, each the arithmetic of a few lines of an op in ops.py (the refer
 math it restates; NumPy gains nothing from fusion, fast_cpu.py works in place there instead):
 
 - CUDA kernels (kernels.cu, compiled by cupy.RawModule once a dtype): row kernels for the ops
-  that reduce over a row and then map it (LayerNorm, the attention's mask + softmax +
-  dropout, the cross-entropy), one warp a row; map kernels for GELU, dropout and the
-  attention's head layouts, 16 bytes of each input a thread; the fused attention
+  that reduce over a row and then map it (LayerNorm, Add & Norm, the attention's mask +
+  softmax + dropout, the cross-entropy), one warp a row; map kernels for GELU, dropout and the
+  attention's head layouts, 16 bytes of each input a thread; GELU's backward with its bias
+  gradient in tiles of BIAS_ROWS rows, a thread a column; the fused attention
   (FlashAttention-2's tiles in shared memory: the [B, A, T, T] scores never written; behind
   fast_gpu's NANOBERT_FUSED_ATTENTION switch). Dropout draws its keep mask
   inside the kernels from Philox4x32-10 (counter_rng.CounterGenerator: no cuRAND draw, no
@@ -40,7 +41,11 @@ ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward"
                     "dropout_add_layernorm_forward", "dropout_add_layernorm_backward")
 MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward", "uniform",
                     "attention_heads", "attention_grads", "move_heads",
-                    "bias_gelu_forward", "bias_gelu_backward")
+                    "bias_gelu_forward", "column_partials")
+# tiles of BIAS_ROWS rows by MAP_THREADS columns (fast_gpu's _launch_column_tiles): GELU's
+# backward with its bias gradient's partial column sums (kernels.cu's BIAS_ROWS)
+COLUMN_TILE_KERNEL_NAMES = ("bias_gelu_backward",)
+BIAS_ROWS = 64
 # the fused attention (fast_gpu's _launch_attention): ATTENTION_ROWS rows a block, two threads
 # a row, heads of at most ATTENTION_HEAD_MAX (kernels.cu's constants of the same names)
 ATTENTION_KERNEL_NAMES = ("attention_forward", "attention_backward_queries",
