@@ -24,7 +24,8 @@ pytest.importorskip("cupy")   # the stand-in is built from the real package's na
 
 import cupy_standin  # noqa: E402
 from conftest import record  # noqa: E402
-from counter_reference import keep_mask  # noqa: E402
+from counter_reference import (dropout_generator, keep_mask,  # noqa: E402
+                               numpy_draws_like_the_gpu)
 from nanobert import backend  # noqa: E402
 from nanobert.model import fast, fast_cpu, fast_gpu, ops  # noqa: E402
 from nanobert.model.config import BertConfig  # noqa: E402
@@ -200,6 +201,45 @@ def test_layernorm_forward_backward(xp, dtype):
         return (out,) + fast.layernorm_backward(put(dout), cache, zeros(48), zeros(48))
     check_all(f"gpu layernorm {numpy.dtype(dtype).name}", device_and_host(xp, run, grad_dtype),
               *bound(dtype, K=4 * 48, half_steps=2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_and_norm_forward_backward(xp, dtype):
+    """fast.dropout_add_layernorm_forward/backward, p = 0.25 on [3, 5, 48] (the device's one
+    row kernel each way, the host's blocks of rows) with the same keep masks (the host twin
+    of the counter-based generator): out, dx, dresidual, dgamma, dbeta within LayerNorm's
+    bounds (K = 4 H; float16 3 eps16: the sum's rounding before LayerNorm's two)."""
+    x = draw((3, 5, 48), dtype, 22, 3.0) + dtype(1.5)
+    residual, dout = draw((3, 5, 48), dtype, 23), draw((3, 5, 48), dtype, 24)
+    gamma, beta = draw(48, dtype, 25) + dtype(1), draw(48, dtype, 26)
+    grad_dtype = numpy.float32 if dtype == numpy.float16 else dtype
+
+    def run(put, zeros):
+        rng = dropout_generator(backend.array_module(put(x)), 3)
+        with numpy_draws_like_the_gpu():
+            out, cache = fast.dropout_add_layernorm_forward(put(x), put(residual), put(gamma),
+                                                            put(beta), 1e-12, 0.25, rng, True)
+        return (out,) + fast.dropout_add_layernorm_backward(put(dout), cache, zeros(48),
+                                                            zeros(48))
+    check_all(f"gpu add & norm {numpy.dtype(dtype).name}", device_and_host(xp, run, grad_dtype),
+              *bound(dtype, K=4 * 48, half_steps=3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gelu_forward_backward(xp, dtype):
+    """fast.linear_gelu_forward/backward [2, 40, 32] -> [2, 40, 24] (80 rows: two tiles of
+    the device's bias-gradient sums, the second partial): out, dx, dweight, dbias, float16
+    gradients into float32 buffers (K = 80, the longest sum, dbias's and dweight's; float16:
+    3 eps16, the product, the bias's add and GELU each rounded)."""
+    x, w, b = draw((2, 40, 32), dtype, 27), draw((24, 32), dtype, 28, 0.3), draw(24, dtype, 29)
+    dout = draw((2, 40, 24), dtype, 30)
+    grad_dtype = numpy.float32 if dtype == numpy.float16 else dtype
+
+    def run(put, zeros):
+        out, cache = fast.linear_gelu_forward(put(x), put(w), put(b))
+        return (out,) + fast.linear_gelu_backward(put(dout), cache, zeros(w.shape), zeros(24))
+    check_all(f"gpu linear_gelu {numpy.dtype(dtype).name}",
+              device_and_host(xp, run, grad_dtype), *bound(dtype, K=80, half_steps=3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
