@@ -350,16 +350,23 @@ DTYPES = [numpy.float64, numpy.float32, numpy.float16]
 BOUND = {numpy.float64: 1e-13, numpy.float32: 3e-6, numpy.float16: 2e-3}   # as test_cuda_kernels
 
 
-def run_column_tiles(name, dtype, rows, columns, *args):
-    """The column-tile kernel on NumPy arrays, launched as fast_gpu._launch_column_tiles
-    launches it."""
-    (grid,), (block,) = fast_gpu._column_tile_grid(rows, columns)
+def run_columns(name, dtype, grid_and_block, *args):
+    """The column kernel on NumPy arrays, launched as fast_gpu._launch_columns launches it."""
+    (grid,), (block,) = grid_and_block
     guarded(name, dtype, grid, block, args)
+
+
+def in_turn(terms, dtype):
+    """terms [n, columns] added one row after another in dtype, from 0 -> [columns]."""
+    total = numpy.zeros(terms.shape[1:], dtype)
+    for term in terms:
+        total = total + term
+    return total
 
 
 @needs_gxx
 @settings(max_examples=12, deadline=None)
-@given(rows=st.one_of(st.integers(1, 11), st.integers(60, 140)),
+@given(rows=st.one_of(st.integers(1, 11), st.integers(60, 700)),
        columns=st.one_of(st.integers(1, 40), st.integers(250, 700)),
        seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES))
 def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, columns, seed,
@@ -370,9 +377,10 @@ def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, colum
     reference within BOUND. Rows shorter than a block's width (columns < 256: a thread's
     elements cross several rows) and longer; lengths that end inside a thread's elements;
     one tile of BIAS_ROWS rows and several (the last one partial). The bias gradient: each
-    tile's column sums of dx in row order, then the tiles' in tile order (column_partials),
-    bitwise that order of additions in the statistics' dtype; against the float64 column
-    sums of dx within a float32 (float64) sum's error."""
+    tile's column sums of dx in row order, then the tiles' (column_partials: warp w of 8 adds
+    tiles w, w + 8, ..., then the warps' sums in order), bitwise that order of additions in
+    the statistics' dtype; against the float64 column sums of dx within a float32 (float64)
+    sum's error."""
     rng = numpy.random.default_rng(seed)
     n = rows * columns
     product = (rng.standard_normal((rows, columns)) * 2).astype(dtype)
@@ -392,8 +400,8 @@ def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, colum
     S = stats(dtype)
     tiles = fast_gpu._column_tiles(rows)
     dx, partials = numpy.empty(n, dtype), numpy.empty((tiles, columns), S)
-    run_column_tiles("bias_gelu_backward", dtype, rows, columns, dout, product, bias,
-                     numpy.int64(rows), numpy.int32(columns), dx, partials)
+    run_columns("bias_gelu_backward", dtype, fast_gpu._column_tile_grid(rows, columns), dout,
+                product, bias, numpy.int64(rows), numpy.int32(columns), dx, partials)
     unfused_dx = numpy.empty(n, dtype)
     run_map("gelu_backward", dtype, n, dout, x, cdf, numpy.int64(n), unfused_dx)
     same(dx, unfused_dx, "bias_gelu_backward vs gelu_backward")
@@ -404,15 +412,15 @@ def test_bias_gelu_kernels_are_the_gelu_kernels_on_product_plus_bias(rows, colum
     assert err <= BOUND[dtype], err
 
     dbias = numpy.empty(columns, S)
-    run_map("column_partials", dtype, columns, partials, numpy.int64(tiles),
-            numpy.int64(columns), dbias)
+    run_columns("column_partials", dtype, fast_gpu._partials_grid(columns), partials,
+                numpy.int64(tiles), numpy.int64(columns), dbias)
     rows_of_dx = dx.reshape(rows, columns).astype(S)
-    in_order = numpy.zeros((tiles, columns), S)
-    for row in range(rows):                            # each addition rounded to S, in order
-        in_order[row // kernels.BIAS_ROWS] += rows_of_dx[row]
-    same(partials, in_order, "bias_gelu_backward's tile sums vs row-order additions")
-    same(dbias, numpy.cumsum(in_order, axis=0, dtype=S)[-1],
-         "column_partials vs tile-order additions")
+    tile_sums = numpy.stack([in_turn(rows_of_dx[t:t + kernels.BIAS_ROWS], S)
+                             for t in range(0, rows, kernels.BIAS_ROWS)])
+    same(partials, tile_sums, "bias_gelu_backward's tile sums vs row-order additions")
+    warps = kernels.MAP_THREADS // 32                  # warp w: tiles w, w + warps, ...
+    warp_sums = numpy.stack([in_turn(tile_sums[w::warps], S) for w in range(warps)])
+    same(dbias, in_turn(warp_sums, S), "column_partials vs its order of additions")
     # a sum of `rows` terms in S: error within rows ulp of S of the sum of |dx|
     exact = rows_of_dx.astype(numpy.float64).sum(axis=0)
     err = record(f"cuda kernel bias_gelu dbias {numpy.dtype(dtype).name} vs float64 sums "

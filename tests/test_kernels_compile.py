@@ -266,15 +266,15 @@ def test_every_kernel_of_the_gpu_path_is_compiled():
     rows = set(re.findall(r'_launch_rows\("(\w+)"', fast_gpu))
     maps = set(re.findall(r'_launch_map\("(\w+)"', fast_gpu))
     fused = set(re.findall(r'_launch_attention\("(\w+)"', fast_gpu))
-    tiles = set(re.findall(r'_launch_column_tiles\("(\w+)"', fast_gpu))
+    columns = set(re.findall(r'_launch_columns\("(\w+)"', fast_gpu))
     defined = set(re.findall(r'extern "C" __global__ void nanobert_(\w+)\(',
                              kernels.cuda_source("f")))
     assert rows == set(kernels.ROW_KERNEL_NAMES) and maps == set(kernels.MAP_KERNEL_NAMES)
     assert fused == set(kernels.ATTENTION_KERNEL_NAMES)
-    assert tiles == set(kernels.COLUMN_TILE_KERNEL_NAMES)
+    assert columns == set(kernels.COLUMN_KERNEL_NAMES)
     twins = {name + kernels.ATTENTION_MMA for name in fused}   # float16's, by _launch_attention
-    assert rows | maps | fused | twins | tiles == defined, (rows, maps, fused, twins, tiles,
-                                                            defined)
+    assert rows | maps | fused | twins | columns == defined, (rows, maps, fused, twins,
+                                                              columns, defined)
 
 
 def test_planted_errors_are_reported(cupy, nvcc):

@@ -276,11 +276,11 @@ def _launch_map(name, dtype, n, *args):
         kernels.cuda_kernel(array_module(args[0]), name, dtype)(*_map_grid(n, dtype), args)
 
 
-def _launch_column_tiles(name, dtype, rows, columns, *args):
-    """The kernel `name` (kernels.cu) over [rows, columns] in tiles of BIAS_ROWS rows."""
-    if rows and columns:
-        kernels.cuda_kernel(array_module(args[0]), name, dtype)(
-            *_column_tile_grid(rows, columns), args)
+def _launch_columns(name, dtype, grid_and_block, *args):
+    """The column kernel `name` (kernels.cu) on its (grid, block)."""
+    (grid,), block = grid_and_block
+    if grid:
+        kernels.cuda_kernel(array_module(args[0]), name, dtype)((grid,), block, args)
 
 
 def _column_tiles(rows):
@@ -289,9 +289,14 @@ def _column_tiles(rows):
 
 
 def _column_tile_grid(rows, columns):
-    """(grid, block) of a column-tile kernel: a block a tile of BIAS_ROWS rows by
-    MAP_THREADS columns, a thread a column."""
+    """(grid, block) of bias_gelu_backward: a block a tile of BIAS_ROWS rows by MAP_THREADS
+    columns, a thread a column."""
     return (_column_tiles(rows) * -(-columns // kernels.MAP_THREADS),), (kernels.MAP_THREADS,)
+
+
+def _partials_grid(columns):
+    """(grid, block) of column_partials: a block 32 columns, MAP_THREADS / 32 warps."""
+    return (-(-columns // 32),), (kernels.MAP_THREADS,)
 
 
 def _row_grid(rows):
@@ -901,13 +906,13 @@ def bias_gelu_backward(dout, cache, dbias=None):
     stats = _stats_dtype(dout.dtype)
     dx = xp.empty(dout.shape, dout.dtype)
     partials = xp.empty((_column_tiles(rows), columns), stats)
-    _launch_column_tiles("bias_gelu_backward", dout.dtype, rows, columns, dout, product,
-                         _bias_of(product, cache.bias), numpy.int64(rows),
-                         numpy.int32(columns), dx, partials)
+    _launch_columns("bias_gelu_backward", dout.dtype, _column_tile_grid(rows, columns), dout,
+                    product, _bias_of(product, cache.bias), numpy.int64(rows),
+                    numpy.int32(columns), dx, partials)
     into = dbias is not None and dbias.dtype == stats and dbias.flags.c_contiguous
     sums = dbias if into else xp.empty(columns, stats)
-    _launch_map("column_partials", dout.dtype, columns, partials,
-                numpy.int64(partials.shape[0]), numpy.int64(columns), sums)
+    _launch_columns("column_partials", dout.dtype, _partials_grid(columns), partials,
+                    numpy.int64(partials.shape[0]), numpy.int64(columns), sums)
     if into:
         return dx, dbias
     if dbias is None:

@@ -711,7 +711,7 @@ __device__ __forceinline__ S gelu_gradient(S x, S d) {
 // order); a thread a column, ELEMENTS rows of it loaded at once (a warp's load is 32
 // adjacent elements of a row, ELEMENTS of them in flight a thread, as in the map kernels).
 // The thread sums its column's dx, rounded to T as the reference sums the T-typed dx, in
-// row order into partials[tile, column]; nanobert_column_partials adds the tiles in their
+// row order into partials[tile, column]; nanobert_column_partials adds the tiles in a fixed
 // order: no atomics, the same bits every run. Reads dout and the product, writes dx
 // (float16: 6 bytes an element); the bias gradient no longer reads dx again (cuBLAS's ones
 // product: 2 bytes an element more).
@@ -744,22 +744,28 @@ extern "C" __global__ void nanobert_bias_gelu_backward(const T* dout, const T* p
     partials[tile * columns + column] = sum;
 }
 
-// The column sums of partials [tiles, columns], tile by tile in order (a thread ELEMENTS
-// columns, a block's width apart) -> sums [columns]: a bias gradient from
-// nanobert_bias_gelu_backward's partial sums.
+// The column sums of partials [tiles, columns] in a fixed order -> sums [columns]: the bias
+// gradient from nanobert_bias_gelu_backward's tile sums. A block takes 32 columns, a lane a
+// column; warp w of its W adds tiles w, w + W, w + 2W, ... in that order (a warp's load 32
+// adjacent partials, the unrolled loop's loads in flight together: one thread a column
+// walking all the tiles in turn waited on each load, ~256 latencies at B=128), then warp 0
+// adds the W warps' sums in warp order. No atomics: the same bits every run.
 extern "C" __global__ void nanobert_column_partials(const S* partials, long long tiles,
                                                     long long columns, S* sums) {
-    S total[ELEMENTS];
-    #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++) total[k] = 0;
-    for (long long tile = 0; tile < tiles; tile++) {
-        #pragma unroll
-        for (int k = 0; k < ELEMENTS; k++)
-            if (element(k) < columns) total[k] += partials[tile * columns + element(k)];
+    __shared__ S shares[32][32];                   // [warp][lane], at most 32 warps a block
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const long long column = (long long)blockIdx.x * 32 + lane;
+    S sum = 0;
+    #pragma unroll 8
+    for (long long tile = warp; tile < tiles; tile += warps)
+        if (column < columns) sum += partials[tile * columns + column];
+    shares[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && column < columns) {
+        S total = 0;
+        for (int w = 0; w < warps; w++) total += shares[w][lane];
+        sums[column] = total;
     }
-    #pragma unroll
-    for (int k = 0; k < ELEMENTS; k++)
-        if (element(k) < columns) sums[element(k)] = total[k];
 }
 
 // ------------------------------------------------------------------------ fused attention

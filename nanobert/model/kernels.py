@@ -40,11 +40,11 @@ ROW_KERNEL_NAMES = ("layernorm_forward", "layernorm_backward", "softmax_forward"
                     "softmax_backward", "cross_entropy_forward", "cross_entropy_backward",
                     "dropout_add_layernorm_forward", "dropout_add_layernorm_backward")
 MAP_KERNEL_NAMES = ("gelu_forward", "gelu_backward", "dropout", "dropout_backward", "uniform",
-                    "attention_heads", "attention_grads", "move_heads",
-                    "bias_gelu_forward", "column_partials")
-# tiles of BIAS_ROWS rows by MAP_THREADS columns (fast_gpu's _launch_column_tiles): GELU's
-# backward with its bias gradient's partial column sums (kernels.cu's BIAS_ROWS)
-COLUMN_TILE_KERNEL_NAMES = ("bias_gelu_backward",)
+                    "attention_heads", "attention_grads", "move_heads", "bias_gelu_forward")
+# column kernels (fast_gpu's _launch_columns), blocks of MAP_THREADS threads: GELU's backward
+# with its bias gradient's partial sums over tiles of BIAS_ROWS rows (kernels.cu's constant),
+# a thread a column; the partials' sums, a block 32 columns
+COLUMN_KERNEL_NAMES = ("bias_gelu_backward", "column_partials")
 BIAS_ROWS = 64
 # the fused attention (fast_gpu's _launch_attention): ATTENTION_ROWS rows a block, two threads
 # a row, heads of at most ATTENTION_HEAD_MAX (kernels.cu's constants of the same names)
