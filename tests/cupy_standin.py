@@ -805,8 +805,9 @@ def _vdot_rule(name, args, kwargs):
     inputs' size), CUB's DeviceReduce, a copy into c."""
     product = numpy.empty(args[0].size, args[0].dtype)
     counts.launch("vdot: multiply", product.size)
-    for kernel in _reduction_kernels("sum", product, None, None, out=True):
-        counts.launch(f"vdot: {kernel}", 1 if kernel == "copy into out" else product.size)
+    for i, kernel in enumerate(_reduction_kernels("sum", product, None, None, out=True)):
+        # the first reads the product; a second CUB pass its tiles' partial sums
+        counts.launch(f"vdot: {kernel}", product.size if i == 0 else -(-product.size // CUB_TILE))
 
 
 def _concatenate_rule(name, args, kwargs):

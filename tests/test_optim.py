@@ -173,8 +173,8 @@ def test_a_power_of_two_unscale_commutes_with_the_clip_and_the_norm_bitwise(seed
 
 def test_below_the_normal_range_the_fold_rounds_differently():
     """The claim's caveat is real: where g/S is subnormal, (g/S) * clip rounds twice and
-    g * ((1/S) * clip) once (float16 gradients never get there: 2^-24 / S is normal up to
-    S = 2^102)."""
+    g * ((1/S) * clip) once (a float16 backward's gradients, 0 or >= 2^-24, get there only
+    for S > 2^102; their unscaled squares for S > 2^39)."""
     g = numpy.random.default_rng(0).standard_normal(10000).astype(numpy.float32) * 2.0 ** -100
     inverse, clip = numpy.float32(2.0 ** -30), numpy.float32(0.7)
     assert ((g * (inverse * clip)) != ((g * inverse) * clip)).sum() > 1000

@@ -469,11 +469,12 @@ def clip_and_step(optimizer, grads, lr=None, scaler=None, max_norm=1.0, mode="be
     (1/S) * clip. S is a power of two, so this is the unscale-first sequence bit for bit:
     sum((g/S)^2) = sum(g^2) / S^2 and sqrt of that = sqrt(sum(g^2)) / S (each partial sum
     scaled by an exact power of two), and g * ((1/S) * clip) rounds once, as (g/S) * clip
-    did, barring subnormals (an unscaled square or product below 2^-126; a float16 run's
-    scaled gradients are multiples of 2^-24, so none at S <= 2^40) and a sum of squares
-    above float32's range before the division (seen as an overflow: the step is skipped and
-    S halved). The gradient buffer is left as the backward wrote it: scaled, not clipped.
-    Elsewhere (NumPy, gradients laid out otherwise) the four steps run as written below."""
+    did, barring subnormals (an unscaled square or product below 2^-126: a float16
+    backward's gradients are 0 or at least 2^-24 in magnitude, so none for S <= 2^39 before
+    accumulation weights) and a sum of squares above float32's range before the division
+    (read as an overflow: the step is skipped and S halved). The gradient buffer is left as
+    the backward wrote it: scaled, not clipped. Elsewhere (NumPy, gradients laid out
+    otherwise) the four steps run as written below."""
     if not optimizer.folds(grads):
         if scaler:
             scaler.unscale(grads)
@@ -483,12 +484,10 @@ def clip_and_step(optimizer, grads, lr=None, scaler=None, max_norm=1.0, mode="be
     buffer = flat_buffer(grads)
     xp = array_module(buffer)
     norm = xp.sqrt(xp.vdot(buffer, buffer))              # the norm of what the backward wrote
-    factor = None
+    inverse = scaler.inverse().astype(norm.dtype, copy=False) if scaler else None
     if scaler:
-        factor = scaler.inverse().astype(norm.dtype, copy=False)
-        norm *= factor                                    # exact: 1/S is a power of two
+        norm *= inverse                                   # exact: 1/S is a power of two
     clip = clip_factor(xp, norm, max_norm, mode)
-    factor = clip if factor is None else factor * clip
     optimizer.step(grads, lr=lr, skip=scaler.update(norm) if scaler else None,
-                   grad_scale=factor)
+                   grad_scale=clip if inverse is None else inverse * clip)
     return norm
