@@ -154,6 +154,20 @@ def test_a_forked_child_steps_on_a_thread_pool_of_its_own(monkeypatch):
 # --------------------------------------- the update folded into the AdamW kernel (GPU path)
 
 
+def test_the_loss_scale_must_be_a_power_of_two():
+    """The fold's exactness rests on it: a scale, a factor or a loaded scale that is not
+    2^k is refused, naming it."""
+    for kwargs, what in (({"init_scale": 1000.0}, "init_scale"),
+                         ({"backoff_factor": 0.3}, "backoff_factor"),
+                         ({"growth_factor": 3.0}, "growth_factor")):
+        with pytest.raises(ValueError, match=f"LossScaler's {what} must be a power of two"):
+            LossScaler(numpy, **kwargs)
+    scaler = LossScaler(numpy, init_scale=2.0 ** -3)
+    with pytest.raises(ValueError, match=r"the loss scale loaded must be .* got 65535\.0"):
+        scaler.load_state_dict({"loss_scale": 65535.0, "clean_steps": 0})
+    scaler.load_state_dict({"loss_scale": 2.0 ** 20, "clean_steps": 3})
+    assert scaler.state_dict() == {"loss_scale": 2.0 ** 20, "clean_steps": 3}
+
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), k=st.integers(0, 39),
        clip=st.floats(2.0 ** -20, 1.0, width=32))

@@ -14,7 +14,7 @@ is one fused kernel over the flat buffers (kernels.ADAMW_BODY, whose readable tw
 NumPy loop of AdamW.step), and LossScaler (float16) keeps its scale and its count of clean
 steps on the device and skips an overflowing step inside the AdamW kernel. clip_and_step,
 the update a training step takes, folds the unscale and the clip into that kernel there: two
-passes over the flat gradients (the norm's, AdamW's) instead of four.
+passes over the flat gradients (the norm's, AdamW's) instead of three (four when unscaled).
 """
 import functools
 import math
@@ -461,20 +461,20 @@ def clip_and_step(optimizer, grads, lr=None, scaler=None, max_norm=1.0, mode="be
     """The update after the backward: unscale the gradients (float16: by the loss scaler),
     clip their global norm to max_norm (clip_by_global_norm's `mode`), let the scaler see an
     overflow (the step is then skipped) and take optimizer's AdamW step at lr.
-    -> the global norm of the unscaled gradients before clipping (0-d on the device).
+    -> the global norm of the unscaled gradients before clipping (on CuPy a 0-d array).
 
     On the GPU's flat buffers (optimizer.folds) in two passes over the gradients instead of
-    four (unscale, the norm, the clip, AdamW): the norm of the gradients as the backward left
-    them, divided by the scale S, then AdamW reading each gradient times one device scalar,
-    (1/S) * clip. S is a power of two, so this is the unscale-first sequence bit for bit:
-    sum((g/S)^2) = sum(g^2) / S^2 and sqrt of that = sqrt(sum(g^2)) / S (each partial sum
-    scaled by an exact power of two), and g * ((1/S) * clip) rounds once, as (g/S) * clip
-    did, barring subnormals (an unscaled square or product below 2^-126: a float16
-    backward's gradients are 0 or at least 2^-24 in magnitude, so none for S <= 2^39 before
-    accumulation weights) and a sum of squares above float32's range before the division
-    (read as an overflow: the step is skipped and S halved). The gradient buffer is left as
-    the backward wrote it: scaled, not clipped. Elsewhere (NumPy, gradients laid out
-    otherwise) the four steps run as written below."""
+    four (unscale, the norm, the clip, AdamW; three without a scaler): the norm of the
+    gradients as the backward left them, divided by the scale S, then AdamW reading each
+    gradient times one device scalar, (1/S) * clip. S is a power of two, so this is the
+    unscale-first sequence bit for bit: sum((g/S)^2) = sum(g^2) / S^2 and sqrt of that =
+    sqrt(sum(g^2)) / S (each partial sum scaled by an exact power of two), and g * ((1/S) *
+    clip) rounds once, as (g/S) * clip did, barring subnormals (an unscaled square or
+    product below 2^-126: a float16 backward's gradients are 0 or at least 2^-24 in
+    magnitude, so none for S <= 2^39 before accumulation weights) and a sum of squares above
+    float32's range before the division (read as an overflow: the step is skipped and S
+    halved). The gradient buffer is left as the backward wrote it: scaled, not clipped.
+    Elsewhere (NumPy, gradients laid out otherwise) the four steps run as written below."""
     if not optimizer.folds(grads):
         if scaler:
             scaler.unscale(grads)
