@@ -28,10 +28,10 @@ import types
 
 import numpy
 
-from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm
+from nanobert import AdamW, BertConfig, BertForPreTraining
 from nanobert import backend
 from nanobert.model.flops import gpu_peak_tflops, step_flops
-from nanobert.model.optim import LossScaler
+from nanobert.model.optim import LossScaler, clip_and_step
 from nanobert.model.ops import IGNORE_INDEX
 
 CONFIGS = {   # name: (layers, hidden, heads, seq_len, batch)
@@ -87,8 +87,9 @@ def time_steps(step, steps, warmup=1, synchronize=lambda: None):
 
 def nanobert_phases(model, batch, on_device=False, scaler=None, lr=1e-4):
     """A nanobert training step in its two halves: -> (forward_backward() -> grads,
-    update(grads): unscale, clip to norm 1.0, AdamW). float16 runs with the loss scaler
-    `scaler`, as a training loop would; on_device keeps the loss on the GPU."""
+    update(grads): unscale, clip to norm 1.0, AdamW, as optim.clip_and_step takes them: on
+    the GPU folded into the AdamW kernel). float16 runs with the loss scaler `scaler`, as a
+    training loop would; on_device keeps the loss on the GPU."""
     optimizer = AdamW(model.params, lr=lr, mode="torch")
 
     def forward_backward():
@@ -96,10 +97,7 @@ def nanobert_phases(model, batch, on_device=False, scaler=None, lr=1e-4):
         return model.loss_and_grads(batch, on_device=on_device, loss_scale=scale)[1]
 
     def update(grads):
-        if scaler is not None:
-            scaler.unscale(grads)
-        norm = clip_by_global_norm(grads, 1.0, mode="torch")
-        optimizer.step(grads, skip=None if scaler is None else scaler.update(norm))
+        clip_and_step(optimizer, grads, scaler=scaler, max_norm=1.0, mode="torch")
     return forward_backward, update
 
 

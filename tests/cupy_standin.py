@@ -14,17 +14,19 @@ nothing about CUDA numerics, compilation of the kernels, or speed.
 
 Counting rules: what CuPy 14.2's own source launches for each call the project makes (the
 rule beside each emulation cites the CuPy file it comes from), in three counters: kernels,
-memsets (cudaMemsetAsync) and copies (cudaMemcpyAsync, host <-> device or device <-> device);
-`launches` is their sum. An elementwise ufunc, a cupy.fuse'd function, an ElementwiseKernel,
-a cast (astype) and a contiguous copy are one kernel each; zeros / zeros_like are a memset;
-reductions are CUB's or CuPy's generic kernel (one or two, and a divide for mean); a
-Generator draw is one kernel (two for integers); a batched matmul of float16 casts its
-operands to float32 and its product back; fancy indexing with several index arrays
-prepares a flat index (a memset and a kernel per index array) first. Views (reshape,
-transpose, basic slicing, astype to the same dtype without copy) and empty allocations are
-nothing; ufunc outputs are C-contiguous, as CuPy allocates them. What cuBLAS or CUB do
-inside one call (a split-K GEMM's second kernel) is not visible in CuPy's source: counted
-as CuPy calls it, except CUB's DeviceReduce (two passes above one tile).
+memsets (cudaMemsetAsync) and copies (cudaMemcpyAsync, host <-> device or device <->
+device); `launches` is their sum (and `passes_over(n)`: the kernels with an operand of >= n
+elements, where the size is recorded: ufuncs, ElementwiseKernels, vdot). An elementwise
+ufunc, a cupy.fuse'd function, an ElementwiseKernel, a cast (astype) and a contiguous copy
+are one kernel each; zeros / zeros_like are a memset; reductions are CUB's or CuPy's generic
+kernel (one or two, and a divide for mean); a Generator draw is one kernel (two for
+integers); a batched matmul of float16 casts its operands to float32 and its product back;
+fancy indexing with several index arrays prepares a flat index (a memset and a kernel per
+index array) first. Views (reshape, transpose, basic slicing, astype to the same dtype
+without copy) and empty allocations are nothing; ufunc outputs are C-contiguous, as CuPy
+allocates them. What cuBLAS or CUB do inside one call (a split-K GEMM's second kernel) is
+not visible in CuPy's source: counted as CuPy calls it, except CUB's DeviceReduce (two
+passes above one tile).
 A sync is any read of device data by the host: float(), int(), bool(), item(), tolist(),
 get(), asnumpy(), repr(), boolean-mask indexing (CuPy must learn the count),
 Device.synchronize(), Event.synchronize(), Stream.synchronize(). A host wait (host_waits) is
@@ -81,18 +83,26 @@ class Counts:
         self.graph_launches = 0
         self.graph_nodes = 0                     # operations those launches replayed
         self.kernels = collections.Counter()     # name -> kernels, memsets and copies of it
+        self.sizes = []      # per kernel: its largest operand's elements (0: not recorded)
         self.sync_sites = collections.Counter()  # what synced -> count
 
     @property
     def launches(self):
         return self.kernel_launches + self.memsets + self.copies
 
-    def launch(self, name):
-        """One kernel."""
+    def launch(self, name, elements=0):
+        """One kernel; elements: the size of its largest operand, where the caller knows it
+        (ufuncs, ElementwiseKernels, vdot)."""
         if _state.fusing:
             return
         self.kernel_launches += 1
         self.kernels[name] += 1
+        self.sizes.append(elements)
+
+    def passes_over(self, elements):
+        """How many kernels read or wrote an operand of at least `elements` elements: the
+        passes over a large buffer (of the kernels whose size is recorded)."""
+        return sum(size >= elements for size in self.sizes)
 
     def memset(self, name):
         self.memsets += 1
@@ -600,7 +610,8 @@ class Ufunc:
             with numpy.errstate(all="ignore"):      # the GPU never warns
                 return _array(_c_order(self._np(*inputs, **kwargs)))
         r = _device_op(compute)
-        counts.launch(self.name)
+        counts.launch(self.name, max([numpy.size(x) for x in inputs]
+                                     + ([numpy.size(kwargs["out"])] if out is not None else [])))
         return out if out is not None else _wrap(r)
 
     def _loop_output(self, inputs):
@@ -793,9 +804,10 @@ def _vdot_rule(name, args, kwargs):
     with CUB on, (a.ravel() * b.ravel()).sum(out=c): a multiply (and its temporary of the
     inputs' size), CUB's DeviceReduce, a copy into c."""
     product = numpy.empty(args[0].size, args[0].dtype)
-    counts.launch("vdot: multiply")
-    for kernel in _reduction_kernels("sum", product, None, None, out=True):
-        counts.launch(f"vdot: {kernel}")
+    counts.launch("vdot: multiply", product.size)
+    for i, kernel in enumerate(_reduction_kernels("sum", product, None, None, out=True)):
+        # the first reads the product; a second CUB pass its tiles' partial sums
+        counts.launch(f"vdot: {kernel}", product.size if i == 0 else -(-product.size // CUB_TILE))
 
 
 def _concatenate_rule(name, args, kwargs):
@@ -1066,7 +1078,9 @@ class ElementwiseKernel:
                 for (ctype, pname), out in zip(self.out_params, outs):
                     out._a[...] = names[pname]
         _device_op(compute)
-        counts.launch(f"ElementwiseKernel:{self.name}")
+        counts.launch(f"ElementwiseKernel:{self.name}",
+                      max(numpy.size(value._a if isinstance(value, ndarray) else value)
+                          for value in args))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 

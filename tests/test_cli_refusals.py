@@ -46,8 +46,8 @@ def test_finetune_stops_when_the_weights_turn_non_finite(tiny_bert, tmp_path, mo
     checkpoint of NaN weights is ever written."""
     step = AdamW.step
 
-    def diverging_step(self, grads, lr=None):
-        step(self, grads, lr)
+    def diverging_step(self, grads, lr=None, **kwargs):
+        step(self, grads, lr, **kwargs)
         self.params["classifier.bias"][0] = numpy.nan
     monkeypatch.setattr(AdamW, "step", diverging_step)
     out = tmp_path / "run"

@@ -56,10 +56,10 @@ PY = ("s", None)
 
 # kernel factory in kernels.py -> the calls of fast_gpu.py / optim.py (inputs, then outputs)
 ELEMENTWISE = {
-    # AdamW: float32 (a float16 model's master weights) or float64; skip is False or the
-    # loss scaler's 0-d flag on the device
-    "adamw_kernel": [(a(t), a(BOOL), skip) + (PY,) * 9 + (a(t),) * 3
-                     for t in (F, D) for skip in (PY, v(BOOL))],
+    # AdamW: float32 (a float16 model's master weights) or float64; grad_scale is 1 or
+    # clip_and_step's 0-d factor on the device, skip False or the loss scaler's 0-d flag
+    "adamw_kernel": [(a(t), scale, a(BOOL), skip) + (PY,) * 9 + (a(t),) * 3
+                     for t in (F, D) for scale in (PY, v(t)) for skip in (PY, v(BOOL))],
 }
 LAYOUTS = ("contiguous", "strided")
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, learning_rate
-from nanobert.model.optim import average_gradients, global_norm
+from nanobert.model.optim import LossScaler, average_gradients, global_norm
 from test_checkpoint import CONFIG
 
 
@@ -150,3 +150,164 @@ def test_a_forked_child_steps_on_a_thread_pool_of_its_own(monkeypatch):
         child = pool.apply_async(step_in_forked_child).get(timeout=60)
     optimizer.step(grads, lr=1e-3)
     numpy.testing.assert_array_equal(child, optimizer.buffer)
+
+# --------------------------------------- the update folded into the AdamW kernel (GPU path)
+
+
+def test_the_loss_scale_must_be_a_power_of_two():
+    """The fold's exactness rests on it: a scale, a factor or a loaded scale that is not
+    2^k is refused, naming it."""
+    for kwargs, what in (({"init_scale": 1000.0}, "init_scale"),
+                         ({"backoff_factor": 0.3}, "backoff_factor"),
+                         ({"growth_factor": 3.0}, "growth_factor")):
+        with pytest.raises(ValueError, match=f"LossScaler's {what} must be a power of two"):
+            LossScaler(numpy, **kwargs)
+    scaler = LossScaler(numpy, init_scale=2.0 ** -3)
+    with pytest.raises(ValueError, match=r"the loss scale loaded must be .* got 65535\.0"):
+        scaler.load_state_dict({"loss_scale": 65535.0, "clean_steps": 0})
+    scaler.load_state_dict({"loss_scale": 2.0 ** 20, "clean_steps": 3})
+    assert scaler.state_dict() == {"loss_scale": 2.0 ** 20, "clean_steps": 3}
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), k=st.integers(0, 39),
+       clip=st.floats(2.0 ** -20, 1.0, width=32))
+def test_a_power_of_two_unscale_commutes_with_the_clip_and_the_norm_bitwise(seed, k, clip):
+    """What clip_and_step's fold rests on, in float32: for the gradients a float16 backward
+    writes at the loss scale S = 2^k (float16 values: 0 or at least 2^-24 in magnitude),
+    g * ((1/S) * clip) is (g/S) * clip and sqrt(vdot(g, g)) / S is the norm of g/S, bit for
+    bit. k <= 39 keeps every unscaled square >= 2^-126 (normal): the claim's bound."""
+    rng = numpy.random.default_rng(seed)
+    g = (rng.standard_normal(4096) * 10.0 ** rng.uniform(-8, 4, 4096)).astype(numpy.float16)
+    g = g.astype(numpy.float32)
+    inverse, clip = numpy.float32(2.0 ** -k), numpy.float32(clip)
+    numpy.testing.assert_array_equal(g * (inverse * clip), (g * inverse) * clip)
+    unscaled = g * inverse
+    assert numpy.sqrt(numpy.vdot(g, g)) * inverse == numpy.sqrt(numpy.vdot(unscaled, unscaled))
+
+
+def test_below_the_normal_range_the_fold_rounds_differently():
+    """The claim's caveat is real: where g/S is subnormal, (g/S) * clip rounds twice and
+    g * ((1/S) * clip) once (a float16 backward's gradients, 0 or >= 2^-24, get there only
+    for S > 2^102; their unscaled squares for S > 2^39)."""
+    g = numpy.random.default_rng(0).standard_normal(10000).astype(numpy.float32) * 2.0 ** -100
+    inverse, clip = numpy.float32(2.0 ** -30), numpy.float32(0.7)
+    assert ((g * (inverse * clip)) != ((g * inverse) * clip)).sum() > 1000
+
+
+@pytest.fixture
+def cupy():
+    pytest.importorskip("cupy")                 # the stand-in is built from its namespace
+    import cupy_standin
+    with cupy_standin.installed() as module:
+        module.counts.reset()
+        yield module
+
+
+FOLD_SHAPES = {"encoder.dense.weight": (37, 29), "encoder.dense.bias": (29,),
+               "encoder.LayerNorm.weight": (29,), "cls.decoder.weight": (41, 13)}
+# (unscaled gradient norm before clipping, an inf in the gradients): clipping active,
+# an overflow, inactive, active
+FOLD_STEPS = [(3.0, False), (3.0, True), (0.25, False), (40.0, False)]
+
+
+def unscale_clip_step(optimizer, grads, lr, scaler, max_norm, mode):
+    """The sequence the fold replaces, as written before it (four passes on the GPU)."""
+    if scaler:
+        scaler.unscale(grads)
+    norm = clip_by_global_norm(grads, max_norm, mode=mode)
+    optimizer.step(grads, lr=lr, skip=scaler.update(norm) if scaler else None)
+    return norm
+
+
+def folded_run(xp, update, mode, loss_scaled, device_lr, seed=0):
+    """FOLD_STEPS steps of `update` on a flat parameter buffer of FOLD_SHAPES (decayed and
+    not) -> per step (norm, params, m, v, loss scale, clean steps, the gradient buffer
+    before and after the update), host arrays. loss_scaled: the gradients are what a
+    float16 backward at the scaler's scale writes (float16 values, stored as float32), and
+    the scaler grows every 2 clean steps; else float32 gradients, no scaler."""
+    from nanobert.model.flat import FlatLayout
+    layout = FlatLayout(FOLD_SHAPES)
+    rng = numpy.random.default_rng(seed)
+    params = layout.views(xp.asarray(rng.standard_normal(layout.size).astype(numpy.float32)))
+    optimizer = AdamW(params, mode=mode, weight_decay=0.01)
+    scaler = LossScaler(xp, init_scale=2.0 ** 12, growth_interval=2) if loss_scaled else None
+    results = []
+    for step, (norm, overflow) in enumerate(FOLD_STEPS):
+        g = rng.standard_normal(layout.size)
+        g *= norm / numpy.sqrt(numpy.vdot(g, g))
+        if scaler:
+            g = (g * float(scaler.scale)).astype(numpy.float16).astype(numpy.float32)
+        g = g.astype(numpy.float32)
+        if overflow:
+            g[layout.offsets["encoder.dense.bias"] + 3] = numpy.inf
+        grads = layout.views(xp.asarray(g))
+        lr = 1e-2 * (step + 1)
+        lr = xp.asarray(numpy.float64(lr)) if device_lr else lr
+        norm = update(optimizer, grads, lr, scaler, 1.0, mode)
+        state = [float(norm), optimizer.buffer.get(), optimizer.flat_m.get(),
+                 optimizer.flat_v.get()]
+        state += [float(scaler.scale), int(scaler.clean_steps)] if scaler else [None, None]
+        results.append(state + [g, next(iter(grads.values())).base.get()])
+    return results
+
+
+@pytest.mark.parametrize("mode", ["bert", "torch"])
+@pytest.mark.parametrize("loss_scaled", [False, True], ids=["float32", "float16-loss-scaled"])
+def test_folded_update_equals_unscale_clip_then_adamw_bitwise(cupy, mode, loss_scaled):
+    """clip_and_step on the GPU path (the stand-in) folds the unscale and the clip into the
+    AdamW kernel: the norm, weights, both moments, the loss scale and its clean-step count
+    equal those of unscale -> clip -> loss scaler -> AdamW bit for bit, over a step that
+    clips, one that overflows (float16: skipped, the scale halved; float32: the weights go
+    NaN in both), one that does not clip, and one that clips hard; the gradient buffer is
+    left as the backward wrote it."""
+    from nanobert.model.optim import clip_and_step
+    for device_lr in (False, True):
+        old = folded_run(cupy, unscale_clip_step, mode, loss_scaled, device_lr)
+        new = folded_run(cupy, clip_and_step, mode, loss_scaled, device_lr)
+        names = ("norm", "params", "m", "v", "loss scale", "clean steps")
+        for step, (o, n) in enumerate(zip(old, new)):
+            for name, a, b in zip(names, o, n):
+                numpy.testing.assert_array_equal(
+                    a, b, err_msg=f"{name} at step {step} ({mode}, lr on device: {device_lr})")
+            # the fold leaves the gradients as given; the sequence rewrote them (unscaled
+            # or clipped; float32's unclipped step multiplied them by 1)
+            numpy.testing.assert_array_equal(n[7], n[6], err_msg=f"gradients at step {step}")
+            assert (o[7] != o[6]).any() or (step == 2 and not loss_scaled), step
+        norms = [o[0] for o in old]
+        assert norms[0] > 1.0 and norms[2] < 1.0 and norms[3] > 1.0   # clip on, off, on
+        assert not numpy.isfinite(norms[1])                           # the overflow
+        if loss_scaled:
+            assert [o[4] for o in old] == [2.0 ** 12, 2.0 ** 11, 2.0 ** 11, 2.0 ** 12]   # grew
+            assert [o[5] for o in old] == [1, 0, 1, 0]
+            numpy.testing.assert_array_equal(old[1][1], old[0][1])    # skipped: unchanged
+            assert numpy.isfinite(old[3][1]).all()
+        else:
+            assert numpy.isnan(old[3][1]).any()              # no scaler: the overflow spreads
+
+
+def test_folded_update_halves_the_passes_over_the_gradients(cupy):
+    """The stand-in's kernels of one update, unscale -> clip -> AdamW against clip_and_step.
+    Kernels with an operand the size of the flat gradient buffer: float16 (loss scaler)
+    5 -> 3 (the unscale's multiply, vdot's multiply and CUB sum, the clip's multiply, AdamW
+    -> vdot's two, AdamW), float32 4 -> 3. All launches: float32 9 -> 8, float16 25 -> 25
+    (two 0-d multiplies come in: the norm times 1/S, 1/S times the clip factor)."""
+    from nanobert.model.flat import FlatLayout
+    from nanobert.model.optim import clip_and_step
+    size = FlatLayout(FOLD_SHAPES).size
+    counted = {}
+    for update in (unscale_clip_step, clip_and_step):
+        for loss_scaled in (False, True):
+            def counting(*args, update=update, key=(update.__name__, loss_scaled)):
+                cupy.counts.reset()
+                norm = update(*args)
+                counted.setdefault(key, []).append(
+                    (cupy.counts.passes_over(size), cupy.counts.launches, cupy.counts.syncs))
+                return norm
+            folded_run(cupy, counting, "bert", loss_scaled, device_lr=True)
+    print("(passes over the gradients, launches, syncs) of one update:",
+          {key: value[0] for key, value in counted.items()})
+    for loss_scaled, passes, launches in ((False, (4, 3), (9, 8)), (True, (5, 3), (25, 25))):
+        old, new = counted["unscale_clip_step", loss_scaled], counted["clip_and_step", loss_scaled]
+        assert {(o[0], n[0]) for o, n in zip(old, new)} == {passes}, (old, new)
+        assert {(o[1], n[1]) for o, n in zip(old, new)} == {launches}, (old, new)
+        assert {o[2] for o in old + new} == {0}             # nothing read back

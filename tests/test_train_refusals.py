@@ -31,8 +31,8 @@ def poison_weights_from_step(monkeypatch, first_bad_step):
     step = AdamW.step
     calls = []
 
-    def diverging_step(self, grads, lr=None):
-        step(self, grads, lr=lr)
+    def diverging_step(self, grads, lr=None, **kwargs):
+        step(self, grads, lr=lr, **kwargs)
         calls.append(1)
         if len(calls) >= first_bad_step:
             self.params[POISONED][0] = numpy.nan

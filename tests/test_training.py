@@ -50,10 +50,13 @@ def test_the_guards_name_the_one_based_step_and_the_first_bad_tensor(tmp_path):
         update(SingleProcess(), model, optimizer, None, grads, 1e-3, 7, loss=math.nan, keep=keep)
     assert (tmp_path / "batch.npz").exists()
     model, grads = model_and_grads()
+    before = {k: v.copy() for k, v in model.params.items()}
     grads["bert.pooler.dense.bias"][1] = numpy.inf
     with pytest.raises(SystemExit, match=r"the gradient norm is (nan|inf) at step 2 \(first "
                        r"non-finite gradient: bert\.pooler\.dense\.bias\)"):
         update(SingleProcess(), model, AdamW(model.params), None, grads, 1e-3, 2, loss=1.0)
+    for name, p in model.params.items():            # the guard stops the run before the step
+        numpy.testing.assert_array_equal(p, before[name], err_msg=name)
 
 
 def test_an_overflow_under_the_loss_scaler_skips_the_step_and_halves_the_scale():

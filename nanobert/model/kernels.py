@@ -84,12 +84,15 @@ def cuda_kernel(xp, name, dtype):
 #   "bert":  step_size = lr, v_divisor = 1, decay_factor = 1, coupled_decay = weight_decay
 #   "torch": step_size = lr / (1 - beta1^t), v_divisor = sqrt(1 - beta2^t),
 #            decay_factor = 1 - lr * weight_decay, coupled_decay = 0
-ADAMW_IN = ("T grad, bool decay, bool skip, T beta1, T one_minus_beta1, T beta2, "
+# grad_scale multiplies each gradient as it is read (1, or optim.clip_and_step's 1/loss scale
+# times the clip factor): the unscale and the clip cost no pass over the gradients of their own.
+ADAMW_IN = ("T grad, T grad_scale, bool decay, bool skip, T beta1, T one_minus_beta1, T beta2, "
             "T one_minus_beta2, T eps, T step_size, T v_divisor, T decay_factor, T coupled_decay")
 ADAMW_OUT = "T param, T m, T v"
 ADAMW_BODY = """
-T m_new = m * beta1 + grad * one_minus_beta1;
-T v_new = v * beta2 + grad * grad * one_minus_beta2;
+T g = grad * grad_scale;
+T m_new = m * beta1 + g * one_minus_beta1;
+T v_new = v * beta2 + g * g * one_minus_beta2;
 T wd = decay ? coupled_decay : 0;
 T keep = decay ? decay_factor : 1;
 T update = m_new / (sqrt(v_new) / v_divisor + eps) + wd * param;

@@ -12,7 +12,9 @@ On CuPy nothing here reads the device inside a step: clipping computes the globa
 the flat gradient buffer on the device and scales by a device scalar (5-6 launches), AdamW
 is one fused kernel over the flat buffers (kernels.ADAMW_BODY, whose readable twin is the
 NumPy loop of AdamW.step), and LossScaler (float16) keeps its scale and its count of clean
-steps on the device and skips an overflowing step inside the AdamW kernel.
+steps on the device and skips an overflowing step inside the AdamW kernel. clip_and_step,
+the update a training step takes, folds the unscale and the clip into that kernel there: two
+passes over the flat gradients (the norm's, AdamW's) instead of three (four when unscaled).
 """
 import functools
 import math
@@ -107,11 +109,7 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
         # one reduction, on device: CuPy's vdot of two vectors is a multiply and CUB's sum
         # (tensordot_core's m = n = 1 path), no cuBLAS call, so a CUDA graph captures it
         norm = xp.sqrt(xp.vdot(buffer, buffer))
-        if mode == "bert":
-            scale = max_norm / xp.maximum(norm, max_norm)
-        else:
-            scale = xp.minimum(max_norm / (norm + 1e-6), 1.0)
-        buffer *= scale.astype(buffer.dtype, copy=False)
+        buffer *= clip_factor(xp, norm, max_norm, mode).astype(buffer.dtype, copy=False)
         return norm
     norm = global_norm(grads)
     if mode == "bert":
@@ -123,6 +121,14 @@ def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
             for g in flat_arrays(grads):
                 g *= scale
     return norm
+
+
+def clip_factor(xp, norm, max_norm, mode):
+    """The device's clip factor for a 0-d device norm: max_norm / max(norm, max_norm) (bert),
+    min(1, max_norm / (norm + 1e-6)) (torch); a 0-d array of the norm's dtype."""
+    if mode == "bert":
+        return max_norm / xp.maximum(norm, max_norm)
+    return xp.minimum(max_norm / (norm + 1e-6), 1.0)
 
 
 def average_gradients(loss_and_grads, micro_batches, weights=None):
@@ -243,7 +249,13 @@ class AdamW:
         return [(p, grads[name], self.m[name], self.v[name], self.weight_decay[name])
                 for name, p in self.params.items()], False
 
-    def step(self, grads, lr=None, skip=None):
+    def folds(self, grads):
+        """Whether a step takes the one-kernel path (CuPy, gradients laid out as the
+        parameters' flat buffer), where a grad_scale costs no pass of its own."""
+        return (self.buffer is not None and array_module(self.buffer) is not numpy
+                and flat_offsets(grads)[1] == self.offsets)
+
+    def step(self, grads, lr=None, skip=None, grad_scale=None):
         """One update of every parameter from `grads` (same keys), at lr (default self.lr).
 
         lr: a number, or on CuPy a 0-d device array (a step replayed from a CUDA graph reads
@@ -252,29 +264,34 @@ class AdamW:
         updated (parameters and moments keep their values); on CuPy the kernel decides, so
         the host never reads it. A skipped step still advances step_count, as it advances
         the learning-rate schedule (torch's bias correction then counts it: a small
-        difference from torch's GradScaler, which does not call the optimizer)."""
+        difference from torch's GradScaler, which does not call the optimizer).
+        grad_scale: None, or a number (on CuPy a 0-d device array) each gradient is
+        multiplied by as it is read, in both flavours: the update is that of grads *
+        grad_scale, and `grads` is left as it is (clip_and_step hands the loss scaler's
+        unscale times the clip factor here)."""
         lr = self.lr if lr is None else lr
         self.step_count += 1
         t = self.step_count
-        if self.buffer is not None and array_module(self.buffer) is not numpy \
-                and flat_offsets(grads)[1] == self.offsets:
-            return self._step_kernel(flat_buffer(grads), lr, t, skip)
+        if self.folds(grads):
+            return self._step_kernel(flat_buffer(grads), lr, t, skip, grad_scale)
         if skip is not None and bool(skip):
             return
         spans, chunked = self._spans(grads)
         if not chunked:
-            self._update(spans, None, lr, t)
+            self._update(spans, None, lr, t, grad_scale)
             return
         share = -(-len(spans) // self.threads)             # contiguous shares, one per thread
         run_tasks([functools.partial(self._update, spans[i * share:(i + 1) * share],
-                                     self.scratch[i], lr, t) for i in range(self.threads)],
-                  self.threads)
+                                     self.scratch[i], lr, t, grad_scale)
+                   for i in range(self.threads)], self.threads)
 
-    def _update(self, spans, scratch, lr, t):
+    def _update(self, spans, scratch, lr, t, grad_scale=None):
         """The Adam(W) update of each span in place; `scratch` (at least a span long) holds
         the update, else a temporary per span."""
         for p, g, m, v, wd in spans:
             xp = array_module(p)
+            if grad_scale is not None:
+                g = g * grad_scale                          # a temporary: grads stay as given
             update = xp.empty_like(g) if scratch is None else scratch[:g.size]
             m *= self.beta1
             xp.multiply(g, 1.0 - self.beta1, out=update)
@@ -300,11 +317,12 @@ class AdamW:
                 update *= lr / (1.0 - self.beta1 ** t)
             p -= update
 
-    def _step_kernel(self, g_buffer, lr, t, skip):
+    def _step_kernel(self, g_buffer, lr, t, skip, grad_scale):
         """CuPy: the whole step as one fused kernel (kernels.ADAMW_BODY) over the flat
         buffers; the scalars make the one body either flavour of the NumPy loop above. With a
         device lr they are device scalars too, and "torch"'s bias corrections count the steps
-        on the device (self.device_step): a replayed graph bakes in no host number."""
+        on the device (self.device_step): a replayed graph bakes in no host number. The
+        kernel reads each gradient times grad_scale (1 when None)."""
         xp = array_module(self.buffer)
         wd = next((wd for _, _, wd in self.decay_runs if wd), 0.0)
         on_device = isinstance(lr, xp.ndarray)
@@ -321,8 +339,12 @@ class AdamW:
                 step_size = lr / (1.0 - self.beta1 ** t)
                 v_divisor = math.sqrt(1.0 - self.beta2 ** t)
             decay_factor, coupled_decay = 1.0 - lr * wd, 0.0
+        if grad_scale is None:
+            grad_scale = 1.0
+        elif isinstance(grad_scale, xp.ndarray):
+            grad_scale = grad_scale.astype(self.buffer.dtype, copy=False)
         kernels.adamw_kernel(array_module(self.buffer))(
-            g_buffer, self.decay_mask, False if skip is None else skip,
+            g_buffer, grad_scale, self.decay_mask, False if skip is None else skip,
             self.beta1, 1.0 - self.beta1, self.beta2, 1.0 - self.beta2, self.eps,
             step_size, v_divisor, decay_factor, coupled_decay,
             self.buffer, self.flat_m, self.flat_v)
@@ -377,19 +399,31 @@ class LossScaler:
         norm = clip_by_global_norm(grads, 1.0)
         found_inf = scaler.update(norm)                 # overflow? halve : count, maybe double
         optimizer.step(grads, lr=lr, skip=found_inf)    # skipped on overflow
+
+    (clip_and_step(optimizer, grads, lr, scaler) is those four lines; on the GPU it folds the
+    unscale and the clip into the AdamW kernel.) The scale stays a power of two (the factors
+    and every scale loaded are refused otherwise): dividing by it is then exact, which is
+    what lets the folded update equal these lines bit for bit.
     """
 
     def __init__(self, xp, init_scale=2.0 ** 16, growth_interval=2000, backoff_factor=0.5,
                  growth_factor=2.0):
+        for name, value in (("init_scale", init_scale), ("backoff_factor", backoff_factor),
+                            ("growth_factor", growth_factor)):
+            power_of_two(value, f"LossScaler's {name}")
         self.xp = xp
         self.scale = xp.asarray(numpy.float32(init_scale))           # 0-d, on the device
         self.clean_steps = xp.asarray(numpy.int32(0))
         self.growth_interval = growth_interval
         self.backoff_factor, self.growth_factor = backoff_factor, growth_factor
 
+    def inverse(self):
+        """1 / scale, a 0-d float32 array on the device (exact: the scale is a power of 2)."""
+        return (1.0 / self.scale).astype(numpy.float32)
+
     def unscale(self, grads):
         """grads /= scale, in place: one pass over the flat buffer (or each tensor)."""
-        inverse = (1.0 / self.scale).astype(numpy.float32)
+        inverse = self.inverse()
         for g in flat_arrays(grads):
             g *= inverse.astype(g.dtype, copy=False)
 
@@ -411,5 +445,53 @@ class LossScaler:
         return {"loss_scale": float(self.scale), "clean_steps": int(self.clean_steps)}
 
     def load_state_dict(self, state):
+        power_of_two(state["loss_scale"], "the loss scale loaded")
         self.scale[...] = numpy.float32(state["loss_scale"])        # in place (see update)
         self.clean_steps[...] = numpy.int32(state["clean_steps"])
+
+
+def power_of_two(value, what):
+    """ValueError unless value is a positive power of two (2^k for an integer k)."""
+    if not (value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5):
+        raise ValueError(f"{what} must be a power of two (dividing by it is then exact), "
+                         f"got {value!r}")
+
+
+def clip_and_step(optimizer, grads, lr=None, scaler=None, max_norm=1.0, mode="bert",
+                  check=None):
+    """The update after the backward: unscale the gradients (float16: by the loss scaler),
+    clip their global norm to max_norm (clip_by_global_norm's `mode`), let the scaler see an
+    overflow (the step is then skipped) and take optimizer's AdamW step at lr.
+    -> the global norm of the unscaled gradients before clipping (on CuPy a 0-d array).
+
+    On the GPU's flat buffers (optimizer.folds) in two passes over the gradients instead of
+    four (unscale, the norm, the clip, AdamW; three without a scaler): the norm of the
+    gradients as the backward left them, divided by the scale S, then AdamW reading each
+    gradient times one device scalar, (1/S) * clip. S is a power of two, so this is the
+    unscale-first sequence bit for bit: sum((g/S)^2) = sum(g^2) / S^2 and sqrt of that =
+    sqrt(sum(g^2)) / S (each partial sum scaled by an exact power of two), and g * ((1/S) *
+    clip) rounds once, as (g/S) * clip did, barring subnormals (an unscaled square or
+    product below 2^-126: a float16 backward's gradients are 0 or at least 2^-24 in
+    magnitude, so none for S <= 2^39 before accumulation weights) and a sum of squares above
+    float32's range before the division (read as an overflow: the step is skipped and S
+    halved). The gradient buffer is left as the backward wrote it: scaled, not clipped.
+    Elsewhere (NumPy, gradients laid out otherwise) the four steps run as written below, and
+    check(norm) (if given: a guard that stops the run) sees the host norm before the step."""
+    if not optimizer.folds(grads):
+        if scaler:
+            scaler.unscale(grads)
+        norm = clip_by_global_norm(grads, max_norm, mode=mode)
+        if check is not None:
+            check(norm)
+        optimizer.step(grads, lr=lr, skip=scaler.update(norm) if scaler else None)
+        return norm
+    buffer = flat_buffer(grads)
+    xp = array_module(buffer)
+    norm = xp.sqrt(xp.vdot(buffer, buffer))              # the norm of what the backward wrote
+    inverse = scaler.inverse().astype(norm.dtype, copy=False) if scaler else None
+    if scaler:
+        norm *= inverse                                   # exact: 1/S is a power of two
+    clip = clip_factor(xp, norm, max_norm, mode)
+    optimizer.step(grads, lr=lr, skip=scaler.update(norm) if scaler else None,
+                   grad_scale=clip if inverse is None else inverse * clip)
+    return norm

@@ -3,7 +3,7 @@ classes, no callbacks. Each recipe keeps its own loop and calls these.
 
     run.py      start-up for one or many ranks, the optimizer, dropout seeds and state, batch order,
                 eval mode, the run summary, the stop flag, and the one __main__ wrapper
-    step.py     the update on the flat buffers: allreduce -> unscale -> clip -> guard -> AdamW
+    step.py     the update on the flat buffers: allreduce -> guard -> unscale -> clip -> AdamW
     guards.py   non-finite loss, gradients and weights: one wording, 1-based steps; a batch
                 too large for the memory in one line
     metrics.py  metrics.jsonl (appending, cutting back on resume), the throughput window, MFU,
