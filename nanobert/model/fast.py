@@ -41,7 +41,7 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
     layer = _layer(dout)
     x2, weight, x_shape = cache
     if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
-        dout = dout.astype(weight.dtype)
+        dout = layer.cast(dout, weight.dtype)
     dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
     dx = layer.matmul(dout2, weight).reshape(x_shape)
     dweight = layer.matmul(dout2.T, x2, out=dweight)
