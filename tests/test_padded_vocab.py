@@ -3,12 +3,12 @@ logits' rows padded to a multiple of 64 elements, each of the decoder's three pr
 logits, dx = dlogits W, dW = dlogits^T x) split into a head of whole 16-byte loads and a tail
 of the last few vocab entries, so that cuBLAS may run the heads on vectorized kernels.
 Proven on the CPU stand-in of CuPy: the same losses and gradients as without padding and as
-NumPy; the padding neither written nor read (NaN or 1e30 there changes no bit); every large
-product that the stand-in's cuBLAS sees aligned (address, leading dimension, adjacent extents)
-where without padding they are not; the model's outputs keep the true vocab; a CUDA graph's
-replays equal the eager steps. Vocabs: BERT's 30,522 (misaligned for float16 and float32,
-not for float64, whose 16-byte load is 2 elements) and 1,027 (odd: padded in float64 too, so
-float64 shows the arithmetic to its rounding)."""
+NumPy; the padding never read (NaN or 1e30 there changes no bit), the logits' never written,
+dlogits' written as 0; every large product that the stand-in's cuBLAS sees aligned (address,
+leading dimension, adjacent extents) where without padding they are not; the model's outputs
+keep the true vocab; a CUDA graph's replays equal the eager steps. Vocabs: BERT's 30,522
+(misaligned for float16 and float32, not for float64, whose 16-byte load is 2 elements) and
+1,027 (odd: padded in float64 too, so float64 shows the arithmetic to its rounding)."""
 import numpy
 import pytest
 from hypothesis import given, settings
@@ -108,10 +108,11 @@ def test_the_padding_is_never_read(cupy, dtype, poison):
 
 
 @pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, HALF])
-def test_the_padding_is_never_written(cupy, monkeypatch, dtype):
-    """Every padded array made NaN throughout when allocated: after the step its padding is
-    still NaN (the products, the cross-entropy and the float16 cast stop at column V), and
-    no result differs from a step on uninitialised memory."""
+def test_the_logits_padding_is_never_written_and_dlogits_is_zero(cupy, monkeypatch, dtype):
+    """The logits and dlogits made NaN throughout when allocated: after the step the logits'
+    padding is still NaN (the products stop at column V), dlogits' is 0 (the cross-entropy's
+    backward writes it, so that float16's cast of whole rows converts zeros), and no result
+    differs from a step on uninitialised memory."""
     made = []
     empty_rows = fast_gpu._empty_rows
 
@@ -124,10 +125,9 @@ def test_the_padding_is_never_written(cupy, monkeypatch, dtype):
     clean = decoder_step(cupy, dtype, 1027)
     monkeypatch.setattr(fast_gpu, "_empty_rows", nan_rows)
     dirty = decoder_step(cupy, dtype, 1027)
-    # the logits and dlogits; in float16 dlogits' cast too
-    assert len(made) == (3 if dtype == HALF else 2)
-    for rows in made:
-        assert numpy.isnan(rows.base[:, rows.shape[1]:].get()).all()
+    logits, dlogits = made
+    assert numpy.isnan(logits.base[:, 1027:].get()).all()
+    assert (dlogits.base[:, 1027:].get() == 0).all()
     for name in ("logits", "loss", "dx", "dW", "db"):
         assert numpy.array_equal(clean[name], dirty[name]), name
 

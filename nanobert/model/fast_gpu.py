@@ -9,11 +9,14 @@ host time whatever its size, so a step should make few of them (fused kernels); 
 never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
 products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
-fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
-cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
-and the attention's layout moves one map kernel each (16 bytes of each input a thread). The
-attention can run fused instead (FlashAttention-2's tiles: no [B, A, T, T] array; float16 on
-tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it (_fused_attention_forward).
+fraction of the bandwidth; the MLM decoder's logits come in rows padded to a multiple of 64
+(the vocab, 30,522, is no multiple of a 16-byte load), its products split so that their bulk
+may run on vectorized kernels (_output_rows, _split_wide). LayerNorm, the attention's mask +
+softmax + dropout and the cross-entropy are one row kernel each (one warp a row), forward
+and backward; GELU, dropout and the attention's layout moves one map kernel each (16 bytes
+of each input a thread). The attention can run fused instead (FlashAttention-2's tiles: no
+[B, A, T, T] array; float16 on tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it
+(_fused_attention_forward).
 Dropout draws its keep mask inside those kernels from a counter-based generator
 (counter_rng.CounterGenerator, Philox4x32-10): no cuRAND draw, no mask kept; the backward
 regenerates it from the forward's DropoutDraw. What each choice measured on an H200 is in
@@ -149,11 +152,12 @@ def _plan(a, b, out, transpose_a, transpose_b, exact, alpha, accumulate):
 
 
 # A product whose extent along some operand's adjacent elements (out's columns, a's or b's
-# row length) is not a multiple of a 16-byte load is run on cuBLAS's align1 kernels (CUTLASS's
-# can_implement checks each operand's address, leading dimension and that extent): BERT's
-# vocab, 30,522, in the MLM decoder's three products. Given leading dimensions that are
-# multiples (linear_forward pads the logits' rows, WIDE_ROWS), gemm splits that extent into a
-# head of whole loads, which runs vectorized, and a tail of fewer than 8 columns.
+# row length) is not a multiple of a 16-byte load runs on cuBLAS's narrow-load kernels
+# (align1 or align2: CUTLASS's can_implement checks each operand's address, leading dimension
+# and that extent; Hopper's TMA kernels need 16-byte row strides): BERT's vocab, 30,522, in
+# the MLM decoder's three products. Given leading dimensions of whole loads (the logits' rows
+# padded, _output_rows), gemm splits that extent into a head of whole loads, which may run
+# vectorized, and a tail of the last few entries (30,522 = 30,520 + 2).
 WIDE = 1024                  # an extent from which a split pays for its second call
 VECTOR_BYTES = 16
 
@@ -305,11 +309,12 @@ def linear_forward(x, weight, bias):
 
 # The MLM decoder's logits [M, V] are the step's largest array, and V = 30,522 is no multiple
 # of a 16-byte load: rows of V elements would keep all three of its products (the logits,
-# dx = dlogits W, dW = dlogits^T x) on cuBLAS's align1 kernels. So a wide output's rows are
-# padded to a multiple of ROW_PAD elements (30,528): the padding is never written or read
-# (the cross-entropy's kernels and gemm's split products stop at column V), the callers see
+# dx = dlogits W, dW = dlogits^T x) on cuBLAS's narrow-load kernels. So a wide output's rows are
+# padded to a multiple of ROW_PAD elements (30,528): the padding is never read (the
+# cross-entropy's kernels and gemm's split products stop at column V), the callers see
 # [M, V] (a view), and weights, gradients and checkpoints keep V rows. The loss's gradient is
-# laid out as its logits (cross_entropy_backward), and so is its float16 copy (cast).
+# laid out as its logits, its padding written as 0 (cross_entropy_backward), and so is its
+# float16 copy (cast).
 ROW_PAD = 64
 
 
@@ -340,14 +345,15 @@ def _padded_rows(x):
 
 
 def cast(x, dtype):
-    """x.astype(dtype); a matrix of padded rows into rows padded alike (CuPy's astype would
-    pack them, and the products that read the copy would lose their alignment)."""
+    """x.astype(dtype); a matrix of padded rows (_empty_rows') cast whole, its padding too
+    (never read; dlogits' is 0), and viewed as x: the products that read the copy stay
+    aligned (CuPy's astype of the view would pack its rows, and a copy into padded rows
+    would index each element in two dimensions rather than one)."""
     row_length = _padded_rows(x)
-    if not row_length:
+    rows = x.base if row_length else None
+    if rows is None or rows.shape != (x.shape[0], row_length) or rows.data.ptr != x.data.ptr:
         return x.astype(dtype)
-    out = _empty_rows(array_module(x), x.shape, dtype, row_length)
-    out[...] = x                                           # one copy kernel, as astype
-    return out
+    return rows.astype(dtype)[:, :x.shape[1]]
 
 
 # --------------------------------------------------------------------------- CUDA kernels
@@ -892,8 +898,8 @@ def cross_entropy_backward(dloss, cache):
     """ops.cross_entropy_backward in one row kernel (kernels.cu's cross_entropy_backward:
     the softmax recomputed from the forward's row statistics, minus the one-hot, times
     dloss / denominator) -> dlogits [N, C] in the statistics' dtype, its rows laid out as
-    the logits' (padded rows: the products it feeds stay aligned). dloss: a number, or a
-    0-d device array (a loss scale: never read by the host)."""
+    the logits' (padded rows, the padding 0: the products it feeds stay aligned). dloss: a
+    number, or a 0-d device array (a loss scale: never read by the host)."""
     xp = array_module(cache.logits)
     N, C = cache.logits.shape
     row_length = _padded_rows(cache.logits) or C

@@ -334,7 +334,8 @@ extern "C" __global__ void nanobert_cross_entropy_forward(
 
 // ops.cross_entropy_backward: dlogits = (softmax(z) - onehot(label)) dloss / denominator on
 // the counted rows, 0 on the others (dloss a device scalar: a loss scale stays on the GPU);
-// dlogits' rows as far apart as the logits', their padding not written
+// dlogits' rows as far apart as the logits', their padding written as 0 (a float16 copy of
+// dlogits converts whole rows: fast_gpu.cast)
 extern "C" __global__ void nanobert_cross_entropy_backward(
         const T* logits, const long long* labels, const S* row_max, const S* sum_exp,
         const S* dloss, S denominator, long long rows, int classes, long long row_length,
@@ -348,6 +349,7 @@ extern "C" __global__ void nanobert_cross_entropy_backward(
         const S p = exp_(widen(logits[start + j]) - m) / sum;
         dlogits[start + j] = (p - (j == label ? 1 : 0)) * scale;
     }
+    for (long long j = classes + lane; j < row_length; j += 32) dlogits[start + j] = 0;
 }
 
 // --------------------------------------------------------------------------- map kernels
