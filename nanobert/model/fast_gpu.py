@@ -9,19 +9,20 @@ host time whatever its size, so a step should make few of them (fused kernels); 
 never wait (losses stay on the device as 0-d arrays, read when the caller logs). Matrix
 products and column sums call cuBLAS directly (gemm, column_sum): CuPy's batched matmul
 ignores TF32, casts float16 up and copies strided operands, and its column sums read at a
-fraction of the bandwidth; the MLM decoder's logits come in rows padded to a multiple of 64
-(the vocab, 30,522, is no multiple of a 16-byte load), its products split so that their bulk
-may run on vectorized kernels (_output_rows, _split_wide). LayerNorm, the attention's mask +
-softmax + dropout and the cross-entropy are one row kernel each (one warp a row), forward
-and backward; GELU, dropout and the attention's layout moves one map kernel each (16 bytes
-of each input a thread). The attention can run fused instead (FlashAttention-2's tiles: no
-[B, A, T, T] array; float16 on tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it
-(_fused_attention_forward).
+fraction of the bandwidth. LayerNorm, the attention's mask + softmax + dropout and the
+cross-entropy are one row kernel each (one warp a row), forward and backward; GELU, dropout
+and the attention's layout moves one map kernel each (16 bytes of each input a thread). The
+attention can run fused instead (FlashAttention-2's tiles: no [B, A, T, T] array; float16 on
+tensor cores), where $NANOBERT_FUSED_ATTENTION asks for it (_fused_attention_forward).
 Dropout draws its keep mask inside those kernels from a counter-based generator
 (counter_rng.CounterGenerator, Philox4x32-10): no cuRAND draw, no mask kept; the backward
 regenerates it from the forward's DropoutDraw. What each choice measured on an H200 is in
 its comment and in docs/gpu.md ("What each change did"); the CUDA kernels are not measured
 yet (docs/gpu.md says what they are expected to save).
+
+The MLM decoder's vocab, 30,522, is no multiple of a 16-byte load: its logits come in rows
+padded to a multiple of 64 and its products split, so that their bulk may run on vectorized
+cuBLAS kernels (_output_rows, _split_wide).
 
 Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
 dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter
