@@ -394,6 +394,57 @@ def gelu_half(cupy, shape):
         print(f"  comparing the GELUs failed: {type(e).__name__}")
 
 
+def vocab_products(cupy, hidden, batch_size, seq_len, V=30522):
+    """GPU time of the MLM decoder at BERT's vocab (fast_gpu._output_rows, _split_wide):
+    logits = x W^T + b, the cross-entropy forward and backward, and linear_backward into W's
+    and b's buffers, at the bench's masked rows (bench.train_step.make_batch: 15% of
+    seq_len, at most 20, a sequence), with the logits' rows padded (the default) and not
+    (fast_gpu.WIDE raised past V), in float16 and TF32; and each product alone, the split
+    head + tail against one misaligned call."""
+    from nanobert.model import fast, fast_gpu
+    M = batch_size * min(train_step.MAX_PREDICTIONS, max(1, round(seq_len * 0.15)))
+    rng = cupy.random.default_rng(0)
+    labels = rng.integers(0, V, M)
+    print(f"\nGPU us of the MLM decoder, [{M}, {hidden}] -> V = {V} (median of 20 between "
+          f"events; TFLOP/s: its products' 2 M V H a product)")
+    wide, was_tf32 = fast_gpu.WIDE, backend.tf32_enabled()
+    for precision in ("float16", "tf32"):
+        name, tf32 = PRECISIONS[precision]
+        backend.set_tf32(tf32)
+        dtype = numpy.dtype(name)
+        x = rng.standard_normal((M, hidden), dtype=numpy.float32).astype(dtype)
+        w = (rng.standard_normal((V, hidden), dtype=numpy.float32) * 0.05).astype(dtype)
+        b = cupy.zeros(V, dtype)
+        grads = cupy.zeros((V, hidden), numpy.float32), cupy.zeros(V, numpy.float32)
+
+        def decoder():
+            logits, cache = fast.linear_forward(x, w, b)
+            _, ce = fast.cross_entropy_forward(logits, labels, count=M)
+            fast.linear_backward(fast.cross_entropy_backward(1.0, ce), cache, *grads)
+        for padded in (True, False):
+            fast_gpu.WIDE = wide if padded else V + 1
+            logits = fast_gpu._output_rows(cupy, M, V, dtype)
+            dlogits = fast_gpu._output_rows(cupy, M, V, dtype)
+            dlogits.fill(0.01)
+            dx = cupy.empty((M, hidden), dtype)
+            dw = cupy.empty((V, hidden), dtype)
+            label = f"{precision} {'padded rows' if padded else 'unpadded'}"
+            for what, fn, flops in (
+                    ("decoder forward + backward", decoder, 3),
+                    ("logits = x W^T", lambda: fast_gpu.gemm(x, w, logits, transpose_b=True), 1),
+                    ("dx = dlogits W", lambda: fast_gpu.gemm(dlogits, w, dx), 1),
+                    ("dW = dlogits^T x",
+                     lambda: fast_gpu.gemm(dlogits, x, dw, transpose_a=True), 1)):
+                try:
+                    us = gpu_us(fn)
+                    print(f"  {label + ', ' + what:<58}{us:9.1f} us "
+                          f"{flops * 2 * M * V * hidden / us / 1e6:8.0f} TFLOP/s", flush=True)
+                except Exception as e:                     # an experiment: report, go on
+                    print(f"  {label + ', ' + what:<58} failed: {type(e).__name__}: {e}"[:300])
+    fast_gpu.WIDE = wide
+    backend.set_tf32(was_tf32)
+
+
 def profile_steps(args):
     """cProfile of the host issuing args.steps nanobert steps -> the printed statistics."""
     dtype, tf32 = PRECISIONS[args.precision]
@@ -453,6 +504,9 @@ def main(argv=None):
                         help="also time adds that move 16 bytes a thread (an experiment)")
     parser.add_argument("--graph", action="store_true",
                         help="also time a CUDA graph's replay against eager launches")
+    parser.add_argument("--vocab", action="store_true",
+                        help="also time the MLM decoder's products with the vocab's rows "
+                             "padded and not (an experiment)")
     parser.add_argument("--no-calls", action="store_true", help="skip the per-call costs")
     parser.add_argument("--no-profile", action="store_true", help="skip the step's profile")
     parser.add_argument("--no-cuda-graph", action="store_true",
@@ -474,6 +528,8 @@ def main(argv=None):
         add_kernels(cupy)
     if args.vector:
         vector_adds(cupy)
+    if args.vocab:
+        vocab_products(cupy, PRESETS[args.preset][1], args.batch_size, args.seq_len)
     if args.graph:
         try:
             graph_replay(cupy)

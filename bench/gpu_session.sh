@@ -26,10 +26,11 @@
 #   train    train.py --device gpu --preset mini, B=128 T=128: the progress line, the checkpoint
 #   host     bench.gpu_host: host cost per call, and where the host waits (the GPU kept busy
 #            200 ms before each step), BERT-base and BERT-mini at B=32
-#   adds     bench.gpu_host --adds --vector --graph: GPU time of the step's adds, row means
-#            and row kernels against the alternatives, of adds that move 16 bytes a thread;
-#            a CUDA graph's replay against eager launches, and cuBLAS (through ctypes)
-#            inside a graph
+#   adds     bench.gpu_host --adds --vector --graph --vocab: GPU time of the step's adds, row
+#            means and row kernels against the alternatives, of adds that move 16 bytes a
+#            thread; a CUDA graph's replay against eager launches, and cuBLAS (through ctypes)
+#            inside a graph; the MLM decoder's products at B=128, the vocab's rows padded and
+#            not (float16, TF32)
 set -u
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -74,7 +75,8 @@ run_phase() {
         fi ;;
     host) TAIL=45 phase host 90 bash -c "$PY -m bench.gpu_host --busy-ms 200 --top 30 && \
         $PY -m bench.gpu_host --no-calls --preset mini --busy-ms 200 --top 8" ;;
-    adds) phase adds 60 $PY -m bench.gpu_host --adds --vector --graph --no-calls --no-profile ;;
+    adds) phase adds 90 $PY -m bench.gpu_host --adds --vector --graph --vocab --batch-size 128 \
+        --no-calls --no-profile ;;
     *) echo "bench/gpu_session.sh: no phase '$1' (env tests targets profile base train host adds)"
        return 2 ;;
     esac

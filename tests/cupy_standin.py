@@ -85,6 +85,7 @@ class Counts:
         self.kernels = collections.Counter()     # name -> kernels, memsets and copies of it
         self.sizes = []      # per kernel: its largest operand's elements (0: not recorded)
         self.sync_sites = collections.Counter()  # what synced -> count
+        self.gemms = []                          # a GemmCall for each cuBLAS product
 
     @property
     def launches(self):
@@ -123,6 +124,29 @@ class Counts:
         self.syncs += 1
         self.sync_sites[what] += 1
         _copies_land()                           # the host caught up with the device
+
+
+class GemmCall(collections.namedtuple(
+        "GemmCall", "transa transb m n k lda ldb ldc types addresses")):
+    """One cublasGemmStridedBatchedEx as cuBLAS sees it (column-major; types the NumPy dtype
+    characters of A, B, C; addresses their first elements' device addresses): what decides
+    whether it may run a vectorized kernel (`aligned`)."""
+
+    def contiguous_extents(self):
+        """The extents along which each operand's elements are adjacent (C's m; A's m or k,
+        B's k or n, by their op), as CUTLASS's can_implement checks them."""
+        return {"A": self.m if self.transa == 0 else self.k,
+                "B": self.k if self.transb == 0 else self.n, "C": self.m}
+
+    def aligned(self, vector_bytes=16):
+        """Whether every operand's address, leading dimension and contiguous extent are
+        multiples of a vector_bytes load (float16: 8 elements; float32: 4)."""
+        sizes = dict(zip("ABC", (numpy.dtype(t).itemsize for t in self.types)))
+        lds = dict(zip("ABC", (self.lda, self.ldb, self.ldc)))
+        at = dict(zip("ABC", self.addresses))
+        return all(at[x] % vector_bytes == 0 and (lds[x] * sizes[x]) % vector_bytes == 0
+                   and (extent * sizes[x]) % vector_bytes == 0
+                   for x, extent in self.contiguous_extents().items())
 
 
 counts = Counts()
@@ -1628,6 +1652,8 @@ class _Cublas(types.ModuleType):
                 c[...] = result
         _device_op(compute)
         counts.launch("cublas.gemmStridedBatchedEx")
+        counts.gemms.append(GemmCall(transa, transb, m, n, k, lda, ldb, ldc,
+                                     tuple(t.char for t in types_), (A, B, C)))
 
 
 class _CublasLibrary:

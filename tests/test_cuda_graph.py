@@ -108,10 +108,11 @@ def step_args(grad_accum=1, optimizer="bert"):
 
 
 def train_steps(cuda_graph, steps, dtype=numpy.float32, grad_accum=1, optimizer="bert",
-                start=None, max_grad_norm=1.0):
+                start=None, max_grad_norm=1.0, vocab_size=TINY["vocab_size"]):
     """`steps` GPUSteps of a tiny BERT on the stand-in (dropout on, lr changing every step,
     fresh batches) -> (model, optimizer, scaler, losses); start: a state to resume from."""
-    config = BertConfig(**TINY, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    config = BertConfig(**{**TINY, "vocab_size": vocab_size}, hidden_dropout_prob=0.1,
+                        attention_probs_dropout_prob=0.1)
     model = BertForPreTraining(config, seed=3, dtype=dtype, device="gpu").train()
     model.rng = model.rng.__class__(model.xp, 11)
     optimizer_ = AdamW(model.params, mode=optimizer)
@@ -167,6 +168,21 @@ def test_replayed_steps_equal_eager_steps(cupy, dtype, grad_accum, optimizer):
     initial = BertForPreTraining(eager.config, seed=3, dtype=dtype).buffer
     assert (eager.buffer.get() != initial).any()                       # and it did train
     assert len({tuple(loss) for loss in losses}) == len(losses)        # the batches varied
+
+
+@pytest.mark.parametrize("dtype", [numpy.float64, numpy.float32, numpy.float16])
+def test_replayed_steps_with_a_padded_vocab_equal_eager_steps(cupy, dtype):
+    """An odd vocab (1,027), whose logits' rows are padded to 1,088 and whose decoder
+    products are split in two (fast_gpu._output_rows, _split_wide): four replayed steps give
+    bitwise the losses and weights of four eager ones (the padded arrays are the step's own
+    allocations from the graph's pool, nothing of the host's)."""
+    eager, _, _, eager_losses = train_steps(False, 4, dtype, vocab_size=1027)
+    cupy.counts.reset()
+    graphed, _, _, losses = train_steps(True, 4, dtype, vocab_size=1027)
+    assert cupy.counts.captures == 1 and cupy.counts.graph_launches == 3
+    assert any(1088 in (g.lda, g.ldb, g.ldc) for g in cupy.counts.gemms)     # padded
+    assert losses == eager_losses
+    assert (graphed.buffer.get() == eager.buffer.get()).all()
 
 
 def test_a_resumed_graph_run_equals_an_uninterrupted_one(cupy):

@@ -302,30 +302,49 @@ def test_head_kernels_move_every_element_to_its_place(shape, seed, dtype):
 @settings(max_examples=12, deadline=None)
 @given(shape=st.tuples(st.integers(1, 9), st.one_of(st.integers(2, 40), st.integers(300, 700))),
        seed=st.integers(0, 2**16), dtype=st.sampled_from(DTYPES),
-       dloss=st.sampled_from([1.0, 0.25, 1024.0]))
-def test_cross_entropy_kernels_equal_the_reference(shape, seed, dtype, dloss):
+       dloss=st.sampled_from([1.0, 0.25, 1024.0]), padding=st.sampled_from([0, 1, 6, 64]))
+@example(shape=(5, 37), seed=1, dtype=numpy.float16, dloss=1.0, padding=27)
+def test_cross_entropy_kernels_equal_the_reference(shape, seed, dtype, dloss, padding):
     """Rows of classes shorter and longer than a warp, some labels -100: the per-row loss
     (0 where ignored), and dlogits = (softmax - onehot) dloss / denominator (0 rows where
-    ignored), against ops.py in float64 on the same logits."""
+    ignored), against ops.py in float64 on the same logits. With padding, the logits and
+    dlogits are views of rows `padding` elements longer (the vocab's, fast_gpu._output_rows)
+    whose padding holds NaN: the logits' never read (the results stay finite), dlogits'
+    written as 0."""
     N, C = shape
+    padding = padding if N > 1 else 0        # one row is contiguous (fast_gpu._padded_rows)
     rng = numpy.random.default_rng(seed)
-    logits = (rng.standard_normal((N, C)) * 4).astype(dtype)
+    logits = padded_rows((rng.standard_normal((N, C)) * 4).astype(dtype), padding)
     labels = rng.integers(0, C, N)
     labels[rng.random(N) < 0.3] = ops.IGNORE_INDEX
     S = stats(dtype)
+    row_length = numpy.int64(C + padding)
     row_max, sum_exp, nll = (numpy.empty(N, S) for _ in range(3))
     run("cross_entropy_forward", dtype, N, logits, labels, numpy.int64(N), numpy.int32(C),
-        row_max, sum_exp, nll)
+        row_length, row_max, sum_exp, nll)
     denominator = max(int((labels != ops.IGNORE_INDEX).sum()), 1)
     expected, cache = ops.cross_entropy_forward(logits.astype(numpy.float64), labels)
     check("cross-entropy loss", nll.astype(numpy.float64).sum() / denominator, expected, dtype,
           scale=max(abs(float(expected)), 1.0))
     assert not nll[labels == ops.IGNORE_INDEX].any()
-    dlogits = numpy.empty((N, C), S)
+    dlogits = padded_rows(numpy.empty((N, C), S), padding)
     run("cross_entropy_backward", dtype, N, logits, labels, row_max, sum_exp,
-        numpy.full(1, dloss, S), S(denominator), numpy.int64(N), numpy.int32(C), dlogits)
+        numpy.full(1, dloss, S), S(denominator), numpy.int64(N), numpy.int32(C), row_length,
+        dlogits)
     check("cross-entropy dlogits", dlogits, ops.cross_entropy_backward(dloss, cache), dtype,
           scale=dloss / denominator)
+    if padding:
+        assert (dlogits.base[:, C:] == 0).all(), "dlogits' padding is not 0"
+
+
+def padded_rows(a, padding):
+    """a [N, C] as a view of [N, C + padding] whose last `padding` columns hold NaN (a itself
+    without padding)."""
+    if not padding:
+        return a
+    rows = numpy.full((a.shape[0], a.shape[1] + padding), numpy.nan, a.dtype)
+    rows[:, :a.shape[1]] = a
+    return rows[:, :a.shape[1]]
 
 
 def test_a_label_out_of_range_gives_a_nan_loss_not_a_read_past_the_row():
@@ -333,5 +352,5 @@ def test_a_label_out_of_range_gives_a_nan_loss_not_a_read_past_the_row():
     labels = numpy.array([1, 5])
     row_max, sum_exp, nll = (numpy.empty(2) for _ in range(3))
     run("cross_entropy_forward", numpy.float64, 2, logits, labels, numpy.int64(2),
-        numpy.int32(5), row_max, sum_exp, nll)
+        numpy.int32(5), numpy.int64(5), row_max, sum_exp, nll)
     assert nll[0] == numpy.log(5) and numpy.isnan(nll[1])

@@ -13,7 +13,8 @@ def test_help_names_every_part():
     r = subprocess.run([sys.executable, "-m", "bench.gpu_host", "--help"], capture_output=True,
                        text=True)
     assert r.returncode == 0
-    for flag in ("--busy-ms", "--adds", "--no-calls", "--no-profile", "--calls", "--top"):
+    for flag in ("--busy-ms", "--adds", "--no-calls", "--no-profile", "--calls", "--top",
+                 "--vocab"):
         assert flag in r.stdout, flag
 
 
@@ -40,6 +41,24 @@ def test_the_profile_of_a_replayed_step_on_the_standin(tmp_path):
     assert "replayed from a CUDA graph, 1 steps" in profile and "(launch)" in profile
     assert "gemm" not in profile
     assert counts["captures"] == 1 and counts["graph_launches"] == 2
+
+
+def test_the_vocab_experiment_runs_on_the_standin(tmp_path):
+    """--vocab: the MLM decoder's products at BERT's vocab, padded rows and not, float16 and
+    TF32 (on the stand-in the times are the host's: the script runs, no number means
+    anything)."""
+    pytest.importorskip("cupy")
+    from test_cupy_standin import run_on_standin
+    _, stdout = run_on_standin(tmp_path, [
+        "-m", "bench.gpu_host", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2",
+        "--vocab", "--no-calls", "--no-profile"])
+    assert "MLM decoder, [4, 64] -> V = 30522" in stdout
+    for precision in ("float16", "tf32"):
+        for padding in ("padded rows", "unpadded"):
+            for what in ("decoder forward + backward", "logits = x W^T", "dx = dlogits W",
+                         "dW = dlogits^T x"):
+                line = f"{precision} {padding}, {what}"
+                assert line in stdout and "failed" not in stdout.split(line)[1][:40], stdout
 
 
 def test_without_a_gpu_it_says_so():

@@ -371,6 +371,31 @@ def test_cross_entropy_forward_backward(xp, dtype):
     for a, e in ((numpy.float64(host(loss)), numpy.float64(loss_cpu)), (dlogits, dlogits_cpu)):
         check(f"gpu cross-entropy {numpy.dtype(dtype).name}", a, e, *bound(compute, K=101))
 
+@pytest.mark.parametrize("dtype, V", [(numpy.float64, 1027), (numpy.float32, 30522),
+                                      (numpy.float16, 30522)])
+def test_the_mlm_decoder_with_its_padded_vocab(xp, dtype, V):
+    """The MLM decoder as pretraining.py runs it, [11, 48] -> V logits, the cross-entropy
+    and back into the weight's and bias's buffers, on the device (the logits' rows padded to
+    a multiple of 64, each product split into an aligned head and a tail: fast_gpu's
+    _output_rows, _split_wide) against the host's unpadded path: logits, loss, dx, dW, db.
+    K = V, dx's sum (float16: 3 eps16, the logits', dlogits' and dx's roundings)."""
+    x, w, b = draw((11, 48), dtype, 30), draw((V, 48), dtype, 31, 0.3), draw(V, dtype, 32)
+    labels = numpy.random.default_rng(33).integers(0, V, size=11)
+    labels[[2, 7]] = -100
+    grad_dtype = numpy.float32 if dtype == numpy.float16 else dtype
+
+    def run(put, zeros):
+        logits, cache = fast.linear_forward(put(x), put(w), put(b))
+        loss, ce = fast.cross_entropy_forward(logits, put(labels), count=9)
+        dx, dw, db = fast.linear_backward(fast.cross_entropy_backward(1.0, ce), cache,
+                                          zeros(w.shape), zeros(V))
+        return logits, numpy.float64(host(loss)), dx, dw, db
+    pairs = device_and_host(xp, run, grad_dtype)
+    assert fast_gpu._padded_rows(pairs[0][0]) == -(-V // 64) * 64      # the device's logits
+    check_all(f"gpu MLM decoder, padded vocab {numpy.dtype(dtype).name}", pairs,
+              *bound(dtype, K=V, half_steps=3))
+
+
 # ------------------------------------------------------------------------ the whole model
 
 

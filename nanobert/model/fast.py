@@ -41,7 +41,7 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
     layer = _layer(dout)
     weight = cache[1]
     if dout.dtype != weight.dtype:                         # a float32 loss gradient, float16 layer
-        dout = dout.astype(weight.dtype)
+        dout = layer.cast(dout, weight.dtype)
     dout2 = dout.reshape(-1, weight.shape[0])              # [N, out]
     dx, dweight = _linear_input_and_weight_grads(layer, dout2, cache, dweight)
     # float16 gradients are summed in (and written to) the float32 buffer's dtype

@@ -22,6 +22,10 @@ regenerates it from the forward's DropoutDraw. What each choice measured on an H
 its comment and in docs/gpu.md ("What each change did"); the CUDA kernels are not measured
 yet (docs/gpu.md says what they are expected to save).
 
+The MLM decoder's vocab, 30,522, is no multiple of a 16-byte load: its logits come in rows
+padded to a multiple of 64 and its products split, so that their bulk may run on vectorized
+cuBLAS kernels (_output_rows, _split_wide).
+
 Mixed precision (float16 activations), as NVIDIA's BERT recipe: matmuls, residual adds and
 dropout in float16; LayerNorm, softmax, GELU and the losses compute in float32; parameter
 gradients summed into float32 buffers.
@@ -50,54 +54,59 @@ from .ops import AttentionCache
 def gemm(a, b, out, transpose_a=False, transpose_b=False, exact=False, alpha=1.0,
          accumulate=False):
     """out[s] = alpha op(a[s]) @ op(b[s]) (+ out[s] if accumulate) for stacks [S..., rows,
-    cols] of row-major matrices (op a transpose when asked), one cuBLAS call: each matrix's
-    elements in a row adjacent, rows any distance apart (a view of wider rows is read in
-    place), and the stack's matrices equally spaced. out may be float32 for float16 operands
-    (the sum rounded once, into a float32 gradient buffer); exact: float32 never in TF32
-    (sums that must keep float32's precision). cuBLAS is column-major: the row-major
-    out = A B is its out^T = B^T A^T, so B goes first. Host cost (an H200's host, measured):
-    CuPy's 2-D matmul takes 17.5 us a call; checking the layout and working out cuBLAS's
-    arguments in Python took ~8 us more, so that is done once per layout (_plan) and a call
-    is a dictionary lookup and the cuBLAS call."""
+    cols] of row-major matrices (op a transpose when asked), one cuBLAS call (two for a wide
+    unaligned extent: _split_wide): each matrix's elements in a row adjacent, rows any
+    distance apart (a view of wider rows is read in place), and the stack's matrices equally
+    spaced. out may be float32 for float16 operands (the sum rounded once, into a float32
+    gradient buffer); exact: float32 never in TF32 (sums that must keep float32's precision).
+    cuBLAS is column-major: the row-major out = A B is its out^T = B^T A^T, so B goes first.
+    Host cost (an H200's host, measured): CuPy's 2-D matmul takes 17.5 us a call; checking
+    the layout and working out cuBLAS's arguments in Python took ~8 us more, so that is done
+    once per layout (_plan) and a call is a dictionary lookup and the cuBLAS call."""
     key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.dtype.char,
            b.dtype.char, out.dtype.char, transpose_a, transpose_b, exact, tf32_enabled(), alpha,
            accumulate)
-    plan = _PLANS.get(key)
-    if plan is None:
+    plans = _PLANS.get(key)
+    if plans is None:
         if len(_PLANS) >= _MAX_PLANS:                      # many shapes (inference): start over
             _PLANS.clear()
-        plan = _PLANS[key] = _plan(a, b, out, transpose_a, transpose_b, exact, alpha,
-                                   accumulate)
-    if plan is _NOTHING:                                   # nothing to sum: cuBLAS is not asked
+        plans = _PLANS[key] = _plan(a, b, out, transpose_a, transpose_b, exact, alpha,
+                                    accumulate)
+    if plans is _NOTHING:                                  # nothing to sum: cuBLAS is not asked
         if not accumulate:
             out.fill(0)
         return out
-    cublas.gemm_strided_batched(
-        array_module(out), *plan.sizes, plan.alpha, b.data.ptr, *plan.b, a.data.ptr, *plan.a,
-        plan.beta, out.data.ptr, *plan.c, *plan.compute)
+    xp = array_module(out)
+    for plan in plans:
+        cublas.gemm_strided_batched(
+            xp, *plan.sizes, plan.alpha, b.data.ptr + plan.at[1], *plan.b,
+            a.data.ptr + plan.at[0], *plan.a, plan.beta, out.data.ptr + plan.at[2], *plan.c,
+            *plan.compute)
     return out
 
 
 class _Plan:
-    """cuBLAS's arguments for one layout, all but the handle and the three addresses:
+    """cuBLAS's arguments for one call, all but the handle and the three addresses:
     sizes (op_b, op_a, N, M, K), the scalars' host addresses, each operand's (type, leading
-    dimension, stride between matrices), compute (count, compute type, algorithm)."""
-    __slots__ = ("sizes", "alpha", "b", "a", "beta", "c", "compute")
+    dimension, stride between matrices), compute (count, compute type, algorithm); `at`:
+    the bytes from a's, b's and out's first elements to the call's (a part of a split
+    product)."""
+    __slots__ = ("sizes", "alpha", "b", "a", "beta", "c", "compute", "at")
 
-    def __init__(self, sizes, alpha, b, a, beta, c, compute):
+    def __init__(self, sizes, alpha, b, a, beta, c, compute, at=(0, 0, 0)):
         self.sizes, self.alpha, self.b, self.a = sizes, alpha, b, a
-        self.beta, self.c, self.compute = beta, c, compute
+        self.beta, self.c, self.compute, self.at = beta, c, compute, at
 
 
-_PLANS = {}                  # layout (shapes, strides, dtypes, flags) -> its _Plan
+_PLANS = {}                  # layout (shapes, strides, dtypes, flags) -> its _Plans, in order
 _MAX_PLANS = 4096
 _NOTHING = object()          # the plan of an empty product
 _SCALARS = {}                # (dtype, value) -> a host scalar cuBLAS reads alpha or beta from
 
 
 def _plan(a, b, out, transpose_a, transpose_b, exact, alpha, accumulate):
-    """Check a layout once and work out cuBLAS's arguments for it -> a _Plan (or _NOTHING
-    for an empty product). Raises ValueError for what cuBLAS cannot read."""
+    """Check a layout once and work out cuBLAS's arguments for it -> its _Plans, one per
+    call (or _NOTHING for an empty product). Raises ValueError for what cuBLAS cannot read."""
     M, N = out.shape[-2:]
     K = a.shape[-2] if transpose_a else a.shape[-1]
     if (a.shape[-1] if transpose_a else a.shape[-2]) != M or \
@@ -118,12 +127,57 @@ def _plan(a, b, out, transpose_a, transpose_b, exact, alpha, accumulate):
     else:                                   # float16 operands: tensor cores, float32 sums
         compute, scalar = cublas.COMPUTE_32F, numpy.float32
     op = {False: cublas.OP_N, True: cublas.OP_T}
-    return _Plan((op[transpose_b], op[transpose_a], N, M, K), _scalar(scalar, alpha),
-                 (_CUDA_TYPE[b.dtype.char], _row_stride(b), stride_b),
-                 (_CUDA_TYPE[a.dtype.char], _row_stride(a), stride_a),
-                 _scalar(scalar, 1.0 if accumulate else 0.0),
-                 (_CUDA_TYPE[out.dtype.char], _row_stride(out), stride_c),
-                 (count, compute, cublas.GEMM_DEFAULT))
+    lds = (_row_stride(a), _row_stride(b), _row_stride(out))
+
+    def part(M, N, K, at=(0, 0, 0), accumulate=accumulate):
+        return _Plan((op[transpose_b], op[transpose_a], N, M, K), _scalar(scalar, alpha),
+                     (_CUDA_TYPE[b.dtype.char], lds[1], stride_b),
+                     (_CUDA_TYPE[a.dtype.char], lds[0], stride_a),
+                     _scalar(scalar, 1.0 if accumulate else 0.0),
+                     (_CUDA_TYPE[out.dtype.char], lds[2], stride_c),
+                     (count, compute, cublas.GEMM_DEFAULT), at)
+
+    split = _split_wide(M, N, K, transpose_a, transpose_b, lds, a.dtype, count)
+    if split is None:
+        return (part(M, N, K),)
+    extent, head = split
+    item_a, item_b, item_c = a.itemsize, b.itemsize, out.itemsize
+    if extent == "N":                       # out's columns: b's columns (rows if transposed)
+        tail_b = head * (lds[1] if transpose_b else 1) * item_b
+        return part(M, head, K), part(M, N - head, K, (0, tail_b, head * item_c))
+    if extent == "M":                       # out's rows: a's columns (a transposed)
+        return part(head, N, K), part(M - head, N, K, (head * item_a, 0, head * lds[2] * item_c))
+    # K, the sum's: the tail first, then the head summed into it (beta 1), so that a float16
+    # out is rounded once more only by the tail's few terms
+    tail_a = head * (lds[0] if transpose_a else 1) * item_a
+    tail_b = head * (1 if transpose_b else lds[1]) * item_b
+    return part(M, N, K - head, (tail_a, tail_b, 0)), part(M, N, head, accumulate=True)
+
+
+# A product whose extent along some operand's adjacent elements (out's columns, a's or b's
+# row length) is not a multiple of a 16-byte load runs on cuBLAS's narrow-load kernels
+# (align1 or align2: CUTLASS's can_implement checks each operand's address, leading dimension
+# and that extent; Hopper's TMA kernels need 16-byte row strides): BERT's vocab, 30,522, in
+# the MLM decoder's three products. Given leading dimensions of whole loads (the logits' rows
+# padded, _output_rows), gemm splits that extent into a head of whole loads, which may run
+# vectorized, and a tail of the last few entries (30,522 = 30,520 + 2).
+WIDE = 1024                  # an extent from which a split pays for its second call
+VECTOR_BYTES = 16
+
+
+def _split_wide(M, N, K, transpose_a, transpose_b, lds, dtype, count):
+    """-> ("M" | "N" | "K", the head's length) for one product (not a stack) of float16,
+    float32 or float64 whose one misaligned adjacent extent is at least WIDE long while all
+    three leading dimensions are whole loads; else None (nothing to gain)."""
+    vector = VECTOR_BYTES // dtype.itemsize
+    adjacent = {"N": N, "K": K} if not transpose_a else {"N": N, "M": M}
+    if transpose_b:
+        adjacent["K"] = K
+    misaligned = [name for name, extent in adjacent.items() if extent % vector]
+    if count != 1 or len(misaligned) != 1 or any(ld % vector for ld in lds):
+        return None
+    extent = {"M": M, "N": N, "K": K}[misaligned[0]]
+    return (misaligned[0], extent - extent % vector) if extent >= WIDE else None
 
 
 def _scalar(dtype, value):
@@ -242,10 +296,11 @@ def linear_forward(x, weight, bias):
     element rounded once, as by an add). Measured on an H200 at B=128 (bench.gpu_host --adds):
     cuBLAS reads and writes [16384, 3072] in 139 us (float16 122), CuPy's broadcasting add in
     248 (float16 248: its elementwise kernels are bound by the element count, not the
-    bytes)."""
+    bytes). A wide output whose width is not a multiple of a 16-byte load (the MLM decoder's
+    vocab) comes back as a view of padded rows (_output_rows)."""
     xp = array_module(x)
     x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
-    out = xp.empty((x2.shape[0], weight.shape[0]), x.dtype)     # [N, out]
+    out = _output_rows(xp, x2.shape[0], weight.shape[0], x.dtype)     # [N, out]
     if x2.strides[-1] != x2.itemsize or weight.strides[-1] != weight.itemsize:
         matmul(x2, weight.T, out=out)                      # rows not adjacent: a view's copy
     else:
@@ -253,6 +308,55 @@ def linear_forward(x, weight, bias):
     gemm(_ones(xp, out.dtype, out.shape[0], column=True), bias.reshape(1, -1), out, exact=True,
          accumulate=True)
     return out.reshape(*x.shape[:-1], weight.shape[0]), (x2, weight, x.shape)
+
+
+# The MLM decoder's logits [M, V] are the step's largest array, and V = 30,522 is no multiple
+# of a 16-byte load: rows of V elements would keep all three of its products (the logits,
+# dx = dlogits W, dW = dlogits^T x) on cuBLAS's narrow-load kernels. So a wide output's rows are
+# padded to a multiple of ROW_PAD elements (30,528): the padding is never read (the
+# cross-entropy's kernels and gemm's split products stop at column V), the callers see
+# [M, V] (a view), and weights, gradients and checkpoints keep V rows. The loss's gradient is
+# laid out as its logits, its padding written as 0 (cross_entropy_backward), and so is its
+# float16 copy (cast).
+ROW_PAD = 64
+
+
+def _output_rows(xp, rows, columns, dtype):
+    """An empty [rows, columns] of dtype for a product's output: a view of rows padded to a
+    multiple of ROW_PAD elements when columns is at least WIDE and not a multiple of a 16-byte
+    load, else a plain array."""
+    if columns < WIDE or columns % (VECTOR_BYTES // numpy.dtype(dtype).itemsize) == 0:
+        return xp.empty((rows, columns), dtype)
+    return _empty_rows(xp, (rows, columns), dtype, -(-columns // ROW_PAD) * ROW_PAD)
+
+
+def _empty_rows(xp, shape, dtype, row_length):
+    """An empty [rows, columns] of dtype, each row row_length >= columns elements after the
+    previous one: a view of [rows, row_length] (a plain array when they are equal)."""
+    if row_length == shape[1]:
+        return xp.empty(shape, dtype)
+    return xp.empty((shape[0], row_length), dtype)[:, :shape[1]]
+
+
+def _padded_rows(x):
+    """Whether x is a matrix of adjacent elements whose rows lie further apart than their
+    length (_output_rows' padding): its row length in elements, else 0."""
+    if x.ndim != 2 or x.shape[0] < 2 or x.strides[1] != x.itemsize or x.strides[0] % x.itemsize:
+        return 0
+    row_length = x.strides[0] // x.itemsize
+    return row_length if row_length > x.shape[1] else 0
+
+
+def cast(x, dtype):
+    """x.astype(dtype); a matrix of padded rows (_empty_rows') cast whole, its padding too
+    (never read; dlogits' is 0), and viewed as x: the products that read the copy stay
+    aligned (CuPy's astype of the view would pack its rows, and a copy into padded rows
+    would index each element in two dimensions rather than one)."""
+    row_length = _padded_rows(x)
+    rows = x.base if row_length else None
+    if rows is None or rows.shape != (x.shape[0], row_length) or rows.data.ptr != x.data.ptr:
+        return x.astype(dtype)
+    return rows.astype(dtype)[:, :x.shape[1]]
 
 
 # --------------------------------------------------------------------------- CUDA kernels
@@ -791,16 +895,19 @@ def cross_entropy_forward(logits, labels, denominator=None, count=None):
     """ops.cross_entropy_forward in one row kernel (kernels.cu's cross_entropy_forward: the
     row max, the sum of exponentials and -log p(label) from two reads of each row; float16
     logits read into float32) and the sum of its [N] losses; the loss stays on the device,
-    and `count` comes from the caller's host labels (else it is read from the device)."""
+    and `count` comes from the caller's host labels (else it is read from the device).
+    Logits of padded rows (the MLM decoder's, _output_rows) are read in place, their padding
+    never."""
     xp = array_module(logits)
     if count is None and denominator is None:
         count = int((labels != ops.IGNORE_INDEX).sum())     # a host wait
-    logits, labels = _contiguous(logits), _contiguous(labels.astype(numpy.int64, copy=False))
+    logits, row_length = _rows_in_place(logits)
+    labels = _contiguous(labels.astype(numpy.int64, copy=False))
     N, C = logits.shape
     stats = _stats_dtype(logits.dtype)
     row_max, sum_exp, nll = (xp.empty(N, stats) for _ in range(3))
     _launch_rows("cross_entropy_forward", logits.dtype, N, logits, labels, numpy.int64(N),
-                 numpy.int32(C), row_max, sum_exp, nll)
+                 numpy.int32(C), numpy.int64(row_length), row_max, sum_exp, nll)
     if denominator is None:
         denominator = max(count, 1)
     elif isinstance(denominator, xp.ndarray):   # a device count: the loss stays in stats
@@ -809,13 +916,25 @@ def cross_entropy_forward(logits, labels, denominator=None, count=None):
             CrossEntropyCache(logits, labels, row_max, sum_exp, count, denominator))
 
 
+def _rows_in_place(x):
+    """-> (x, its row length in elements) for a matrix of padded rows, else (x contiguous,
+    its row length)."""
+    row_length = _padded_rows(x)
+    if row_length:
+        return x, row_length
+    x = _contiguous(x)
+    return x, x.shape[-1]
+
+
 def cross_entropy_backward(dloss, cache):
     """ops.cross_entropy_backward in one row kernel (kernels.cu's cross_entropy_backward:
     the softmax recomputed from the forward's row statistics, minus the one-hot, times
-    dloss / denominator) -> dlogits [N, C] in the statistics' dtype. dloss: a number, or a
-    0-d device array (a loss scale: never read by the host)."""
+    dloss / denominator) -> dlogits [N, C] in the statistics' dtype, its rows laid out as
+    the logits' (padded rows, the padding 0: the products it feeds stay aligned). dloss: a
+    number, or a 0-d device array (a loss scale: never read by the host)."""
     xp = array_module(cache.logits)
     N, C = cache.logits.shape
+    row_length = _padded_rows(cache.logits) or C
     stats = cache.row_max.dtype
     if isinstance(dloss, xp.ndarray):
         dloss = dloss.astype(stats, copy=False)
@@ -824,10 +943,10 @@ def cross_entropy_backward(dloss, cache):
     denominator = cache.denominator
     if isinstance(denominator, xp.ndarray):  # a device count (a graph's step): into dloss
         dloss, denominator = dloss / denominator, 1
-    dlogits = xp.empty((N, C), stats)
+    dlogits = _empty_rows(xp, (N, C), stats, row_length)
     _launch_rows("cross_entropy_backward", cache.logits.dtype, N, cache.logits, cache.labels,
                  cache.row_max, cache.sum_exp, dloss, stats.type(denominator),
-                 numpy.int64(N), numpy.int32(C), dlogits)
+                 numpy.int64(N), numpy.int32(C), numpy.int64(row_length), dlogits)
     return dlogits
 
 # ----------------------------------------------------------------------------- inference

@@ -363,14 +363,16 @@ extern "C" __global__ void nanobert_softmax_backward(
 }
 
 // ops.cross_entropy_forward of rows of `classes` logits (the MLM head's [M, V]: its largest
-// array): the row max, the sum of exp(z - max), and -log p(label) = log(sum) - (z[label] -
-// max), 0 on a row whose label is -100 (the loss does not count it), NaN for a label out of
-// range. Two reads of the row; the backward recomputes the softmax from them.
+// array), each row_length >= classes elements after the previous (the vocab's rows are padded
+// to a multiple of 64 for cuBLAS, fast_gpu._output_rows: the padding is never read): the row
+// max, the sum of exp(z - max), and -log p(label) = log(sum) - (z[label] - max), 0 on a row
+// whose label is -100 (the loss does not count it), NaN for a label out of range. Two reads
+// of the row; the backward recomputes the softmax from them.
 extern "C" __global__ void nanobert_cross_entropy_forward(
         const T* logits, const long long* labels, long long rows, int classes,
-        S* row_max, S* sum_exp, S* nll) {
+        long long row_length, S* row_max, S* sum_exp, S* nll) {
     ROW_AND_LANE(rows)
-    const long long start = row * classes;
+    const long long start = row * row_length;
     S m = minus_infinity(S(0));
     #pragma unroll 4
     for (int j = lane; j < classes; j += 32) {
@@ -393,12 +395,15 @@ extern "C" __global__ void nanobert_cross_entropy_forward(
 }
 
 // ops.cross_entropy_backward: dlogits = (softmax(z) - onehot(label)) dloss / denominator on
-// the counted rows, 0 on the others (dloss a device scalar: a loss scale stays on the GPU)
+// the counted rows, 0 on the others (dloss a device scalar: a loss scale stays on the GPU);
+// dlogits' rows as far apart as the logits', their padding written as 0 (a float16 copy of
+// dlogits converts whole rows: fast_gpu.cast)
 extern "C" __global__ void nanobert_cross_entropy_backward(
         const T* logits, const long long* labels, const S* row_max, const S* sum_exp,
-        const S* dloss, S denominator, long long rows, int classes, S* dlogits) {
+        const S* dloss, S denominator, long long rows, int classes, long long row_length,
+        S* dlogits) {
     ROW_AND_LANE(rows)
-    const long long start = row * classes, label = labels[row];
+    const long long start = row * row_length, label = labels[row];
     const S scale = label == -100 ? 0 : dloss[0] / denominator;
     const S m = row_max[row], sum = sum_exp[row];
     #pragma unroll 4
@@ -406,6 +411,7 @@ extern "C" __global__ void nanobert_cross_entropy_backward(
         const S p = exp_(widen(logits[start + j]) - m) / sum;
         dlogits[start + j] = (p - (j == label ? 1 : 0)) * scale;
     }
+    for (long long j = classes + lane; j < row_length; j += 32) dlogits[start + j] = 0;
 }
 
 // --------------------------------------------------------------------------- map kernels
