@@ -1,8 +1,12 @@
 """Shared helpers: a record of the worst errors seen, printed at the end of the run (so the
-numbers are visible, not just "passed"); the gradient checker itself is nanobert.testing."""
+numbers are visible, not just "passed"); the gradient checker itself is nanobert.testing;
+each test's TF32 setting given back after it."""
+import os
+
 import numpy
 import pytest
 
+from nanobert import backend
 from nanobert.testing import rel_error
 
 WORST = {}   # check name -> worst relative error seen in this run
@@ -84,3 +88,19 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def rng():
     return numpy.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def tf32_given_back():
+    """backend.set_tf32 writes $NANOBERT_TF32 and $CUPY_TF32 and caches the choice: after each
+    test both variables and the cache are as they were before it, so that a test that turned
+    TF32 off cannot change a later test's subprocess (bench.train_step then said "matmuls in
+    float32" when test_fast_gpu and test_gpu_numerics had run first)."""
+    saved = {name: os.environ.get(name) for name in ("NANOBERT_TF32", "CUPY_TF32")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    backend._read_tf32()
