@@ -119,10 +119,32 @@ class Start:
     row: str             # the table's name
     corpus: str = None   # pretraining corpus and objective; None: random init, no pretraining
     objective: str = None
+    steps: int = None    # pretraining steps (None: --pretrain-steps)
+    adapts: str = None   # TAPT: the start whose checkpoint goes on over each task's own text
 
+
+# Task-adaptive pretraining (TAPT, Gururangan et al. 2020, "Don't Stop Pretraining"): Brown's
+# MLM + NSP checkpoint goes on with the masked LM alone over the task's own training sentences,
+# labels unused, never a dev or test sentence; for a 1,000-example task the same 1,000
+# sentences its fine-tuning of that seed trains on (the clean setting: no more text than
+# labels), so one TAPT run per seed there and one per task on a full set. Each sentence is a
+# document (fine-tuning sees sentences alone). 2,000 steps of 52 sequences (~4.6 CPU-minutes):
+# ~100 passes over 1,000 sentences, Gururangan's TAPT count, ~12 over sentiment's 8,485 (100
+# would take 40 CPU-minutes a task). Their TAPT recipe otherwise: masks drawn anew at every
+# pass (RoBERTa's), 6% warmup, a peak rate 1/6 of the pretraining's (their 1e-4 after
+# RoBERTa's 6e-4: here 2e-4 after 1e-3). Only the text data sets: CoNLL-2003 gains already.
+TAPT = ["--config", CONFIG, "--max-seq-length", "40", "--batch-size", "52", "--lr", "2e-4",
+        "--warmup", "0.06", "--steps", "2000", "--seed", "0", "--no-nsp", "--dynamic-masking",
+        "--eval-every", "1000", "--checkpoint-every", "500", "--log-every", "100"]
+TAPT_TASKS = ("trec", "sentiment", "trec-1k", "sentiment-1k")
 
 STARTS = {
     "brown-mlm-nsp": Start("MLM + NSP, Brown", "brown", "mlm-nsp"),
+    # longer pretraining: the same recipe and data for three times the steps (~9 passes over
+    # Brown's 168,836 instances, its text 5 times with other masks and pairs, against 3)
+    "brown-mlm-nsp-30k": Start("MLM + NSP, Brown, 30,000 steps", "brown", "mlm-nsp", 30000),
+    "brown-tapt": Start("MLM + NSP, Brown, then MLM on the task's training text (TAPT)",
+                        adapts="brown-mlm-nsp"),
     "brown-mlm": Start("MLM only, Brown", "brown", "mlm"),
     "sotu-wiki-mlm-nsp": Start("MLM + NSP, sotu-wiki", "sotu-wiki", "mlm-nsp"),
     "sotu-wiki-mlm": Start("MLM only, sotu-wiki", "sotu-wiki", "mlm"),
@@ -188,36 +210,86 @@ def run_all(jobs, parallel):
 # ---------------------------------------------------------------------------- the starts
 
 
-def pretraining_folder(args, corpus, objective):
-    return os.path.join(args.out, f"pretrain-{corpus}-{objective}")
+def pretraining_folder(args, start, task=None, seed=None):
+    """<out>/pretrain-<start>/, or for a TAPT start the run of one task (of one seed for a
+    1,000-example task, whose sentences depend on it): <out>/pretrain-<start>/<key>/."""
+    folder = os.path.join(args.out, f"pretrain-{start}")
+    return folder if task is None else os.path.join(folder, tapt_key(task, seed))
+
+
+def tapt_key(task, seed):
+    return f"{task}-seed{seed}" if "--max-train-examples" in TASKS[task].args else task
 
 
 def pretraining_jobs(args):
-    """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs.
-    Each finished run's eval.json is copied to --results (its record)."""
-    jobs = []
-    for name in args.starts:
+    """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs, the
+    runs a TAPT start continues first. Each finished run's eval.json is copied to --results
+    (its record: <results>/<its folder in --out>.json)."""
+    jobs, names = [], [STARTS[name].adapts for name in args.starts if STARTS[name].adapts]
+    for name in dict.fromkeys(names + args.starts):               # once each, in that order
         start = STARTS[name]
-        if start.corpus is None:
-            continue
-        out = pretraining_folder(args, start.corpus, start.objective)
-        if os.path.isfile(os.path.join(out, "eval.json")):
-            record_pretraining(args, out)
-            continue
-        # an interrupted run goes on from its last checkpoint (exactly as if uninterrupted)
-        resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
-        jobs.append(Job([*TRAIN, *PRETRAIN, *CORPORA[start.corpus], "--steps",
-                         str(args.pretrain_steps), *OBJECTIVES[start.objective], "--out", out,
-                         *(["--resume"] if resume else [])], out,
-                        done=lambda job: record_pretraining(args, job.out)))
+        if start.corpus:
+            steps = start.steps or args.pretrain_steps
+            cmd = [*TRAIN, *PRETRAIN, *CORPORA[start.corpus], "--steps", str(steps),
+                   *OBJECTIVES[start.objective]]
+            jobs += pretraining_job(args, cmd, pretraining_folder(args, name))
+        elif start.adapts:
+            base = pretraining_folder(args, start.adapts)
+            keys = {pretraining_folder(args, name, task, seed): (task, seed)
+                    for task in args.tasks if applies(name, task) for seed in args.seeds}
+            for out, (task, seed) in keys.items():
+                data = os.path.join(out, "train.txt")
+                if not os.path.isfile(data):
+                    write_tapt_text(data, task, seed)
+                cmd = [*TRAIN, *TAPT, "--data", data, "--init-from",
+                       os.path.join(base, "checkpoint")]
+                jobs += pretraining_job(args, cmd, out, needs=base)
     return jobs
 
 
+def pretraining_job(args, cmd, out, needs=None):
+    """[the job of the pretraining command `cmd` writing to `out`], or [] (recorded) once its
+    eval.json exists; an interrupted run goes on from its last checkpoint (exactly as if
+    uninterrupted)."""
+    if os.path.isfile(os.path.join(out, "eval.json")):
+        record_pretraining(args, out)
+        return []
+    resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
+    return [Job([*cmd, "--out", out, *(["--resume"] if resume else [])], out, needs,
+                done=lambda job: record_pretraining(args, job.out))]
+
+
+def applies(start, task):
+    """Whether `start` fine-tunes `task` (a TAPT start: the text data sets alone)."""
+    return not STARTS[start].adapts or task in TAPT_TASKS
+
+
+def training_text(task, seed):
+    """The sentences `task`'s fine-tuning of `seed` trains on, labels dropped: its training
+    split, or the seeded subset finetune.py's --max-train-examples takes."""
+    from nanobert.data import datasets
+    from nanobert.data.tasks import subsample
+    flags_ = dict(zip(TASKS[task].args[::2], TASKS[task].args[1::2]))
+    examples = datasets.load(flags_["--dataset"], flags_.get("--task", "classify"))[0][0]
+    if "--max-train-examples" in flags_:
+        examples = subsample(examples, int(flags_["--max-train-examples"]), seed)
+    return [[text for text in (e.text_a, e.text_b) if text] for e in examples]
+
+
+def write_tapt_text(path, task, seed):
+    """training_text as train.py's input, one example a document: its sentences a line each,
+    a blank line after it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for sentences in training_text(task, seed):
+            f.write("".join(" ".join(s.split()) + "\n" for s in sentences) + "\n")
+
+
 def record_pretraining(args, out):
-    """<results>/pretrain-<corpus>-<objective>.json: the run's eval.json."""
+    """<results>/<out's path in --out>.json: the run's eval.json."""
     with open(os.path.join(out, "eval.json"), encoding="utf-8") as f:
         summary = json.load(f)
-    write_json(os.path.join(args.results, os.path.basename(out) + ".json"), summary)
+    write_json(os.path.join(args.results, os.path.relpath(out, args.out) + ".json"), summary)
 
 
 def random_init_folder(args):
@@ -234,13 +306,13 @@ def random_init_folder(args):
     return folder
 
 
-def start_model(args, name):
-    """-> (the --model folder of a start, finetune.py's extra flags, the pretraining folder
-    it waits for or None)."""
+def start_model(args, name, task, seed):
+    """-> (the --model folder of a start for a task and seed, finetune.py's extra flags, the
+    pretraining folder it waits for or None)."""
     start = STARTS[name]
-    if start.corpus is None:
+    if start.corpus is None and start.adapts is None:
         return os.path.join(args.out, "random-init"), ["--from-scratch"], None
-    pretrained = pretraining_folder(args, start.corpus, start.objective)
+    pretrained = pretraining_folder(args, name, *((task, seed) if start.adapts else ()))
     return os.path.join(pretrained, "checkpoint"), [], pretrained
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -267,8 +339,8 @@ def finetune_jobs(args):
     jobs = []
     for task in args.tasks:
         for seed in args.seeds:
-            for start in args.starts:
-                model, extra, needs = start_model(args, start)
+            for start in filter(lambda start: applies(start, task), args.starts):
+                model, extra, needs = start_model(args, start, task, seed)
                 for lr in args.lr_grid:
                     out = finetune_folder(args, task, start, seed, lr)
                     job = Job([*FINETUNE, *RECIPE, "--epochs", str(TASKS[task].epochs),
@@ -386,6 +458,8 @@ def table(args):
                       for s, (runs, _) in chosen.items() if s != BASELINE and runs}
         dev_best = max(pretrained, key=pretrained.get) if pretrained else None
         for start, (runs, pending) in chosen.items():
+            if not applies(start, task):
+                continue
             row_name = STARTS[start].row + (" (best on dev)" if start == dev_best else "")
             waiting = f" ({len(pending)} pending)" if pending else ""
             if not runs:
@@ -442,17 +516,19 @@ def grid_table(args):
 
 
 def pretraining_summary(args):
-    """One line per recorded pretraining run: steps, minutes, held-out MLM / NSP."""
+    """One line per recorded pretraining run (a TAPT start's: one per task, or task and seed):
+    steps, minutes, held-out MLM / NSP (on Brown's held-out text, also after TAPT)."""
     lines = []
-    for corpus in CORPORA:
-        for objective in OBJECTIVES:
-            path = os.path.join(args.results, f"pretrain-{corpus}-{objective}.json")
-            if not os.path.isfile(path):
-                continue
+    for name in STARTS:
+        folder = os.path.join(args.results, f"pretrain-{name}")
+        paths = [os.path.join(folder, f) for f in sorted(os.listdir(folder))] \
+            if os.path.isdir(folder) else [folder + ".json"]
+        for path in filter(os.path.isfile, paths):
             with open(path, encoding="utf-8") as f:
                 summary = json.load(f)
             held = summary["heldout"]
-            lines.append(f"- pretraining {corpus} {objective}: {summary['step']} steps, "
+            run = os.path.relpath(path, args.results)[:-len(".json")]
+            lines.append(f"- {run}: {summary['step']} steps, "
                          f"{summary['train_minutes']:.0f} min; held-out MLM accuracy "
                          f"{held['mlm_accuracy']:.3f} (loss {held['mlm_loss']:.2f}, unigram "
                          f"{summary['unigram_baseline']:.2f}), NSP accuracy "
@@ -553,7 +629,7 @@ def embedding_report(args, tokenizer, lexicon):
     import numpy
 
     from nanobert.formats.checkpoint import read_weights
-    folder = os.path.join(pretraining_folder(args, "brown", "mlm-nsp"), "checkpoint")
+    folder = os.path.join(pretraining_folder(args, "brown-mlm-nsp"), "checkpoint")
     if not os.path.isdir(folder):
         return None
     embeddings = next(v for k, v in read_weights(folder).items()

@@ -251,3 +251,82 @@ def test_nearest_rank_and_sentence_groups(tmp_path):
     assert group(tokenizer, lexicon, counts, "good, awful") == "split or rare in Brown"
     assert group(tokenizer, lexicon, collections.Counter(good=3), "good") == \
         "split or rare in Brown"
+
+
+def test_tapt_trains_on_the_tasks_training_text_alone(tmp_path, monkeypatch):
+    """A TAPT start's text is the training split's sentences (labels dropped, never a dev or
+    test sentence); for a 1,000-example task exactly the seed's subset finetune.py trains on."""
+    import argparse
+
+    from nanobert.data import datasets
+    from nanobert.training.tasks import limit_examples
+    Example = collections.namedtuple("Example", "text_a text_b label")
+    train = [Example(f"train  sentence {i}", None, i % 2) for i in range(1500)]
+    dev, test = [Example("a dev sentence", None, 0)], [Example("a test sentence", None, 1)]
+    monkeypatch.setattr(datasets, "load", lambda name, task: ((train, dev, test), [0, 1], ""))
+    path = tmp_path / "train.txt"
+    ablation.write_tapt_text(str(path), "sentiment", 0)
+    documents = path.read_text(encoding="utf-8").split("\n\n")
+    assert documents[:2] == ["train sentence 0", "train sentence 1"]    # one a document
+    assert len(documents) == 1500 + 1 and documents[-1] == ""
+    for seed in (0, 1):
+        ablation.write_tapt_text(str(path), "sentiment-1k", seed)
+        written = path.read_text(encoding="utf-8").split("\n\n")[:-1]
+        args = argparse.Namespace(max_train_examples=1000, max_eval_examples=None, seed=seed)
+        subset = limit_examples(args, {"train": (train, {})})["train"][0]
+        assert written == [" ".join(e.text_a.split()) for e in subset]
+        assert len(set(written)) == 1000 and not {"a dev sentence", "a test sentence"} & \
+            set(written)
+    assert ablation.training_text("trec-1k", 0) != ablation.training_text("trec-1k", 1)
+
+
+def test_a_tapt_start_continues_its_base_checkpoint_per_task_and_seed(tmp_path, monkeypatch):
+    args = ablation.parse_args(["--tasks", "sentiment", "sentiment-1k", "conll2003", "--seeds",
+                                "0", "1", "--starts", "brown-tapt", "--lr-grid", "1e-4",
+                                "--out", str(tmp_path / "runs"),
+                                "--results", str(tmp_path / "results")])
+    base = str(tmp_path / "runs" / "pretrain-brown-mlm-nsp")
+    tapt = tmp_path / "runs" / "pretrain-brown-tapt"
+    from nanobert.data import datasets
+    Example = collections.namedtuple("Example", "text_a text_b label")
+    examples = [Example(f"sentence {i}", None, 0) for i in range(1200)]
+    monkeypatch.setattr(datasets, "load", lambda name, task: ((examples, [], []), [0], ""))
+    jobs = ablation.pretraining_jobs(args)
+    # the base pretraining first (missing here), then one TAPT run per full task and one per
+    # seed of a 1,000-example task; none for CoNLL-2003
+    assert [job.out for job in jobs] == [base] + [str(tapt / key) for key in (
+        "sentiment", "sentiment-1k-seed0", "sentiment-1k-seed1")]
+    for job in jobs[1:]:
+        assert job.needs == base
+        cmd = job.cmd
+        assert cmd[cmd.index("--init-from") + 1] == os.path.join(base, "checkpoint")
+        assert cmd[cmd.index("--data") + 1] == os.path.join(job.out, "train.txt")
+        assert "--no-nsp" in cmd and cmd[cmd.index("--steps") + 1] == "2000"
+        assert os.path.isfile(os.path.join(job.out, "train.txt"))
+    assert (tapt / "sentiment-1k-seed0" / "train.txt").read_text() != \
+        (tapt / "sentiment-1k-seed1" / "train.txt").read_text()
+    runs = ablation.finetune_jobs(args)
+    assert len(runs) == 2 * 2 and not any("conll2003" in job.cmd for job in runs)
+    for job in runs:
+        key = ablation.tapt_key("sentiment-1k" if "--max-train-examples" in job.cmd else
+                                "sentiment", int(job.cmd[job.cmd.index("--seed") + 1]))
+        assert job.needs == str(tapt / key)
+        assert job.cmd[job.cmd.index("--model") + 1] == str(tapt / key / "checkpoint")
+    # the table leaves out the tasks a start does not fine-tune
+    write_record(args, "sentiment", "brown-tapt", 0, 1e-4, dev=70, test=71)
+    text, _ = ablation.table(args)
+    assert "(TAPT) (best on dev) | 71.0 +- 0.0 | 1 |" in text, text
+    assert not [line for line in text.splitlines() if "CoNLL" in line and "TAPT" in line]
+
+
+def test_longer_pretraining_is_its_own_run_and_folder(tmp_path):
+    args = ablation.parse_args(["--tasks", "sentiment", "--seeds", "0", "--starts",
+                                "brown-mlm-nsp", "brown-mlm-nsp-30k", "--out",
+                                str(tmp_path / "runs"), "--results", str(tmp_path / "results")])
+    jobs = ablation.pretraining_jobs(args)
+    steps = {os.path.basename(job.out): job.cmd[job.cmd.index("--steps") + 1] for job in jobs}
+    assert steps == {"pretrain-brown-mlm-nsp": "10000", "pretrain-brown-mlm-nsp-30k": "30000"}
+    recipe = [[c for c in job.cmd if c not in ("10000", "30000", job.out)] for job in jobs]
+    assert recipe[0] == recipe[1]                                  # the same recipe otherwise
+    models = {job.cmd[job.cmd.index("--model") + 1] for job in ablation.finetune_jobs(args)}
+    assert models == {os.path.join(job.out, "checkpoint") for job in jobs}
