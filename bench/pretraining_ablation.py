@@ -621,17 +621,25 @@ def nearest_rank(embeddings, a, b):
     return int((similarity > similarity[b]).sum()) - 1               # a itself not counted
 
 
-def embedding_report(args, tokenizer, lexicon):
-    """Does Brown's MLM + NSP checkpoint hold polarity? Its input embeddings of VADER's
-    whole-word entries with |valence| >= 1: the polarity probe (against random embeddings of
-    the same shape and the majority rate), and where each antonym sits among a word's nearest
-    neighbours. None without the checkpoint."""
+def embedding_reports(args, tokenizer, lexicon):
+    """embedding_report of every finished pretraining run in --out with Brown's vocab: Brown's
+    MLM + NSP, its longer run, and the TAPT runs on sentiment -> {its folder in --out: report}."""
+    names = ["pretrain-brown-mlm-nsp", "pretrain-brown-mlm-nsp-30k"] + list(dict.fromkeys(
+        os.path.join("pretrain-brown-tapt", tapt_key(task, seed))
+        for task in ("sentiment", "sentiment-1k") for seed in args.seeds))
+    return {name: embedding_report(os.path.join(args.out, name, "checkpoint"), tokenizer,
+                                   lexicon)
+            for name in names if os.path.isfile(os.path.join(args.out, name, "eval.json"))}
+
+
+def embedding_report(folder, tokenizer, lexicon):
+    """Does a checkpoint (`folder`) hold polarity? Its input embeddings of VADER's whole-word
+    entries with |valence| >= 1: the polarity probe (against random embeddings of the same
+    shape and the majority rate), and where each antonym sits among a word's nearest
+    neighbours."""
     import numpy
 
     from nanobert.formats.checkpoint import read_weights
-    folder = os.path.join(pretraining_folder(args, "brown-mlm-nsp"), "checkpoint")
-    if not os.path.isdir(folder):
-        return None
     embeddings = next(v for k, v in read_weights(folder).items()
                       if k.endswith("word_embeddings.weight")).astype(numpy.float64)
     found = sorted(w for w, v in lexicon.items() if w in tokenizer.vocab and abs(v) >= 1)
@@ -645,6 +653,74 @@ def embedding_report(args, tokenizer, lexicon):
                                                        tokenizer.vocab[b])
                               for a, b in ANTONYMS
                               if a in tokenizer.vocab and b in tokenizer.vocab}}
+
+
+def sentence_features(model, tokenizer, texts, batch_size=256):
+    """The frozen encoder's mean-pooled last hidden state of each text (its first 64 pieces,
+    fine-tuning's length) -> [N, H] float64."""
+    import numpy
+
+    from nanobert.backend import to_host
+    rows = []
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[i:i + batch_size], padding=True, truncation=True, max_length=64)
+        mask = numpy.array(enc["attention_mask"], dtype=numpy.float64)
+        hidden = to_host(model(numpy.array(enc["input_ids"]), numpy.array(enc["token_type_ids"]),
+                               mask.astype(numpy.int64)).last_hidden_state)    # [B, T, H]
+        rows.append((hidden * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True))
+    return numpy.concatenate(rows)
+
+
+def linear_probe(train_x, train_y, dev_x, dev_y, ridge=1.0):
+    """Dev accuracy of a least-squares classifier (ridge, features standardised on train)
+    fitted on train: how much of the label a frozen feature holds linearly."""
+    import numpy
+    mean, std = train_x.mean(0), train_x.std(0) + 1e-12
+    x, z = ((f - mean) / std for f in (train_x, dev_x))
+    x, z = numpy.c_[x, numpy.ones(len(x))], numpy.c_[z, numpy.ones(len(z))]
+    beta = numpy.linalg.solve(x.T @ x + ridge * numpy.eye(x.shape[1]),
+                              x.T @ numpy.where(train_y, 1.0, -1.0))
+    return float(((z @ beta > 0) == dev_y).mean())
+
+
+def sentence_probes(args, tokenizer):
+    """How much sentiment a frozen start already holds, before any fine-tuning: linear_probe's
+    dev accuracy on sentence_features of random init (seed 0), Brown's checkpoints and the
+    TAPT ones; fitted on the full training set and on each seed's 1,000 sentences (a TAPT-1k
+    checkpoint on its own seed's). Dev only: no test sentence is read."""
+    import numpy
+
+    from nanobert import BertConfig, BertModel
+    from nanobert.data import datasets
+    from nanobert.data.tasks import subsample
+    (train, dev, _), labels, _ = datasets.load("movie-sentiment", "classify")
+    positive = labels[-1]
+    models = {"random-init": BertModel(BertConfig.from_json_file(
+        random_init_folder(args)), seed=0).eval()}
+    for name in ("pretrain-brown-mlm-nsp", "pretrain-brown-mlm-nsp-30k",
+                 os.path.join("pretrain-brown-tapt", "sentiment")):
+        if os.path.isfile(os.path.join(args.out, name, "eval.json")):
+            models[name] = BertModel.from_pretrained(os.path.join(args.out, name, "checkpoint"))
+    for seed in args.seeds:                             # each probed on its own seed alone
+        name = os.path.join("pretrain-brown-tapt", tapt_key("sentiment-1k", seed))
+        if os.path.isfile(os.path.join(args.out, name, "eval.json")):
+            models[name] = BertModel.from_pretrained(os.path.join(args.out, name, "checkpoint"))
+    train_y = numpy.array([e.label == positive for e in train])
+    dev_y = numpy.array([e.label == positive for e in dev])
+    report = {"majority": float(max(dev_y.mean(), 1 - dev_y.mean()))}
+    for name, model in models.items():
+        train_x = sentence_features(model, tokenizer, [e.text_a for e in train])
+        dev_x = sentence_features(model, tokenizer, [e.text_a for e in dev])
+        own_seed = name.endswith(tuple(f"-seed{seed}" for seed in args.seeds))
+        if not own_seed:
+            report[f"{name} full"] = linear_probe(train_x, train_y, dev_x, dev_y)
+        for seed in args.seeds:
+            if own_seed and not name.endswith(f"-seed{seed}"):
+                continue
+            keep = subsample(list(range(len(train))), 1000, seed)    # finetune.py's subset
+            report[f"{name} 1k seed{seed}"] = linear_probe(train_x[keep], train_y[keep], dev_x,
+                                                           dev_y)
+    return report
 
 
 def sentence_group(tokenizer, lexicon, counts, text):
@@ -689,8 +765,9 @@ def accuracy_by_group(args, tokenizer, lexicon, counts):
 def vocab_report(args):
     """Why sentiment? split_rates of the sentiment and TREC test sentences under Brown's vocab
     (BERT's 30,522 pieces for reference, when all-MiniLM-L6-v2 is installed), the polarity
-    the pretrained embeddings hold (embedding_report) and the sentiment accuracy by sentence
-    group (accuracy_by_group); printed, and vocab.json in --results."""
+    the pretrained embeddings hold (embedding_reports), the sentiment a frozen start holds
+    (sentence_probes, dev) and the sentiment accuracy by sentence group (accuracy_by_group);
+    printed, and vocab.json in --results."""
     import gzip
 
     from nanobert.data import datasets
@@ -717,10 +794,12 @@ def vocab_report(args):
             lines.append(f"| {name} | {kind} ({r['words']:,} distinct) | "
                          f"{r['occurrences']:,} | {r['split']:.1f}% | {reference_split} | "
                          f"{r['rare_in_corpus']:.1f}% |")
-    report["embeddings"] = embedding_report(args, brown, lexicon)
+    report["embeddings"] = embedding_reports(args, brown, lexicon)
+    report["sentence_probe"] = sentence_probes(args, brown)
     report["accuracy_by_group"] = accuracy_by_group(args, brown, lexicon, counts)
     print("\n".join(lines))
-    print(json.dumps({k: report[k] for k in ("embeddings", "accuracy_by_group")}, indent=1))
+    print(json.dumps({k: report[k] for k in ("embeddings", "sentence_probe",
+                                             "accuracy_by_group")}, indent=1))
     write_json(os.path.join(args.results, "vocab.json"), report)
 
 # ---------------------------------------------------------------------------------- main

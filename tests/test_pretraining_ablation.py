@@ -330,3 +330,26 @@ def test_longer_pretraining_is_its_own_run_and_folder(tmp_path):
     assert recipe[0] == recipe[1]                                  # the same recipe otherwise
     models = {job.cmd[job.cmd.index("--model") + 1] for job in ablation.finetune_jobs(args)}
     assert models == {os.path.join(job.out, "checkpoint") for job in jobs}
+
+
+def test_the_sentence_probe_pools_real_pieces_and_reads_a_linear_label():
+    import numpy
+
+    from nanobert import BertConfig, BertModel
+    tokenizer = ablation.BertTokenizer(os.path.join(ablation.REPOSITORY, ablation.BROWN_VOCAB),
+                                       do_lower_case=True)
+    model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32), seed=0).eval()
+    texts = ["a short one", "a much longer sentence that pads the short one in its batch"]
+    together = ablation.sentence_features(model, tokenizer, texts)
+    alone = numpy.concatenate([ablation.sentence_features(model, tokenizer, [t]) for t in texts])
+    assert together.shape == (2, 16)
+    numpy.testing.assert_allclose(together, alone, atol=1e-5)     # padding never pooled
+    rng = numpy.random.default_rng(0)
+    labels = rng.random(600) < 0.5
+    features = rng.normal(size=(600, 8))
+    chance = ablation.linear_probe(features[:400], labels[:400], features[400:], labels[400:])
+    features[:, 2] += numpy.where(labels, 1.5, -1.5)
+    found = ablation.linear_probe(features[:400], labels[:400], features[400:], labels[400:])
+    assert abs(chance - 0.5) < 0.1 < 0.9 < found, (chance, found)
