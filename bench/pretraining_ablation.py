@@ -723,6 +723,50 @@ def sentence_probes(args, tokenizer):
     return report
 
 
+def ngrams(tokenizer, text):
+    """The set of a text's words and word pairs (BERT's basic tokenizer: lower-cased,
+    punctuation split): a bag-of-words model's features."""
+    w = words(tokenizer, text)
+    return set(w) | {f"{x} {y}" for x, y in zip(w, w[1:])}
+
+
+def naive_bayes(train, alpha, tokenizer):
+    """Multinomial naive Bayes over binary ngrams (Wang & Manning 2012's MNB, the classic
+    sentence-polarity baseline), add-`alpha` smoothing, fitted on TextExamples -> predict(text)."""
+    counts, docs = collections.defaultdict(collections.Counter), collections.Counter()
+    for e in train:
+        counts[e.label].update(ngrams(tokenizer, e.text_a))
+        docs[e.label] += 1
+    vocab = set().union(*counts.values())
+    log_p = {c: (math.log(docs[c] / len(train)), {w: math.log(
+        (n[w] + alpha) / (sum(n.values()) + alpha * len(vocab))) for w in vocab})
+        for c, n in counts.items()}
+    return lambda text: max(log_p, key=lambda c: log_p[c][0] + sum(
+        log_p[c][1].get(w, 0.0) for w in ngrams(tokenizer, text)))
+
+
+def bag_of_words_reference(args, tokenizer):
+    """What the training labels alone teach: naive_bayes's test accuracy on sentiment and TREC,
+    full and each seed's 1,000 examples (finetune.py's subsets), its smoothing chosen on dev
+    from 0.1 0.3 1 (as the fine-tuning rate is) -> {task: {"test", "alpha" per run}}."""
+    from nanobert.data import datasets
+    from nanobert.data.tasks import subsample
+    report = {}
+    for name, dataset in (("sentiment", "movie-sentiment"), ("trec", "trec")):
+        train, dev, test = datasets.load(dataset, "classify")[0]
+        subsets = {name: train, **{f"{name}-1k seed{seed}": subsample(train, 1000, seed)
+                                   for seed in args.seeds}}
+        for key, examples in subsets.items():
+            runs = {}
+            for alpha in (0.1, 0.3, 1.0):
+                predict = naive_bayes(examples, alpha, tokenizer)
+                runs[alpha] = [100 * statistics.mean(predict(e.text_a) == e.label for e in split)
+                               for split in (dev, test)]
+            alpha = max(runs, key=lambda a: (runs[a][0], -a))     # dev chooses
+            report[key] = {"alpha": alpha, "dev": runs[alpha][0], "test": runs[alpha][1]}
+    return report
+
+
 def sentence_group(tokenizer, lexicon, counts, text):
     """Which evaluative words a sentence has: none, all whole and common in Brown, or one
     that Brown's vocab splits or its text holds fewer than RARE times."""
@@ -766,7 +810,8 @@ def vocab_report(args):
     """Why sentiment? split_rates of the sentiment and TREC test sentences under Brown's vocab
     (BERT's 30,522 pieces for reference, when all-MiniLM-L6-v2 is installed), the polarity
     the pretrained embeddings hold (embedding_reports), the sentiment a frozen start holds
-    (sentence_probes, dev) and the sentiment accuracy by sentence group (accuracy_by_group);
+    (sentence_probes, dev), what a bag of words learns from the labels alone
+    (bag_of_words_reference) and the sentiment accuracy by sentence group (accuracy_by_group);
     printed, and vocab.json in --results."""
     import gzip
 
@@ -796,9 +841,10 @@ def vocab_report(args):
                          f"{r['rare_in_corpus']:.1f}% |")
     report["embeddings"] = embedding_reports(args, brown, lexicon)
     report["sentence_probe"] = sentence_probes(args, brown)
+    report["bag_of_words"] = bag_of_words_reference(args, brown)
     report["accuracy_by_group"] = accuracy_by_group(args, brown, lexicon, counts)
     print("\n".join(lines))
-    print(json.dumps({k: report[k] for k in ("embeddings", "sentence_probe",
+    print(json.dumps({k: report[k] for k in ("embeddings", "sentence_probe", "bag_of_words",
                                              "accuracy_by_group")}, indent=1))
     write_json(os.path.join(args.results, "vocab.json"), report)
 

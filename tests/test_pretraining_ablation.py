@@ -353,3 +353,19 @@ def test_the_sentence_probe_pools_real_pieces_and_reads_a_linear_label():
     features[:, 2] += numpy.where(labels, 1.5, -1.5)
     found = ablation.linear_probe(features[:400], labels[:400], features[400:], labels[400:])
     assert abs(chance - 0.5) < 0.1 < 0.9 < found, (chance, found)
+
+
+def test_naive_bayes_learns_the_words_and_word_pairs_of_each_label(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) + "\n")
+    tokenizer = ablation.BertTokenizer(str(vocab), do_lower_case=True)
+    assert ablation.ngrams(tokenizer, "Not good, film") == {"not", "good", ",", "film",
+                                                            "not good", "good ,", ", film"}
+    Example = collections.namedtuple("Example", "text_a label")
+    train = [Example("a good film", "pos"), Example("good acting", "pos"),
+             Example("a bad film", "neg"), Example("not good at all", "neg"),
+             Example("bad acting", "neg")]
+    predict = ablation.naive_bayes(train, 0.1, tokenizer)
+    assert predict("good") == "pos" and predict("bad") == "neg"
+    assert predict("unseen") == "neg"                             # the prior: 3 of 5 are neg
+    assert predict("not good") == "neg"                           # the pair outweighs "good"
