@@ -777,16 +777,26 @@ def sentence_group(tokenizer, lexicon, counts, text):
     return "split or rare in Brown" if poor else "whole and common in Brown"
 
 
+def length_group(tokenizer, text):
+    """Whether a sentence, with [CLS] and [SEP], is longer than the pretraining's sequences:
+    fine-tuning (64 pieces) reads its end at positions pretraining never trained."""
+    longest = int(PRETRAIN[PRETRAIN.index("--max-seq-length") + 1])
+    return f"longer than {longest} pieces" if len(tokenizer.tokenize(text)) + 2 > longest \
+        else f"{longest} pieces or fewer"
+
+
 def accuracy_by_group(args, tokenizer, lexicon, counts):
-    """Test accuracy of the dev-chosen sentiment runs, per sentence group (sentence_group),
-    mean over the seeds: does a start lose where Brown's vocab serves the evaluative words
-    badly? Reads the runs' test_predictions.tsv in --out (the seeds whose folder is there)."""
+    """Test accuracy of the dev-chosen sentiment runs, per sentence group (sentence_group and
+    length_group), mean over the seeds: does a start lose where Brown's vocab serves the
+    evaluative words badly, or where a sentence is longer than the pretraining's? Reads the
+    runs' test_predictions.tsv in --out (the seeds whose folder is there)."""
     import csv
 
     from nanobert.data import datasets
     test = datasets.load("movie-sentiment", "classify")[0][2]
-    groups = [sentence_group(tokenizer, lexicon, counts, e.text_a) for e in test]
-    report = {"sentences": dict(collections.Counter(groups))}
+    groups = [(sentence_group(tokenizer, lexicon, counts, e.text_a),
+               length_group(tokenizer, e.text_a)) for e in test]
+    report = {"sentences": dict(collections.Counter(g for pair in groups for g in pair))}
     for task in ("sentiment", "sentiment-1k"):
         for start in STARTS:
             right = collections.defaultdict(list)
@@ -798,7 +808,8 @@ def accuracy_by_group(args, tokenizer, lexicon, counts):
                 hits = collections.defaultdict(list)
                 with open(path, encoding="utf-8") as f:
                     for row in csv.DictReader(f, delimiter="\t"):
-                        hits[groups[int(row["index"])]].append(row["prediction"] == row["label"])
+                        for group in groups[int(row["index"])]:
+                            hits[group].append(row["prediction"] == row["label"])
                 for group, h in hits.items():
                     right[group].append(100 * sum(h) / len(h))
             if right:

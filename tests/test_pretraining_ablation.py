@@ -235,7 +235,7 @@ def test_the_polarity_probe_finds_polarity_only_where_the_features_hold_it():
     assert ablation.polarity_probe(features, positive) > 0.95
 
 
-def test_nearest_rank_and_sentence_groups(tmp_path):
+def test_nearest_rank_and_sentence_groups_by_words_and_length(tmp_path):
     import numpy
     embeddings = numpy.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.7, 0.7]])
     assert ablation.nearest_rank(embeddings, 0, 1) == 0                      # the nearest
@@ -251,6 +251,8 @@ def test_nearest_rank_and_sentence_groups(tmp_path):
     assert group(tokenizer, lexicon, counts, "good, awful") == "split or rare in Brown"
     assert group(tokenizer, lexicon, collections.Counter(good=3), "good") == \
         "split or rare in Brown"
+    assert ablation.length_group(tokenizer, " ".join(["the"] * 38)) == "40 pieces or fewer"
+    assert ablation.length_group(tokenizer, " ".join(["the"] * 39)) == "longer than 40 pieces"
 
 
 def test_tapt_trains_on_the_tasks_training_text_alone(tmp_path, monkeypatch):
