@@ -43,8 +43,9 @@ from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, GPUStep, corp
                                            evaluate, fill_mask_example, host_sums, means,
                                            prepare_corpus, prepare_datasets, prepare_vocab,
                                            step_sums, total_loss, trim, unigram_baseline)
-from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
-                                      refuse_changed_model, resume_training, save_checkpoint)
+from nanobert.training.resume import (init_from_vocab, init_from_weights, read_trainer_state,
+                                      refuse_changed_flags, refuse_changed_model,
+                                      resume_training, save_checkpoint)
 from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
                                    make_optimizer, remove_stale, run_command, seed_dropout,
                                    setup_device, start_ranks, stream_rows, write_summary)
@@ -100,6 +101,11 @@ def parse_args(argv=None):
     corpus = corpus_files(args.corpus, DATA)     # --data / --heldout default to its files
     if args.data is None:
         args.data = [corpus["train"]]
+    if args.init_from:                            # its vocab, or none
+        try:
+            args.vocab = init_from_vocab(args.init_from, args.vocab)
+        except (OSError, ValueError) as e:
+            parser.error(str(e))
     if args.heldout is None:
         args.heldout = [corpus["heldout"]]
     elif args.heldout == ["none"]:
@@ -195,6 +201,11 @@ def add_run_arguments(g):
     g.add_argument("--resume", action="store_true",
                    help="continue from <out>/checkpoint exactly (a flag that would change the "
                         "steps, e.g. --lr or --grad-accum, must keep its value)")
+    g.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="start from this checkpoint's weights and vocab (e.g. <out>/checkpoint "
+                        "of a train.py run) with a new optimizer and schedule: continued "
+                        "pretraining, e.g. on a task's own text; --config/--preset must "
+                        "describe its model")
     flags.add(g, "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
     g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
@@ -240,9 +251,13 @@ def model_config(args, vocab_size):
 
 
 def new_model(args, vocab_size, metrics_path):
-    """A freshly initialised model and optimizer -> (model, optimizer, scaler, state)."""
-    model = BertForPreTraining(model_config(args, vocab_size), seed=args.seed,
-                               dtype=numpy.dtype(args.dtype), device=args.device)
+    """A new model (drawn from --seed, or --init-from's weights) and a fresh optimizer
+    -> (model, optimizer, scaler, state)."""
+    config = model_config(args, vocab_size)
+    params = args.init_from and init_from_weights(BertForPreTraining, args.init_from, config,
+                                                  model_flag(args))
+    model = BertForPreTraining(config, seed=args.seed, dtype=numpy.dtype(args.dtype),
+                               device=args.device, params=params)
     remove_stale(metrics_path)
     return (model, *make_optimizer(args, model), {"step": 0, "train_seconds": 0.0, "tokens": 0})
 
@@ -273,8 +288,11 @@ def check_resume(args, checkpoint_dir):
         skip.add("phase2_fraction")               # unused without a phase 2
     refuse_changed_flags(args, saved, RESUME_FIXED, paths=("data",), skip=skip)
     config = BertConfig.from_json_file(os.path.join(checkpoint_dir, "config.json"))
-    flag = f"--config {args.config}" if args.config else f"--preset {args.preset}"
-    refuse_changed_model(model_config(args, config.vocab_size), config, flag)
+    refuse_changed_model(model_config(args, config.vocab_size), config, model_flag(args))
+
+
+def model_flag(args):
+    return f"--config {args.config}" if args.config else f"--preset {args.preset}"
 
 
 def refuse_another_vocab(state, checkpoint_dir, vocab_file):

@@ -119,10 +119,32 @@ class Start:
     row: str             # the table's name
     corpus: str = None   # pretraining corpus and objective; None: random init, no pretraining
     objective: str = None
+    steps: int = None    # pretraining steps (None: --pretrain-steps)
+    adapts: str = None   # TAPT: the start whose checkpoint goes on over each task's own text
 
+
+# Task-adaptive pretraining (TAPT, Gururangan et al. 2020, "Don't Stop Pretraining"): Brown's
+# MLM + NSP checkpoint goes on with the masked LM alone over the task's own training sentences,
+# labels unused, never a dev or test sentence; for a 1,000-example task the same 1,000
+# sentences its fine-tuning of that seed trains on (the clean setting: no more text than
+# labels), so one TAPT run per seed there and one per task on a full set. Each sentence is a
+# document (fine-tuning sees sentences alone). 2,000 steps of 52 sequences (~4.6 CPU-minutes):
+# ~100 passes over 1,000 sentences, Gururangan's TAPT count, ~12 over sentiment's 8,485 (100
+# would take 40 CPU-minutes a task). Their TAPT recipe otherwise: masks drawn anew at every
+# pass (RoBERTa's), 6% warmup, a peak rate 1/6 of the pretraining's (their 1e-4 after
+# RoBERTa's 6e-4: here 2e-4 after 1e-3). Only the text data sets: CoNLL-2003 gains already.
+TAPT = ["--config", CONFIG, "--max-seq-length", "40", "--batch-size", "52", "--lr", "2e-4",
+        "--warmup", "0.06", "--steps", "2000", "--seed", "0", "--no-nsp", "--dynamic-masking",
+        "--eval-every", "1000", "--checkpoint-every", "500", "--log-every", "100"]
+TAPT_TASKS = ("trec", "sentiment", "trec-1k", "sentiment-1k")
 
 STARTS = {
     "brown-mlm-nsp": Start("MLM + NSP, Brown", "brown", "mlm-nsp"),
+    # longer pretraining: the same recipe and data for three times the steps (~9 passes over
+    # Brown's 168,836 instances, its text 5 times with other masks and pairs, against 3)
+    "brown-mlm-nsp-30k": Start("MLM + NSP, Brown, 30,000 steps", "brown", "mlm-nsp", 30000),
+    "brown-tapt": Start("MLM + NSP, Brown, then MLM on the task's training text (TAPT)",
+                        adapts="brown-mlm-nsp"),
     "brown-mlm": Start("MLM only, Brown", "brown", "mlm"),
     "sotu-wiki-mlm-nsp": Start("MLM + NSP, sotu-wiki", "sotu-wiki", "mlm-nsp"),
     "sotu-wiki-mlm": Start("MLM only, sotu-wiki", "sotu-wiki", "mlm"),
@@ -188,36 +210,86 @@ def run_all(jobs, parallel):
 # ---------------------------------------------------------------------------- the starts
 
 
-def pretraining_folder(args, corpus, objective):
-    return os.path.join(args.out, f"pretrain-{corpus}-{objective}")
+def pretraining_folder(args, start, task=None, seed=None):
+    """<out>/pretrain-<start>/, or for a TAPT start the run of one task (of one seed for a
+    1,000-example task, whose sentences depend on it): <out>/pretrain-<start>/<key>/."""
+    folder = os.path.join(args.out, f"pretrain-{start}")
+    return folder if task is None else os.path.join(folder, tapt_key(task, seed))
+
+
+def tapt_key(task, seed):
+    return f"{task}-seed{seed}" if "--max-train-examples" in TASKS[task].args else task
 
 
 def pretraining_jobs(args):
-    """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs.
-    Each finished run's eval.json is copied to --results (its record)."""
-    jobs = []
-    for name in args.starts:
+    """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs, the
+    runs a TAPT start continues first. Each finished run's eval.json is copied to --results
+    (its record: <results>/<its folder in --out>.json)."""
+    jobs, names = [], [STARTS[name].adapts for name in args.starts if STARTS[name].adapts]
+    for name in dict.fromkeys(names + args.starts):               # once each, in that order
         start = STARTS[name]
-        if start.corpus is None:
-            continue
-        out = pretraining_folder(args, start.corpus, start.objective)
-        if os.path.isfile(os.path.join(out, "eval.json")):
-            record_pretraining(args, out)
-            continue
-        # an interrupted run goes on from its last checkpoint (exactly as if uninterrupted)
-        resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
-        jobs.append(Job([*TRAIN, *PRETRAIN, *CORPORA[start.corpus], "--steps",
-                         str(args.pretrain_steps), *OBJECTIVES[start.objective], "--out", out,
-                         *(["--resume"] if resume else [])], out,
-                        done=lambda job: record_pretraining(args, job.out)))
+        if start.corpus:
+            steps = start.steps or args.pretrain_steps
+            cmd = [*TRAIN, *PRETRAIN, *CORPORA[start.corpus], "--steps", str(steps),
+                   *OBJECTIVES[start.objective]]
+            jobs += pretraining_job(args, cmd, pretraining_folder(args, name))
+        elif start.adapts:
+            base = pretraining_folder(args, start.adapts)
+            keys = {pretraining_folder(args, name, task, seed): (task, seed)
+                    for task in args.tasks if applies(name, task) for seed in args.seeds}
+            for out, (task, seed) in keys.items():
+                data = os.path.join(out, "train.txt")
+                if not os.path.isfile(data):
+                    write_tapt_text(data, task, seed)
+                cmd = [*TRAIN, *TAPT, "--data", data, "--init-from",
+                       os.path.join(base, "checkpoint")]
+                jobs += pretraining_job(args, cmd, out, needs=base)
     return jobs
 
 
+def pretraining_job(args, cmd, out, needs=None):
+    """[the job of the pretraining command `cmd` writing to `out`], or [] (recorded) once its
+    eval.json exists; an interrupted run goes on from its last checkpoint (exactly as if
+    uninterrupted)."""
+    if os.path.isfile(os.path.join(out, "eval.json")):
+        record_pretraining(args, out)
+        return []
+    resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
+    return [Job([*cmd, "--out", out, *(["--resume"] if resume else [])], out, needs,
+                done=lambda job: record_pretraining(args, job.out))]
+
+
+def applies(start, task):
+    """Whether `start` fine-tunes `task` (a TAPT start: the text data sets alone)."""
+    return not STARTS[start].adapts or task in TAPT_TASKS
+
+
+def training_text(task, seed):
+    """The sentences `task`'s fine-tuning of `seed` trains on, labels dropped: its training
+    split, or the seeded subset finetune.py's --max-train-examples takes."""
+    from nanobert.data import datasets
+    from nanobert.data.tasks import subsample
+    flags_ = dict(zip(TASKS[task].args[::2], TASKS[task].args[1::2]))
+    examples = datasets.load(flags_["--dataset"], flags_.get("--task", "classify"))[0][0]
+    if "--max-train-examples" in flags_:
+        examples = subsample(examples, int(flags_["--max-train-examples"]), seed)
+    return [[text for text in (e.text_a, e.text_b) if text] for e in examples]
+
+
+def write_tapt_text(path, task, seed):
+    """training_text as train.py's input, one example a document: its sentences a line each,
+    a blank line after it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for sentences in training_text(task, seed):
+            f.write("".join(" ".join(s.split()) + "\n" for s in sentences) + "\n")
+
+
 def record_pretraining(args, out):
-    """<results>/pretrain-<corpus>-<objective>.json: the run's eval.json."""
+    """<results>/<out's path in --out>.json: the run's eval.json."""
     with open(os.path.join(out, "eval.json"), encoding="utf-8") as f:
         summary = json.load(f)
-    write_json(os.path.join(args.results, os.path.basename(out) + ".json"), summary)
+    write_json(os.path.join(args.results, os.path.relpath(out, args.out) + ".json"), summary)
 
 
 def random_init_folder(args):
@@ -234,13 +306,13 @@ def random_init_folder(args):
     return folder
 
 
-def start_model(args, name):
-    """-> (the --model folder of a start, finetune.py's extra flags, the pretraining folder
-    it waits for or None)."""
+def start_model(args, name, task, seed):
+    """-> (the --model folder of a start for a task and seed, finetune.py's extra flags, the
+    pretraining folder it waits for or None)."""
     start = STARTS[name]
-    if start.corpus is None:
+    if start.corpus is None and start.adapts is None:
         return os.path.join(args.out, "random-init"), ["--from-scratch"], None
-    pretrained = pretraining_folder(args, start.corpus, start.objective)
+    pretrained = pretraining_folder(args, name, *((task, seed) if start.adapts else ()))
     return os.path.join(pretrained, "checkpoint"), [], pretrained
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -267,8 +339,8 @@ def finetune_jobs(args):
     jobs = []
     for task in args.tasks:
         for seed in args.seeds:
-            for start in args.starts:
-                model, extra, needs = start_model(args, start)
+            for start in filter(lambda start: applies(start, task), args.starts):
+                model, extra, needs = start_model(args, start, task, seed)
                 for lr in args.lr_grid:
                     out = finetune_folder(args, task, start, seed, lr)
                     job = Job([*FINETUNE, *RECIPE, "--epochs", str(TASKS[task].epochs),
@@ -386,6 +458,8 @@ def table(args):
                       for s, (runs, _) in chosen.items() if s != BASELINE and runs}
         dev_best = max(pretrained, key=pretrained.get) if pretrained else None
         for start, (runs, pending) in chosen.items():
+            if not applies(start, task):
+                continue
             row_name = STARTS[start].row + (" (best on dev)" if start == dev_best else "")
             waiting = f" ({len(pending)} pending)" if pending else ""
             if not runs:
@@ -442,17 +516,19 @@ def grid_table(args):
 
 
 def pretraining_summary(args):
-    """One line per recorded pretraining run: steps, minutes, held-out MLM / NSP."""
+    """One line per recorded pretraining run (a TAPT start's: one per task, or task and seed):
+    steps, minutes, held-out MLM / NSP (on Brown's held-out text, also after TAPT)."""
     lines = []
-    for corpus in CORPORA:
-        for objective in OBJECTIVES:
-            path = os.path.join(args.results, f"pretrain-{corpus}-{objective}.json")
-            if not os.path.isfile(path):
-                continue
+    for name in STARTS:
+        folder = os.path.join(args.results, f"pretrain-{name}")
+        paths = [os.path.join(folder, f) for f in sorted(os.listdir(folder))] \
+            if os.path.isdir(folder) else [folder + ".json"]
+        for path in filter(os.path.isfile, paths):
             with open(path, encoding="utf-8") as f:
                 summary = json.load(f)
             held = summary["heldout"]
-            lines.append(f"- pretraining {corpus} {objective}: {summary['step']} steps, "
+            run = os.path.relpath(path, args.results)[:-len(".json")]
+            lines.append(f"- {run}: {summary['step']} steps, "
                          f"{summary['train_minutes']:.0f} min; held-out MLM accuracy "
                          f"{held['mlm_accuracy']:.3f} (loss {held['mlm_loss']:.2f}, unigram "
                          f"{summary['unigram_baseline']:.2f}), NSP accuracy "
@@ -545,17 +621,25 @@ def nearest_rank(embeddings, a, b):
     return int((similarity > similarity[b]).sum()) - 1               # a itself not counted
 
 
-def embedding_report(args, tokenizer, lexicon):
-    """Does Brown's MLM + NSP checkpoint hold polarity? Its input embeddings of VADER's
-    whole-word entries with |valence| >= 1: the polarity probe (against random embeddings of
-    the same shape and the majority rate), and where each antonym sits among a word's nearest
-    neighbours. None without the checkpoint."""
+def embedding_reports(args, tokenizer, lexicon):
+    """embedding_report of every finished pretraining run in --out with Brown's vocab: Brown's
+    MLM + NSP, its longer run, and the TAPT runs on sentiment -> {its folder in --out: report}."""
+    names = ["pretrain-brown-mlm-nsp", "pretrain-brown-mlm-nsp-30k"] + list(dict.fromkeys(
+        os.path.join("pretrain-brown-tapt", tapt_key(task, seed))
+        for task in ("sentiment", "sentiment-1k") for seed in args.seeds))
+    return {name: embedding_report(os.path.join(args.out, name, "checkpoint"), tokenizer,
+                                   lexicon)
+            for name in names if os.path.isfile(os.path.join(args.out, name, "eval.json"))}
+
+
+def embedding_report(folder, tokenizer, lexicon):
+    """Does a checkpoint (`folder`) hold polarity? Its input embeddings of VADER's whole-word
+    entries with |valence| >= 1: the polarity probe (against random embeddings of the same
+    shape and the majority rate), and where each antonym sits among a word's nearest
+    neighbours."""
     import numpy
 
     from nanobert.formats.checkpoint import read_weights
-    folder = os.path.join(pretraining_folder(args, "brown", "mlm-nsp"), "checkpoint")
-    if not os.path.isdir(folder):
-        return None
     embeddings = next(v for k, v in read_weights(folder).items()
                       if k.endswith("word_embeddings.weight")).astype(numpy.float64)
     found = sorted(w for w, v in lexicon.items() if w in tokenizer.vocab and abs(v) >= 1)
@@ -571,6 +655,118 @@ def embedding_report(args, tokenizer, lexicon):
                               if a in tokenizer.vocab and b in tokenizer.vocab}}
 
 
+def sentence_features(model, tokenizer, texts, batch_size=256):
+    """The frozen encoder's mean-pooled last hidden state of each text (its first 64 pieces,
+    fine-tuning's length) -> [N, H] float64."""
+    import numpy
+
+    from nanobert.backend import to_host
+    rows = []
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[i:i + batch_size], padding=True, truncation=True, max_length=64)
+        mask = numpy.array(enc["attention_mask"], dtype=numpy.float64)
+        hidden = to_host(model(numpy.array(enc["input_ids"]), numpy.array(enc["token_type_ids"]),
+                               mask.astype(numpy.int64)).last_hidden_state)    # [B, T, H]
+        rows.append((hidden * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True))
+    return numpy.concatenate(rows)
+
+
+def linear_probe(train_x, train_y, dev_x, dev_y, ridge=1.0):
+    """Dev accuracy of a least-squares classifier (ridge, features standardised on train)
+    fitted on train: how much of the label a frozen feature holds linearly."""
+    import numpy
+    mean, std = train_x.mean(0), train_x.std(0) + 1e-12
+    x, z = ((f - mean) / std for f in (train_x, dev_x))
+    x, z = numpy.c_[x, numpy.ones(len(x))], numpy.c_[z, numpy.ones(len(z))]
+    beta = numpy.linalg.solve(x.T @ x + ridge * numpy.eye(x.shape[1]),
+                              x.T @ numpy.where(train_y, 1.0, -1.0))
+    return float(((z @ beta > 0) == dev_y).mean())
+
+
+def sentence_probes(args, tokenizer):
+    """How much sentiment a frozen start already holds, before any fine-tuning: linear_probe's
+    dev accuracy on sentence_features of random init (seed 0), Brown's checkpoints and the
+    TAPT ones; fitted on the full training set and on each seed's 1,000 sentences (a TAPT-1k
+    checkpoint on its own seed's). Dev only: no test sentence is read."""
+    import numpy
+
+    from nanobert import BertConfig, BertModel
+    from nanobert.data import datasets
+    from nanobert.data.tasks import subsample
+    (train, dev, _), labels, _ = datasets.load("movie-sentiment", "classify")
+    positive = labels[-1]
+    models = {"random-init": BertModel(BertConfig.from_json_file(
+        random_init_folder(args)), seed=0).eval()}
+    for name in ("pretrain-brown-mlm-nsp", "pretrain-brown-mlm-nsp-30k",
+                 os.path.join("pretrain-brown-tapt", "sentiment")):
+        if os.path.isfile(os.path.join(args.out, name, "eval.json")):
+            models[name] = BertModel.from_pretrained(os.path.join(args.out, name, "checkpoint"))
+    for seed in args.seeds:                             # each probed on its own seed alone
+        name = os.path.join("pretrain-brown-tapt", tapt_key("sentiment-1k", seed))
+        if os.path.isfile(os.path.join(args.out, name, "eval.json")):
+            models[name] = BertModel.from_pretrained(os.path.join(args.out, name, "checkpoint"))
+    train_y = numpy.array([e.label == positive for e in train])
+    dev_y = numpy.array([e.label == positive for e in dev])
+    report = {"majority": float(max(dev_y.mean(), 1 - dev_y.mean()))}
+    for name, model in models.items():
+        train_x = sentence_features(model, tokenizer, [e.text_a for e in train])
+        dev_x = sentence_features(model, tokenizer, [e.text_a for e in dev])
+        own_seed = name.endswith(tuple(f"-seed{seed}" for seed in args.seeds))
+        if not own_seed:
+            report[f"{name} full"] = linear_probe(train_x, train_y, dev_x, dev_y)
+        for seed in args.seeds:
+            if own_seed and not name.endswith(f"-seed{seed}"):
+                continue
+            keep = subsample(list(range(len(train))), 1000, seed)    # finetune.py's subset
+            report[f"{name} 1k seed{seed}"] = linear_probe(train_x[keep], train_y[keep], dev_x,
+                                                           dev_y)
+    return report
+
+
+def ngrams(tokenizer, text):
+    """The set of a text's words and word pairs (BERT's basic tokenizer: lower-cased,
+    punctuation split): a bag-of-words model's features."""
+    w = words(tokenizer, text)
+    return set(w) | {f"{x} {y}" for x, y in zip(w, w[1:])}
+
+
+def naive_bayes(train, alpha, tokenizer):
+    """Multinomial naive Bayes over binary ngrams (Wang & Manning 2012's MNB, the classic
+    sentence-polarity baseline), add-`alpha` smoothing, fitted on TextExamples -> predict(text)."""
+    counts, docs = collections.defaultdict(collections.Counter), collections.Counter()
+    for e in train:
+        counts[e.label].update(ngrams(tokenizer, e.text_a))
+        docs[e.label] += 1
+    vocab = set().union(*counts.values())
+    log_p = {c: (math.log(docs[c] / len(train)), {w: math.log(
+        (n[w] + alpha) / (sum(n.values()) + alpha * len(vocab))) for w in vocab})
+        for c, n in counts.items()}
+    return lambda text: max(log_p, key=lambda c: log_p[c][0] + sum(
+        log_p[c][1].get(w, 0.0) for w in ngrams(tokenizer, text)))
+
+
+def bag_of_words_reference(args, tokenizer):
+    """What the training labels alone teach: naive_bayes's test accuracy on sentiment and TREC,
+    full and each seed's 1,000 examples (finetune.py's subsets), its smoothing chosen on dev
+    from 0.1 0.3 1 (as the fine-tuning rate is) -> {task: {"test", "alpha" per run}}."""
+    from nanobert.data import datasets
+    from nanobert.data.tasks import subsample
+    report = {}
+    for name, dataset in (("sentiment", "movie-sentiment"), ("trec", "trec")):
+        train, dev, test = datasets.load(dataset, "classify")[0]
+        subsets = {name: train, **{f"{name}-1k seed{seed}": subsample(train, 1000, seed)
+                                   for seed in args.seeds}}
+        for key, examples in subsets.items():
+            runs = {}
+            for alpha in (0.1, 0.3, 1.0):
+                predict = naive_bayes(examples, alpha, tokenizer)
+                runs[alpha] = [100 * statistics.mean(predict(e.text_a) == e.label for e in split)
+                               for split in (dev, test)]
+            alpha = max(runs, key=lambda a: (runs[a][0], -a))     # dev chooses
+            report[key] = {"alpha": alpha, "dev": runs[alpha][0], "test": runs[alpha][1]}
+    return report
+
+
 def sentence_group(tokenizer, lexicon, counts, text):
     """Which evaluative words a sentence has: none, all whole and common in Brown, or one
     that Brown's vocab splits or its text holds fewer than RARE times."""
@@ -581,16 +777,26 @@ def sentence_group(tokenizer, lexicon, counts, text):
     return "split or rare in Brown" if poor else "whole and common in Brown"
 
 
+def length_group(tokenizer, text):
+    """Whether a sentence, with [CLS] and [SEP], is longer than the pretraining's sequences:
+    fine-tuning (64 pieces) reads its end at positions pretraining never trained."""
+    longest = int(PRETRAIN[PRETRAIN.index("--max-seq-length") + 1])
+    return f"longer than {longest} pieces" if len(tokenizer.tokenize(text)) + 2 > longest \
+        else f"{longest} pieces or fewer"
+
+
 def accuracy_by_group(args, tokenizer, lexicon, counts):
-    """Test accuracy of the dev-chosen sentiment runs, per sentence group (sentence_group),
-    mean over the seeds: does a start lose where Brown's vocab serves the evaluative words
-    badly? Reads the runs' test_predictions.tsv in --out (the seeds whose folder is there)."""
+    """Test accuracy of the dev-chosen sentiment runs, per sentence group (sentence_group and
+    length_group), mean over the seeds: does a start lose where Brown's vocab serves the
+    evaluative words badly, or where a sentence is longer than the pretraining's? Reads the
+    runs' test_predictions.tsv in --out (the seeds whose folder is there)."""
     import csv
 
     from nanobert.data import datasets
     test = datasets.load("movie-sentiment", "classify")[0][2]
-    groups = [sentence_group(tokenizer, lexicon, counts, e.text_a) for e in test]
-    report = {"sentences": dict(collections.Counter(groups))}
+    groups = [(sentence_group(tokenizer, lexicon, counts, e.text_a),
+               length_group(tokenizer, e.text_a)) for e in test]
+    report = {"sentences": dict(collections.Counter(g for pair in groups for g in pair))}
     for task in ("sentiment", "sentiment-1k"):
         for start in STARTS:
             right = collections.defaultdict(list)
@@ -602,7 +808,8 @@ def accuracy_by_group(args, tokenizer, lexicon, counts):
                 hits = collections.defaultdict(list)
                 with open(path, encoding="utf-8") as f:
                     for row in csv.DictReader(f, delimiter="\t"):
-                        hits[groups[int(row["index"])]].append(row["prediction"] == row["label"])
+                        for group in groups[int(row["index"])]:
+                            hits[group].append(row["prediction"] == row["label"])
                 for group, h in hits.items():
                     right[group].append(100 * sum(h) / len(h))
             if right:
@@ -613,8 +820,10 @@ def accuracy_by_group(args, tokenizer, lexicon, counts):
 def vocab_report(args):
     """Why sentiment? split_rates of the sentiment and TREC test sentences under Brown's vocab
     (BERT's 30,522 pieces for reference, when all-MiniLM-L6-v2 is installed), the polarity
-    the pretrained embeddings hold (embedding_report) and the sentiment accuracy by sentence
-    group (accuracy_by_group); printed, and vocab.json in --results."""
+    the pretrained embeddings hold (embedding_reports), the sentiment a frozen start holds
+    (sentence_probes, dev), what a bag of words learns from the labels alone
+    (bag_of_words_reference) and the sentiment accuracy by sentence group (accuracy_by_group);
+    printed, and vocab.json in --results."""
     import gzip
 
     from nanobert.data import datasets
@@ -641,10 +850,13 @@ def vocab_report(args):
             lines.append(f"| {name} | {kind} ({r['words']:,} distinct) | "
                          f"{r['occurrences']:,} | {r['split']:.1f}% | {reference_split} | "
                          f"{r['rare_in_corpus']:.1f}% |")
-    report["embeddings"] = embedding_report(args, brown, lexicon)
+    report["embeddings"] = embedding_reports(args, brown, lexicon)
+    report["sentence_probe"] = sentence_probes(args, brown)
+    report["bag_of_words"] = bag_of_words_reference(args, brown)
     report["accuracy_by_group"] = accuracy_by_group(args, brown, lexicon, counts)
     print("\n".join(lines))
-    print(json.dumps({k: report[k] for k in ("embeddings", "accuracy_by_group")}, indent=1))
+    print(json.dumps({k: report[k] for k in ("embeddings", "sentence_probe", "bag_of_words",
+                                             "accuracy_by_group")}, indent=1))
     write_json(os.path.join(args.results, "vocab.json"), report)
 
 # ---------------------------------------------------------------------------------- main

@@ -235,7 +235,7 @@ def test_the_polarity_probe_finds_polarity_only_where_the_features_hold_it():
     assert ablation.polarity_probe(features, positive) > 0.95
 
 
-def test_nearest_rank_and_sentence_groups(tmp_path):
+def test_nearest_rank_and_sentence_groups_by_words_and_length(tmp_path):
     import numpy
     embeddings = numpy.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.7, 0.7]])
     assert ablation.nearest_rank(embeddings, 0, 1) == 0                      # the nearest
@@ -251,3 +251,123 @@ def test_nearest_rank_and_sentence_groups(tmp_path):
     assert group(tokenizer, lexicon, counts, "good, awful") == "split or rare in Brown"
     assert group(tokenizer, lexicon, collections.Counter(good=3), "good") == \
         "split or rare in Brown"
+    assert ablation.length_group(tokenizer, " ".join(["the"] * 38)) == "40 pieces or fewer"
+    assert ablation.length_group(tokenizer, " ".join(["the"] * 39)) == "longer than 40 pieces"
+
+
+def test_tapt_trains_on_the_tasks_training_text_alone(tmp_path, monkeypatch):
+    """A TAPT start's text is the training split's sentences (labels dropped, never a dev or
+    test sentence); for a 1,000-example task exactly the seed's subset finetune.py trains on."""
+    import argparse
+
+    from nanobert.data import datasets
+    from nanobert.training.tasks import limit_examples
+    Example = collections.namedtuple("Example", "text_a text_b label")
+    train = [Example(f"train  sentence {i}", None, i % 2) for i in range(1500)]
+    dev, test = [Example("a dev sentence", None, 0)], [Example("a test sentence", None, 1)]
+    monkeypatch.setattr(datasets, "load", lambda name, task: ((train, dev, test), [0, 1], ""))
+    path = tmp_path / "train.txt"
+    ablation.write_tapt_text(str(path), "sentiment", 0)
+    documents = path.read_text(encoding="utf-8").split("\n\n")
+    assert documents[:2] == ["train sentence 0", "train sentence 1"]    # one a document
+    assert len(documents) == 1500 + 1 and documents[-1] == ""
+    for seed in (0, 1):
+        ablation.write_tapt_text(str(path), "sentiment-1k", seed)
+        written = path.read_text(encoding="utf-8").split("\n\n")[:-1]
+        args = argparse.Namespace(max_train_examples=1000, max_eval_examples=None, seed=seed)
+        subset = limit_examples(args, {"train": (train, {})})["train"][0]
+        assert written == [" ".join(e.text_a.split()) for e in subset]
+        assert len(set(written)) == 1000 and not {"a dev sentence", "a test sentence"} & \
+            set(written)
+    assert ablation.training_text("trec-1k", 0) != ablation.training_text("trec-1k", 1)
+
+
+def test_a_tapt_start_continues_its_base_checkpoint_per_task_and_seed(tmp_path, monkeypatch):
+    args = ablation.parse_args(["--tasks", "sentiment", "sentiment-1k", "conll2003", "--seeds",
+                                "0", "1", "--starts", "brown-tapt", "--lr-grid", "1e-4",
+                                "--out", str(tmp_path / "runs"),
+                                "--results", str(tmp_path / "results")])
+    base = str(tmp_path / "runs" / "pretrain-brown-mlm-nsp")
+    tapt = tmp_path / "runs" / "pretrain-brown-tapt"
+    from nanobert.data import datasets
+    Example = collections.namedtuple("Example", "text_a text_b label")
+    examples = [Example(f"sentence {i}", None, 0) for i in range(1200)]
+    monkeypatch.setattr(datasets, "load", lambda name, task: ((examples, [], []), [0], ""))
+    jobs = ablation.pretraining_jobs(args)
+    # the base pretraining first (missing here), then one TAPT run per full task and one per
+    # seed of a 1,000-example task; none for CoNLL-2003
+    assert [job.out for job in jobs] == [base] + [str(tapt / key) for key in (
+        "sentiment", "sentiment-1k-seed0", "sentiment-1k-seed1")]
+    for job in jobs[1:]:
+        assert job.needs == base
+        cmd = job.cmd
+        assert cmd[cmd.index("--init-from") + 1] == os.path.join(base, "checkpoint")
+        assert cmd[cmd.index("--data") + 1] == os.path.join(job.out, "train.txt")
+        assert "--no-nsp" in cmd and cmd[cmd.index("--steps") + 1] == "2000"
+        assert os.path.isfile(os.path.join(job.out, "train.txt"))
+    assert (tapt / "sentiment-1k-seed0" / "train.txt").read_text() != \
+        (tapt / "sentiment-1k-seed1" / "train.txt").read_text()
+    runs = ablation.finetune_jobs(args)
+    assert len(runs) == 2 * 2 and not any("conll2003" in job.cmd for job in runs)
+    for job in runs:
+        key = ablation.tapt_key("sentiment-1k" if "--max-train-examples" in job.cmd else
+                                "sentiment", int(job.cmd[job.cmd.index("--seed") + 1]))
+        assert job.needs == str(tapt / key)
+        assert job.cmd[job.cmd.index("--model") + 1] == str(tapt / key / "checkpoint")
+    # the table leaves out the tasks a start does not fine-tune
+    write_record(args, "sentiment", "brown-tapt", 0, 1e-4, dev=70, test=71)
+    text, _ = ablation.table(args)
+    assert "(TAPT) (best on dev) | 71.0 +- 0.0 | 1 |" in text, text
+    assert not [line for line in text.splitlines() if "CoNLL" in line and "TAPT" in line]
+
+
+def test_longer_pretraining_is_its_own_run_and_folder(tmp_path):
+    args = ablation.parse_args(["--tasks", "sentiment", "--seeds", "0", "--starts",
+                                "brown-mlm-nsp", "brown-mlm-nsp-30k", "--out",
+                                str(tmp_path / "runs"), "--results", str(tmp_path / "results")])
+    jobs = ablation.pretraining_jobs(args)
+    steps = {os.path.basename(job.out): job.cmd[job.cmd.index("--steps") + 1] for job in jobs}
+    assert steps == {"pretrain-brown-mlm-nsp": "10000", "pretrain-brown-mlm-nsp-30k": "30000"}
+    recipe = [[c for c in job.cmd if c not in ("10000", "30000", job.out)] for job in jobs]
+    assert recipe[0] == recipe[1]                                  # the same recipe otherwise
+    models = {job.cmd[job.cmd.index("--model") + 1] for job in ablation.finetune_jobs(args)}
+    assert models == {os.path.join(job.out, "checkpoint") for job in jobs}
+
+
+def test_the_sentence_probe_pools_real_pieces_and_reads_a_linear_label():
+    import numpy
+
+    from nanobert import BertConfig, BertModel
+    tokenizer = ablation.BertTokenizer(os.path.join(ablation.REPOSITORY, ablation.BROWN_VOCAB),
+                                       do_lower_case=True)
+    model = BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32), seed=0).eval()
+    texts = ["a short one", "a much longer sentence that pads the short one in its batch"]
+    together = ablation.sentence_features(model, tokenizer, texts)
+    alone = numpy.concatenate([ablation.sentence_features(model, tokenizer, [t]) for t in texts])
+    assert together.shape == (2, 16)
+    numpy.testing.assert_allclose(together, alone, atol=1e-5)     # padding never pooled
+    rng = numpy.random.default_rng(0)
+    labels = rng.random(600) < 0.5
+    features = rng.normal(size=(600, 8))
+    chance = ablation.linear_probe(features[:400], labels[:400], features[400:], labels[400:])
+    features[:, 2] += numpy.where(labels, 1.5, -1.5)
+    found = ablation.linear_probe(features[:400], labels[:400], features[400:], labels[400:])
+    assert abs(chance - 0.5) < 0.1 < 0.9 < found, (chance, found)
+
+
+def test_naive_bayes_learns_the_words_and_word_pairs_of_each_label(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]) + "\n")
+    tokenizer = ablation.BertTokenizer(str(vocab), do_lower_case=True)
+    assert ablation.ngrams(tokenizer, "Not good, film") == {"not", "good", ",", "film",
+                                                            "not good", "good ,", ", film"}
+    Example = collections.namedtuple("Example", "text_a label")
+    train = [Example("a good film", "pos"), Example("good acting", "pos"),
+             Example("a bad film", "neg"), Example("not good at all", "neg"),
+             Example("bad acting", "neg")]
+    predict = ablation.naive_bayes(train, 0.1, tokenizer)
+    assert predict("good") == "pos" and predict("bad") == "neg"
+    assert predict("unseen") == "neg"                             # the prior: 3 of 5 are neg
+    assert predict("not good") == "neg"                           # the pair outweighs "good"

@@ -1,7 +1,8 @@
 """Exact resume: the trainer state a checkpoint holds, the model and optimizer it restores,
 the refusal of a flag or a model that
 would not continue the same run (naming both values), and the checkpoint save that refuses
-non-finite weights and turns a full disk into one line."""
+non-finite weights and turns a full disk into one line. And a new run from a checkpoint's
+weights (--init-from): its vocab and weights, refused if the flags describe another model."""
 import dataclasses
 import errno
 import os
@@ -10,7 +11,9 @@ import numpy
 
 from nanobert.formats.checkpoint import NonFiniteError, first_non_finite
 from nanobert.formats.fileio import read_json, recover_folder
-from nanobert.model.pretrained import load_training_checkpoint, save_training_checkpoint
+from nanobert.data.pretraining_data import sha256_file
+from nanobert.model.pretrained import (load_pretrained, load_training_checkpoint,
+                                       save_training_checkpoint)
 
 from .guards import ADVICE
 from .metrics import keep_metrics_until
@@ -79,14 +82,42 @@ def absolute(paths):
     return paths if paths is None else [os.path.abspath(p) for p in paths]
 
 
-def refuse_changed_model(wanted, config, flag):
+def refuse_changed_model(wanted, config, flag, doing="resuming with"):
     """SystemExit if the config the flags describe (`wanted`, from `flag`) is another model
-    than the checkpoint's `config` (the checkpoint's would be used, silently)."""
+    than the checkpoint's `config` (the checkpoint's would be used, silently). `doing` names
+    what uses the checkpoint: "resuming with", or --init-from's start."""
     for field in dataclasses.fields(config):     # the model's settings, not config.json's extras
         k = field.name
         if k != "extra" and getattr(wanted, k) != getattr(config, k):
-            raise SystemExit(f"error: resuming with {flag} ({k} {getattr(wanted, k)}), but the "
+            raise SystemExit(f"error: {doing} {flag} ({k} {getattr(wanted, k)}), but the "
                              f"checkpoint's model has {k} {getattr(config, k)}")
+
+
+def init_from_vocab(folder, vocab=None):
+    """--init-from: the vocab a run that starts from `folder`'s weights uses, the checkpoint's
+    own vocab.txt (FileNotFoundError without one). A --vocab `vocab` of other content is
+    refused (ValueError naming both): row i of the embeddings is piece i of that vocab."""
+    own = os.path.join(folder, "vocab.txt")
+    if not os.path.isfile(own):
+        raise FileNotFoundError(f"--init-from {folder}: no vocab.txt there (train.py's "
+                                "<out>/checkpoint holds config.json, model.safetensors and "
+                                "vocab.txt)")
+    if vocab is not None and sha256_file(vocab) != sha256_file(own):
+        raise ValueError(f"--vocab {vocab} is not the vocab of --init-from {folder} ({own}): "
+                         "the checkpoint's embeddings are rows of its own vocab; leave --vocab "
+                         "out to use it")
+    return own
+
+
+def init_from_weights(cls, folder, wanted, flag):
+    """--init-from: the weights of `folder` (config.json + model.safetensors, e.g. train.py's
+    <out>/checkpoint) for a model of class `cls`, refused (SystemExit naming the setting) if
+    the flags describe (`wanted`, from `flag`) another model; a tensor of another shape or a
+    missing one is a ValueError naming it. Its optimizer state and step are not read: the
+    run starts a new schedule from these weights (continued pretraining)."""
+    config, params = load_pretrained(cls, folder)
+    refuse_changed_model(wanted, config, flag, doing=f"--init-from {folder} with")
+    return params
 
 
 def save_checkpoint(checkpoint_dir, model, optimizer, state, vocab_file, step, write=True):
