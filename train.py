@@ -39,10 +39,10 @@ from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
 from nanobert.training.guards import batch_fits, check_loss
 from nanobert.training.metrics import (Window, append_metrics, peak_tflops, percent, plot,
                                       time_left)
-from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, GPUStep, corpus_files,
-                                           evaluate, fill_mask_example, host_sums, means,
-                                           prepare_corpus, prepare_datasets, prepare_vocab,
-                                           step_sums, total_loss, trim, unigram_baseline)
+from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, GPUStep, corpus_files, evaluate,
+                                           fill_mask_example, host_sums, means, prepare_corpus,
+                                           prepare_datasets, prepare_vocab, step_sums,
+                                           total_loss, trim, unigram_baseline, without_nsp)
 from nanobert.training.resume import (init_from_vocab, init_from_weights, read_trainer_state,
                                       refuse_changed_flags, refuse_changed_model,
                                       resume_training, save_checkpoint)
@@ -332,7 +332,7 @@ def loss_and_grads(args, model, scaler, denominators):
     sums still count the random-next pairs)."""
     def micro_batch(batch):
         if args.no_nsp:
-            batch = {k: v for k, v in batch.items() if k != "next_sentence_label"}
+            batch = without_nsp(batch)
         with batch_fits(batch["input_ids"].shape, args.batch_size, args.grad_accum, args.device):
             return model.loss_and_grads(batch, return_outputs=True, denominators=denominators,
                                         loss_scale=scaler.scale if scaler else None)

@@ -197,9 +197,7 @@ class GPUStep:
     def __call__(self, batches, denominators, lr):
         hosts, masked = [], []
         for batch in batches:
-            host = self.model.check_batch(batch if self.nsp else
-                                          {k: v for k, v in batch.items()
-                                           if k != "next_sentence_label"})
+            host = self.model.check_batch(batch if self.nsp else without_nsp(batch))
             masked.append(host["num_masked"])
             # the losses divide by the denominators: the graph's counts are the shapes'
             host.update(pad_masked(host, len(batch["input_ids"]) * self.predictions),
@@ -207,6 +205,12 @@ class GPUStep:
             hosts.append(host)
         _, outputs = self.step(hosts, lr, [1.0] * len(hosts), denominators)
         return [{**out, "num_masked": n} for out, n in zip(outputs, masked)]
+
+
+def without_nsp(batch):
+    """The batch without its NSP labels (--no-nsp): the model then computes the MLM loss
+    alone."""
+    return {k: v for k, v in batch.items() if k != "next_sentence_label"}
 
 
 def pad_masked(host, capacity):
