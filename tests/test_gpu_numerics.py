@@ -167,21 +167,31 @@ def test_column_sum_equals_numpy(xp, dtype, out_dtype):
 # ------------------------------------------------------------------------------ the ops
 
 
+# linear: [2, 7, 32] -> [2, 7, 24] (K = 32, the longest sum: 14 rows for dweight; float16: 2
+# eps16, the product's rounding, then the bias added to it and rounded again); linear_gelu:
+# [2, 40, 32] -> [2, 40, 24] (80 rows: two tiles of the device's bias-gradient sums, the second
+# partial; K = 80, dbias's and dweight's; float16: 3 eps16, the product, the bias's add and
+# GELU each rounded). name -> (forward, backward, rows per sequence, K, half_steps)
+LINEARS = {"linear": (fast.linear_forward, fast.linear_backward, 7, 32, 2),
+           "linear_gelu": (fast.linear_gelu_forward, fast.linear_gelu_backward, 40, 80, 3)}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_forward_backward(xp, dtype):
-    """fast.linear_forward/backward [2, 7, 32] -> [2, 7, 24]: out, dx, dweight, dbias;
-    float16 weight and bias gradients into float32 buffers, as the model's (K = 32, the
-    longest sum: 14 rows for dweight; float16: 2 eps16, the product's rounding, then the
-    bias added to it and rounded again)."""
-    x, w, b = draw((2, 7, 32), dtype, 4), draw((24, 32), dtype, 5, 0.3), draw(24, dtype, 6)
-    dout = draw((2, 7, 24), dtype, 7)
+@pytest.mark.parametrize("name", LINEARS)
+def test_linear_forward_backward(xp, dtype, name):
+    """fast.linear(_gelu)_forward/backward: out, dx, dweight, dbias; float16 weight and bias
+    gradients into float32 buffers, as the model's."""
+    forward, backward, T, K, half_steps = LINEARS[name]
+    seed = 4 if name == "linear" else 27
+    x, w = draw((2, T, 32), dtype, seed), draw((24, 32), dtype, seed + 1, 0.3)
+    b, dout = draw(24, dtype, seed + 2), draw((2, T, 24), dtype, seed + 3)
     grad_dtype = numpy.float32 if dtype == numpy.float16 else dtype
 
     def run(put, zeros):
-        out, cache = fast.linear_forward(put(x), put(w), put(b))
-        return (out,) + fast.linear_backward(put(dout), cache, zeros(w.shape), zeros(24))
-    check_all(f"gpu linear {numpy.dtype(dtype).name}", device_and_host(xp, run, grad_dtype),
-              *bound(dtype, K=32, half_steps=2))
+        out, cache = forward(put(x), put(w), put(b))
+        return (out,) + backward(put(dout), cache, zeros(w.shape), zeros(24))
+    check_all(f"gpu {name} {numpy.dtype(dtype).name}", device_and_host(xp, run, grad_dtype),
+              *bound(dtype, K=K, half_steps=half_steps))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -223,23 +233,6 @@ def test_add_and_norm_forward_backward(xp, dtype):
                                                             zeros(48))
     check_all(f"gpu add & norm {numpy.dtype(dtype).name}", device_and_host(xp, run, grad_dtype),
               *bound(dtype, K=4 * 48, half_steps=3))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_gelu_forward_backward(xp, dtype):
-    """fast.linear_gelu_forward/backward [2, 40, 32] -> [2, 40, 24] (80 rows: two tiles of
-    the device's bias-gradient sums, the second partial): out, dx, dweight, dbias, float16
-    gradients into float32 buffers (K = 80, the longest sum, dbias's and dweight's; float16:
-    3 eps16, the product, the bias's add and GELU each rounded)."""
-    x, w, b = draw((2, 40, 32), dtype, 27), draw((24, 32), dtype, 28, 0.3), draw(24, dtype, 29)
-    dout = draw((2, 40, 24), dtype, 30)
-    grad_dtype = numpy.float32 if dtype == numpy.float16 else dtype
-
-    def run(put, zeros):
-        out, cache = fast.linear_gelu_forward(put(x), put(w), put(b))
-        return (out,) + fast.linear_gelu_backward(put(dout), cache, zeros(w.shape), zeros(24))
-    check_all(f"gpu linear_gelu {numpy.dtype(dtype).name}",
-              device_and_host(xp, run, grad_dtype), *bound(dtype, K=80, half_steps=3))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
