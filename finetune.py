@@ -52,6 +52,7 @@ import time
 import numpy
 
 from nanobert import BertConfig, flags, learning_rate
+from nanobert.backend import resolve_device
 from nanobert.data import datasets, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
@@ -87,8 +88,8 @@ RESUME_FIXED = ("model", "from_scratch", "reinit_head", "dropout", "task", "data
                 "dev", "glue_task", "text_columns", "label_column", "header", "labels",
                 "tag_scheme", "squad_version", "max_train_examples", "max_eval_examples",
                 "max_seq_length", "doc_stride", "max_query_length", "lr", "epochs", "max_steps",
-                "batch_size", "grad_accum", "warmup", "optimizer", "weight_decay", "max_grad_norm",
-                "metric", "seed", "dtype")
+                "batch_size", "grad_accum", "warmup", "optimizer", "weight_decay", "layer_decay",
+                "max_grad_norm", "metric", "seed", "dtype")
 SQUAD_OPTIONS = (("--doc-stride", 128, "squad: window step over the paragraph"),
                  ("--max-query-length", 64, "squad: question WordPieces kept"),
                  ("--n-best-size", 20, "squad: start/end candidates per window"),
@@ -181,6 +182,10 @@ def add_optimisation_arguments(g):
     flags.add(g, "--grad-accum", metavar="N")
     flags.add(g, "--warmup", default=0.1)
     flags.add(g, "--optimizer", "--weight-decay")
+    g.add_argument("--layer-decay", type=flags.in_range(float, 0.0, 1.0, low_open=True),
+                   metavar="D", help="layer-wise rate decay: the head at --lr, the top encoder "
+                   "layer at --lr * D, each one below at D times the one above, the embeddings "
+                   "at --lr * D^(L+1) (CPU; default off)")
     g.add_argument("--max-grad-norm", type=flags.in_range(float, 0.0, low_open=True), default=1.0,
                    help="global-norm clipping (default 1.0)")
 
@@ -245,6 +250,9 @@ def resolve_task(args):
     args.metric = args.metric or (layout.metric if layout else task and task.metric)
     if task and task.text_columns and not layout and not args.dataset:
         resolve_columns(args, task.text_columns)
+    if args.layer_decay is not None and resolve_device(args.device) == "gpu":
+        raise SystemExit("error: --layer-decay runs on the CPU: the GPU's AdamW kernel updates "
+                         "every parameter at one rate (use --device cpu)")
     if args.batch_size % args.grad_accum:
         raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
                          f"--grad-accum {args.grad_accum}")
@@ -256,8 +264,8 @@ def check_no_training(args):
     if args.task == "features":
         raise SystemExit(f"error: --task features takes no --do {args.do} (it writes features)")
     training = ("train", "epochs", "max_steps", "resume", "stop_at_step", "from_scratch",
-                "reinit_head", "max_train_examples", "labels") + (("dev",) if args.do == "predict"
-                                                                   else ())
+                "reinit_head", "max_train_examples", "labels", "layer_decay") + \
+        (("dev",) if args.do == "predict" else ())
     given = [k for k in training if getattr(args, k) not in (None, False)]
     if given:
         flag = "--" + given[0].replace("_", "-")
@@ -381,7 +389,8 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
     print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "
           f"{len(features):,} training rows, batch {args.batch_size}, {num_train_steps} steps "
           f"({num_train_steps / steps_per_epoch:.2g} epochs), warmup {warmup}, lr {args.lr:g}, "
-          f"AdamW {args.optimizer}")
+          f"AdamW {args.optimizer}"
+          + (f", layer-wise decay {args.layer_decay:g}" if args.layer_decay else ""))
     if data.label_list:
         print(f"labels: {data.label_list}")
     micro = max(1, args.batch_size // group.world_size // args.grad_accum)

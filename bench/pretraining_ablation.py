@@ -121,6 +121,8 @@ class Start:
     objective: str = None
     steps: int = None    # pretraining steps (None: --pretrain-steps)
     adapts: str = None   # TAPT: the start whose checkpoint goes on over each task's own text
+    of: str = None       # another start's checkpoint, fine-tuned with `finetune`'s flags added
+    finetune: tuple = ()
 
 
 # Task-adaptive pretraining (TAPT, Gururangan et al. 2020, "Don't Stop Pretraining"): Brown's
@@ -148,6 +150,16 @@ STARTS = {
     "brown-mlm": Start("MLM only, Brown", "brown", "mlm"),
     "sotu-wiki-mlm-nsp": Start("MLM + NSP, sotu-wiki", "sotu-wiki", "mlm-nsp"),
     "sotu-wiki-mlm": Start("MLM only, sotu-wiki", "sotu-wiki", "mlm"),
+    # more text and longer: 3.5 times Brown's words for the 30,000 steps (~2.6 passes over
+    # its instances against Brown's 9), Brown's vocab: more text apart from more steps
+    "sotu-wiki-mlm-nsp-30k": Start("MLM + NSP, sotu-wiki, 30,000 steps", "sotu-wiki",
+                                   "mlm-nsp", 30000),
+    # layer-wise rate decay (finetune.py --layer-decay) on the start that does best on
+    # sentiment: with L=2 the embeddings run at D^3 of the rate (0.51 at 0.8, 0.125 at 0.5)
+    "brown-mlm-nsp-30k-ld0.8": Start("MLM + NSP, Brown, 30,000 steps, layer-wise decay 0.8",
+                                     of="brown-mlm-nsp-30k", finetune=("--layer-decay", "0.8")),
+    "brown-mlm-nsp-30k-ld0.5": Start("MLM + NSP, Brown, 30,000 steps, layer-wise decay 0.5",
+                                     of="brown-mlm-nsp-30k", finetune=("--layer-decay", "0.5")),
     "random-init": Start("random init"),
 }
 BASELINE = "random-init"
@@ -225,7 +237,8 @@ def pretraining_jobs(args):
     """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs, the
     runs a TAPT start continues first. Each finished run's eval.json is copied to --results
     (its record: <results>/<its folder in --out>.json)."""
-    jobs, names = [], [STARTS[name].adapts for name in args.starts if STARTS[name].adapts]
+    jobs, names = [], [STARTS[name].adapts or STARTS[name].of for name in args.starts
+                       if STARTS[name].adapts or STARTS[name].of]
     for name in dict.fromkeys(names + args.starts):               # once each, in that order
         start = STARTS[name]
         if start.corpus:
@@ -310,6 +323,9 @@ def start_model(args, name, task, seed):
     """-> (the --model folder of a start for a task and seed, finetune.py's extra flags, the
     pretraining folder it waits for or None)."""
     start = STARTS[name]
+    if start.of:
+        model, flags_, needs = start_model(args, start.of, task, seed)
+        return model, [*flags_, *start.finetune], needs
     if start.corpus is None and start.adapts is None:
         return os.path.join(args.out, "random-init"), ["--from-scratch"], None
     pretrained = pretraining_folder(args, name, *((task, seed) if start.adapts else ()))

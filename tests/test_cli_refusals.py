@@ -18,6 +18,7 @@ FINETUNE_BAD_FLAGS = [
     ("--log-every", "0"), ("--max-seq-length", "2"), ("--doc-stride", "0"),
     ("--max-train-examples", "-5"), ("--max-eval-examples", "x"),
     ("--null-score-diff-threshold", "nan"), ("--n-best-size", "0"),
+    ("--layer-decay", "0"), ("--layer-decay", "1.5"),
 ]
 
 
@@ -28,6 +29,24 @@ def test_finetune_refuses_a_bad_numeric_flag_at_parse_time(flag, value, capsys):
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument {flag}" in error, error
+
+
+def test_layer_decay_on_the_gpu_is_refused_before_any_work(monkeypatch):
+    """The GPU's AdamW kernel takes one rate: --layer-decay there (given, or from
+    $NANOBERT_DEVICE) stops with the arguments' checks, naming the flag and the way out."""
+    message = r"--layer-decay runs on the CPU: .* \(use --device cpu\)"
+    with pytest.raises(SystemExit, match=message):
+        resolved("--dataset", "trec", "--device", "gpu", "--layer-decay", "0.8")
+    monkeypatch.setenv("NANOBERT_DEVICE", "gpu")
+    with pytest.raises(SystemExit, match=message):
+        resolved("--dataset", "trec", "--layer-decay", "0.8")
+    on_cpu = resolved("--dataset", "trec", "--device", "cpu", "--layer-decay", "0.8")
+    assert on_cpu.layer_decay == 0.8
+
+
+def resolved(*argv):
+    """finetune.py's arguments as main sees them before any work."""
+    return finetune.resolve_task(finetune.parse_args(list(argv)))
 
 
 @pytest.fixture(scope="module")

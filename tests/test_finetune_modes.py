@@ -124,6 +124,8 @@ def test_the_task_comes_from_the_head_without_best_json(tiny_bert, tmp_path):
     (("--do", "eval", "--model", "{best}", "--glue-task", "sst-2", "--dev", "sst2_dev.tsv",
       "--labels", "0,1"), SystemExit, r"--labels has no use there \(labels come from the "
                                       r"model's id2label\)"),
+    (("--do", "eval", "--model", "{best}", "--glue-task", "sst-2", "--dev", "sst2_dev.tsv",
+      "--layer-decay", "0.8"), SystemExit, r"--do eval does not train: --layer-decay has no"),
 ])
 def test_no_training_modes_refuse_bad_input_in_one_line(tiny_bert, classifier, tmp_path, argv,
                                                         error, message):

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from nanobert import AdamW, BertConfig, BertForPreTraining, clip_by_global_norm, learning_rate
-from nanobert.model.optim import LossScaler, average_gradients, global_norm
+from nanobert.model.optim import LossScaler, average_gradients, global_norm, layer_decay_scales
 from test_checkpoint import CONFIG
 
 
@@ -285,6 +285,15 @@ def test_folded_update_equals_unscale_clip_then_adamw_bitwise(cupy, mode, loss_s
             assert numpy.isnan(old[3][1]).any()              # no scaler: the overflow spreads
 
 
+def test_lr_scales_are_refused_on_the_gpu(cupy):
+    """The fused kernel updates every element at one rate: scales other than 1 are refused
+    in one line when the optimizer is made, not silently ignored; all-1 scales are fine."""
+    params = {n: cupy.asarray(numpy.ones(s, numpy.float32)) for n, s in FOLD_SHAPES.items()}
+    with pytest.raises(ValueError, match=r"lr_scale \(layer-wise rate decay\) runs on the CPU"):
+        AdamW(params, lr_scale={"encoder.dense.weight": 0.5})
+    assert AdamW(params, lr_scale={"encoder.dense.weight": 1.0}).lr_scale["cls.decoder.weight"] == 1
+
+
 def test_folded_update_halves_the_passes_over_the_gradients(cupy):
     """The stand-in's kernels of one update, unscale -> clip -> AdamW against clip_and_step.
     Kernels with an operand the size of the flat gradient buffer: float16 (loss scaler)
@@ -311,3 +320,75 @@ def test_folded_update_halves_the_passes_over_the_gradients(cupy):
         assert {(o[0], n[0]) for o, n in zip(old, new)} == {passes}, (old, new)
         assert {(o[1], n[1]) for o, n in zip(old, new)} == {launches}, (old, new)
         assert {o[2] for o in old + new} == {0}             # nothing read back
+
+
+# ------------------------------------------------------------------- layer-wise rate decay
+
+def test_layer_decay_scales_the_rate_by_depth_from_the_top():
+    """The head and pooler at the full rate, the top layer at D, each layer below at D times
+    the one above, the embeddings at D^(L+1); with or without the `bert.` prefix."""
+    names = ["bert.embeddings.word_embeddings.weight", "embeddings.LayerNorm.bias",
+             "bert.encoder.layer.0.attention.self.query.weight",
+             "encoder.layer.1.output.dense.bias", "bert.encoder.layer.2.output.LayerNorm.weight",
+             "bert.pooler.dense.weight", "classifier.weight", "cls.predictions.bias"]
+    scales = layer_decay_scales(names, num_layers=3, decay=0.5)
+    assert [scales[n] for n in names] == [0.0625, 0.0625, 0.125, 0.25, 0.5, 1.0, 1.0, 1.0]
+    assert set(layer_decay_scales(names, 3, 1.0).values()) == {1.0}
+
+
+def scaled_and_plain_steps(mode, flat, scale, steps=3):
+    """Two copies of a model's params, one stepped with lr_scale (the embeddings at `scale`),
+    one with a second optimizer at lr * scale: -> (params scaled, params of the full-rate
+    optimizer, params of the lr * scale optimizer). flat: the model's flat buffer, else a
+    dict of separate arrays (AdamW's tensor-by-tensor path)."""
+    config = BertConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
+    runs = []
+    for lr_scale, lr in (({n: scale for n in BertForPreTraining(config).params
+                           if "embeddings" in n}, 1e-2), (None, 1e-2), (None, 1e-2 * scale)):
+        model = BertForPreTraining(config, seed=0, dtype=numpy.float64)
+        params = model.params if flat else {n: p.copy() for n, p in model.params.items()}
+        optimizer = AdamW(params, lr=lr, mode=mode, weight_decay=0.01, lr_scale=lr_scale)
+        rng = numpy.random.default_rng(1)
+        for _ in range(steps):
+            grads = {n: rng.standard_normal(p.shape) for n, p in params.items()}
+            if flat:
+                grads = model.layout.views(model.layout.zeros(numpy, numpy.float64),
+                                           order=model.params)
+                for n, g in grads.items():
+                    g[...] = rng.standard_normal(g.shape)
+            optimizer.step(grads)
+        runs.append(params)
+    return runs
+
+
+@pytest.mark.parametrize("mode", ["bert", "torch"])
+@pytest.mark.parametrize("flat", [True, False])
+@given(scale=st.sampled_from([0.8, 0.512, 0.1, 1e-3]))
+@settings(max_examples=4, deadline=None)
+def test_a_scaled_parameter_steps_as_a_run_at_the_scaled_rate_bitwise(mode, flat, scale):
+    """lr_scale is exactly a rate: the embeddings of the scaled run equal (bitwise, float64,
+    three steps with weight decay) those of a run at lr * scale, every other parameter those
+    of the run at lr."""
+    scaled, full, low = scaled_and_plain_steps(mode, flat, scale)
+    for name in scaled:
+        expected = low if "embeddings" in name else full
+        numpy.testing.assert_array_equal(scaled[name], expected[name], err_msg=name)
+    assert any(not numpy.array_equal(full[n], low[n]) for n in scaled if "embeddings" in n)
+
+
+def test_make_optimizer_gives_finetunes_layer_decay_to_adamw():
+    """finetune.py's --layer-decay reaches AdamW as layer_decay_scales of the model's names;
+    absent (train.py) or not given, every scale is 1."""
+    from argparse import Namespace
+    from nanobert.training.run import make_optimizer
+    config = BertConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
+    model = BertForPreTraining(config, seed=0)
+    args = dict(lr=1e-3, optimizer="bert", weight_decay=0.01, dtype="float32")
+    decayed, _ = make_optimizer(Namespace(**args, layer_decay=0.8), model)
+    assert decayed.lr_scale == pytest.approx(layer_decay_scales(model.params, 2, 0.8))
+    assert decayed.lr_scale["bert.embeddings.word_embeddings.weight"] == pytest.approx(0.512)
+    for namespace in (Namespace(**args), Namespace(**args, layer_decay=None)):
+        plain, _ = make_optimizer(namespace, model)
+        assert set(plain.lr_scale.values()) == {1.0}

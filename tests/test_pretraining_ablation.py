@@ -334,6 +334,27 @@ def test_longer_pretraining_is_its_own_run_and_folder(tmp_path):
     assert models == {os.path.join(job.out, "checkpoint") for job in jobs}
 
 
+def test_a_layer_decay_start_fine_tunes_its_base_checkpoint_with_the_flag(tmp_path):
+    """brown-mlm-nsp-30k-ld0.8 pretrains nothing of its own: it waits for (and, alone, asks
+    for) the 30,000-step run and fine-tunes that checkpoint with --layer-decay 0.8, its
+    records under its own name."""
+    args = ablation.parse_args(["--tasks", "sentiment", "--seeds", "0", "--starts",
+                                "brown-mlm-nsp-30k-ld0.8", "--lr-grid", "1e-4", "--out",
+                                str(tmp_path / "runs"), "--results", str(tmp_path / "results")])
+    [pretraining] = ablation.pretraining_jobs(args)
+    base = str(tmp_path / "runs" / "pretrain-brown-mlm-nsp-30k")
+    assert pretraining.out == base and pretraining.cmd[pretraining.cmd.index("--steps") + 1] \
+        == "30000"
+    [job] = ablation.finetune_jobs(args)
+    assert job.needs == base and job.cmd[job.cmd.index("--model") + 1] == \
+        os.path.join(base, "checkpoint")
+    assert job.cmd[job.cmd.index("--layer-decay") + 1] == "0.8"
+    assert job.out.endswith(os.path.join("brown-mlm-nsp-30k-ld0.8-seed0", "lr1e-04"))
+    plain = ablation.parse_args(["--tasks", "sentiment", "--seeds", "0", "--starts",
+                                 "brown-mlm-nsp-30k", "--out", str(tmp_path / "runs")])
+    assert not any("--layer-decay" in job.cmd for job in ablation.finetune_jobs(plain))
+
+
 def test_the_sentence_probe_pools_real_pieces_and_reads_a_linear_label():
     import numpy
 

@@ -7,6 +7,9 @@ mode="bert":  google-research/bert's AdamWeightDecayOptimizer. No bias correctio
 mode="torch": torch.optim.AdamW: bias-corrected moments, eps 1e-8, decoupled decay
               applied first: p *= 1 - lr*wd.
 Both skip weight decay for parameters whose name contains LayerNorm, layer_norm or bias.
+lr_scale (layer_decay_scales: layer-wise rate decay, fine-tuning) multiplies a parameter's
+rate: its update is the one a run at lr * scale would take (on the CPU; the GPU kernel takes
+one rate and refuses scales).
 
 On CuPy nothing here reads the device inside a step: clipping computes the global norm of
 the flat gradient buffer on the device and scales by a device scalar (5-6 launches), AdamW
@@ -18,6 +21,7 @@ passes over the flat gradients (the norm's, AdamW's) instead of three (four when
 """
 import functools
 import math
+import re
 
 import numpy
 
@@ -50,6 +54,25 @@ CHUNK = 1 << 16
 # Elements per partial sum of the norm: a float32 dot over 110M elements drifts by ~3e-3
 # (sequential accumulation); per 1M-element chunk, added in float64, by ~3e-6.
 NORM_CHUNK = 1 << 20
+
+
+def layer_decay_scales(names, num_layers, decay):
+    """Layer-wise rate decay (ELECTRA, Clark et al. 2020; Sun et al. 2019 fine-tune BERT so):
+    name -> decay ** (num_layers + 1 - depth), where the embeddings have depth 0, encoder
+    layer i depth i + 1 and the rest (pooler, task head) num_layers + 1: the top runs at the
+    full rate, each layer below at `decay` times the one above it, so that fine-tuning moves
+    what pretraining learnt first the least."""
+    scales = {}
+    for name in names:
+        layer = re.search(r"(?:^|\.)encoder\.layer\.(\d+)\.", name)
+        if layer:
+            depth = int(layer.group(1)) + 1
+        elif re.search(r"(?:^|\.)embeddings\.", name):
+            depth = 0
+        else:
+            depth = num_layers + 1
+        scales[name] = decay ** (num_layers + 1 - depth)
+    return scales
 
 
 def chunks(xp, n, size):
@@ -181,7 +204,7 @@ class AdamW:
     """
 
     def __init__(self, params, lr=1e-4, mode="bert", betas=(0.9, 0.999), eps=None,
-                 weight_decay=0.01, no_decay=NO_DECAY):
+                 weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None):
         if mode not in MODES:
             raise ValueError(f"AdamW mode must be one of {MODES}, got {mode!r}")
         self.params, self.lr, self.mode = params, lr, mode
@@ -189,7 +212,12 @@ class AdamW:
         self.eps = eps if eps is not None else (1e-6 if mode == "bert" else 1e-8)
         self.weight_decay = {name: (0.0 if any(s in name for s in no_decay) else weight_decay)
                              for name in params}
+        # name -> multiplier of the rate (1 where absent): layer-wise decay's lower layers
+        self.lr_scale = {name: float((lr_scale or {}).get(name, 1.0)) for name in params}
         xp = array_module(next(iter(params.values())))
+        if xp is not numpy and any(s != 1.0 for s in self.lr_scale.values()):
+            raise ValueError("AdamW's lr_scale (layer-wise rate decay) runs on the CPU: the GPU "
+                             "kernel updates every parameter at one rate")
         self.buffer, self.offsets = flat_offsets(params)
         if any(p.dtype == numpy.float16 for p in params.values()):
             raise ValueError("AdamW refuses float16 parameters: updates below 2^-11 of a weight "
@@ -207,7 +235,7 @@ class AdamW:
                             for _ in range(self.threads)]
             if xp is not numpy:         # one kernel per step: which elements decay, as a mask
                 decay = numpy.zeros(self.buffer.size, dtype=bool)
-                for start, stop, wd in self.decay_runs:
+                for start, stop, wd, _ in self.decay_runs:
                     decay[start:stop] = wd != 0.0
                 self.decay_mask = to_device(decay, xp)
         else:
@@ -221,33 +249,35 @@ class AdamW:
                 for (name, p), o in zip(self.params.items(), self.offsets.values())}
 
     def _decay_runs(self):
-        """[(start, stop, weight decay)]: the flat buffer cut where the weight decay changes
-        (a matrix is decayed, its bias and LayerNorm are not)."""
+        """[(start, stop, weight decay, lr scale)]: the flat buffer cut where the weight decay
+        or the rate's scale changes (a matrix is decayed, its bias and LayerNorm are not)."""
         runs = []
         for offset, name in sorted((o, name) for name, o in self.offsets.items()):
-            stop, wd = offset + self.params[name].size, self.weight_decay[name]
-            if runs and runs[-1][2] == wd:
-                runs[-1] = (runs[-1][0], stop, wd)
+            stop = offset + self.params[name].size
+            wd, scale = self.weight_decay[name], self.lr_scale[name]
+            if runs and runs[-1][2:] == (wd, scale):
+                runs[-1] = (runs[-1][0], stop, wd, scale)
             elif stop > offset:
-                runs.append((offset, stop, wd))
+                runs.append((offset, stop, wd, scale))
         return runs
 
     def _spans(self, grads):
-        """[(p, g, m, v, weight decay)], arrays of one shape: chunks of the flat buffers when
-        the gradients share the parameters' layout (-> True), else tensor by tensor."""
+        """[(p, g, m, v, weight decay, lr scale)], arrays of one shape: chunks of the flat
+        buffers when the gradients share the parameters' layout (-> True), else tensor by
+        tensor."""
         if self.buffer is not None:
             g_buffer, g_offsets = flat_offsets(grads)
             if g_offsets == self.offsets:
                 xp = array_module(self.buffer)
                 spans = []
-                for run_start, run_stop, wd in self.decay_runs:
+                for run_start, run_stop, wd, scale in self.decay_runs:
                     for start, stop in chunks(xp, run_stop - run_start, CHUNK):
                         s = slice(run_start + start, run_start + stop)
                         spans.append((self.buffer[s], g_buffer[s], self.flat_m[s],
-                                      self.flat_v[s], wd))
+                                      self.flat_v[s], wd, scale))
                 return spans, True
-        return [(p, grads[name], self.m[name], self.v[name], self.weight_decay[name])
-                for name, p in self.params.items()], False
+        return [(p, grads[name], self.m[name], self.v[name], self.weight_decay[name],
+                 self.lr_scale[name]) for name, p in self.params.items()], False
 
     def folds(self, grads):
         """Whether a step takes the one-kernel path (CuPy, gradients laid out as the
@@ -288,8 +318,9 @@ class AdamW:
     def _update(self, spans, scratch, lr, t, grad_scale=None):
         """The Adam(W) update of each span in place; `scratch` (at least a span long) holds
         the update, else a temporary per span."""
-        for p, g, m, v, wd in spans:
+        for p, g, m, v, wd, scale in spans:
             xp = array_module(p)
+            lr_p = lr if scale == 1.0 else lr * scale       # this parameter's rate
             if grad_scale is not None:
                 g = g * grad_scale                          # a temporary: grads stay as given
             update = xp.empty_like(g) if scratch is None else scratch[:g.size]
@@ -306,15 +337,15 @@ class AdamW:
                 xp.divide(m, update, out=update)            # m / (sqrt(v) + eps)
                 if wd:
                     update += wd * p
-                update *= lr
+                update *= lr_p
             else:
                 if wd:
-                    p *= 1.0 - lr * wd
+                    p *= 1.0 - lr_p * wd
                 xp.sqrt(v, out=update)
                 update /= math.sqrt(1.0 - self.beta2 ** t)
                 update += self.eps
                 xp.divide(m, update, out=update)
-                update *= lr / (1.0 - self.beta1 ** t)
+                update *= lr_p / (1.0 - self.beta1 ** t)
             p -= update
 
     def _step_kernel(self, g_buffer, lr, t, skip, grad_scale):
@@ -324,7 +355,7 @@ class AdamW:
         on the device (self.device_step): a replayed graph bakes in no host number. The
         kernel reads each gradient times grad_scale (1 when None)."""
         xp = array_module(self.buffer)
-        wd = next((wd for _, _, wd in self.decay_runs if wd), 0.0)
+        wd = next((wd for _, _, wd, _ in self.decay_runs if wd), 0.0)
         on_device = isinstance(lr, xp.ndarray)
         if on_device:
             lr = lr.astype(self.buffer.dtype)

@@ -14,7 +14,7 @@ from nanobert.backend import (default_rng, require_gpu, resolve_device, reuse_fr
 from nanobert.distributed import end_job, process_group
 from nanobert.formats.fileio import atomic_open, output_folder
 from nanobert.model.flat import flat_buffer
-from nanobert.model.optim import AdamW, LossScaler
+from nanobert.model.optim import AdamW, LossScaler, layer_decay_scales
 
 
 def setup_device(args):
@@ -96,11 +96,15 @@ def restore_dropout(model, saved, seed, step, rank):
 
 
 def make_optimizer(args, model, state=None):
-    """AdamW (--optimizer, --lr, --weight-decay) and, for float16, the loss scaler; both
-    loaded from a checkpoint's optimizer state and trainer state when given.
+    """AdamW (--optimizer, --lr, --weight-decay, finetune.py's --layer-decay) and, for
+    float16, the loss scaler; both loaded from a checkpoint's optimizer state and trainer
+    state when given.
     -> (optimizer, scaler or None)"""
+    decay = getattr(args, "layer_decay", None)            # finetune.py's --layer-decay
+    scales = (layer_decay_scales(model.params, model.config.num_hidden_layers, decay)
+              if decay is not None else None)
     optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
-                      weight_decay=args.weight_decay)
+                      weight_decay=args.weight_decay, lr_scale=scales)
     scaler = LossScaler(model.xp) if args.dtype == "float16" else None
     if state is not None:
         optimizer_state, trainer_state = state
