@@ -123,6 +123,7 @@ class Start:
     adapts: str = None   # TAPT: the start whose checkpoint goes on over each task's own text
     of: str = None       # another start's checkpoint, fine-tuned with `finetune`'s flags added
     finetune: tuple = ()
+    init: str = None     # pretraining goes on from this start's checkpoint (a new schedule)
 
 
 # Task-adaptive pretraining (TAPT, Gururangan et al. 2020, "Don't Stop Pretraining"): Brown's
@@ -145,6 +146,11 @@ STARTS = {
     # longer pretraining: the same recipe and data for three times the steps (~9 passes over
     # Brown's 168,836 instances, its text 5 times with other masks and pairs, against 3)
     "brown-mlm-nsp-30k": Start("MLM + NSP, Brown, 30,000 steps", "brown", "mlm-nsp", 30000),
+    # longer still, for the price of 30,000 more steps: the 30,000-step checkpoint goes on
+    # under a second schedule (warmup, then linear decay) with seed 1, whose instances pair
+    # and mask Brown's sentences anew: 60,000 steps in all, not one 60,000-step schedule
+    "brown-mlm-nsp-60k": Start("MLM + NSP, Brown, 30,000 steps, then 30,000 more", "brown",
+                               "mlm-nsp", 30000, init="brown-mlm-nsp-30k"),
     "brown-tapt": Start("MLM + NSP, Brown, then MLM on the task's training text (TAPT)",
                         adapts="brown-mlm-nsp"),
     "brown-mlm": Start("MLM only, Brown", "brown", "mlm"),
@@ -237,15 +243,20 @@ def pretraining_jobs(args):
     """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs, the
     runs a TAPT start continues first. Each finished run's eval.json is copied to --results
     (its record: <results>/<its folder in --out>.json)."""
-    jobs, names = [], [STARTS[name].adapts or STARTS[name].of for name in args.starts
-                       if STARTS[name].adapts or STARTS[name].of]
-    for name in dict.fromkeys(names + args.starts):               # once each, in that order
+    bases = [STARTS[name].adapts or STARTS[name].of or STARTS[name].init for name in args.starts]
+    jobs = []
+    for name in dict.fromkeys([b for b in bases if b] + args.starts):  # once each, in order
         start = STARTS[name]
         if start.corpus:
             steps = start.steps or args.pretrain_steps
-            cmd = [*TRAIN, *PRETRAIN, *CORPORA[start.corpus], "--steps", str(steps),
+            recipe, needs = PRETRAIN, None
+            if start.init:
+                needs = pretraining_folder(args, start.init)
+                recipe = [*replaced(PRETRAIN, "--seed", "1"), "--init-from",
+                          os.path.join(needs, "checkpoint")]
+            cmd = [*TRAIN, *recipe, *CORPORA[start.corpus], "--steps", str(steps),
                    *OBJECTIVES[start.objective]]
-            jobs += pretraining_job(args, cmd, pretraining_folder(args, name))
+            jobs += pretraining_job(args, cmd, pretraining_folder(args, name), needs)
         elif start.adapts:
             base = pretraining_folder(args, start.adapts)
             keys = {pretraining_folder(args, name, task, seed): (task, seed)
@@ -258,6 +269,12 @@ def pretraining_jobs(args):
                        os.path.join(base, "checkpoint")]
                 jobs += pretraining_job(args, cmd, out, needs=base)
     return jobs
+
+
+def replaced(cmd, flag, value):
+    """cmd with `flag`'s value set to `value` (the flag given once)."""
+    at = cmd.index(flag) + 1
+    return [*cmd[:at], value, *cmd[at + 1:]]
 
 
 def pretraining_job(args, cmd, out, needs=None):

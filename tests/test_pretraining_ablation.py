@@ -334,6 +334,26 @@ def test_longer_pretraining_is_its_own_run_and_folder(tmp_path):
     assert models == {os.path.join(job.out, "checkpoint") for job in jobs}
 
 
+def test_the_continued_pretraining_starts_from_the_30k_checkpoint_with_new_instances(tmp_path):
+    """brown-mlm-nsp-60k: the 30,000-step run first (it waits for it), then 30,000 more steps
+    from its checkpoint under the same recipe but --seed 1 (other pairs and masks), given once."""
+    args = ablation.parse_args(["--tasks", "sentiment", "--seeds", "0", "--starts",
+                                "brown-mlm-nsp-60k", "--out", str(tmp_path / "runs"),
+                                "--results", str(tmp_path / "results")])
+    base, more = ablation.pretraining_jobs(args)
+    assert base.out == str(tmp_path / "runs" / "pretrain-brown-mlm-nsp-30k")
+    assert more.needs == base.out and more.out == str(tmp_path / "runs" /
+                                                      "pretrain-brown-mlm-nsp-60k")
+    assert more.cmd[more.cmd.index("--init-from") + 1] == os.path.join(base.out, "checkpoint")
+    assert more.cmd.count("--seed") == 1 and more.cmd[more.cmd.index("--seed") + 1] == "1"
+    assert base.cmd[base.cmd.index("--seed") + 1] == "0"
+    same = [c for c in more.cmd if c not in ("--init-from", os.path.join(base.out, "checkpoint"),
+                                             "1", more.out)]
+    assert same == [c for c in base.cmd if c not in ("0", base.out)]   # the recipe otherwise
+    [job] = [j for j in ablation.finetune_jobs(args) if "lr1e-04" in j.out]
+    assert job.cmd[job.cmd.index("--model") + 1] == os.path.join(more.out, "checkpoint")
+
+
 def test_a_layer_decay_start_fine_tunes_its_base_checkpoint_with_the_flag(tmp_path):
     """brown-mlm-nsp-30k-ld0.8 pretrains nothing of its own: it waits for (and, alone, asks
     for) the 30,000-step run and fine-tunes that checkpoint with --layer-decay 0.8, its
