@@ -365,11 +365,20 @@ def test_a_layer_decay_start_fine_tunes_its_base_checkpoint_with_the_flag(tmp_pa
     base = str(tmp_path / "runs" / "pretrain-brown-mlm-nsp-30k")
     assert pretraining.out == base and pretraining.cmd[pretraining.cmd.index("--steps") + 1] \
         == "30000"
-    [job] = ablation.finetune_jobs(args)
-    assert job.needs == base and job.cmd[job.cmd.index("--model") + 1] == \
-        os.path.join(base, "checkpoint")
-    assert job.cmd[job.cmd.index("--layer-decay") + 1] == "0.8"
-    assert job.out.endswith(os.path.join("brown-mlm-nsp-30k-ld0.8-seed0", "lr1e-04"))
+    jobs = ablation.finetune_jobs(args)         # --lr-grid and the start's own rate above it
+    assert [job.cmd[job.cmd.index("--lr") + 1] for job in jobs] == ["0.0001", "0.003"]
+    for job in jobs:
+        assert job.needs == base and job.cmd[job.cmd.index("--model") + 1] == \
+            os.path.join(base, "checkpoint")
+        assert job.cmd[job.cmd.index("--layer-decay") + 1] == "0.8"
+    assert jobs[0].out.endswith(os.path.join("brown-mlm-nsp-30k-ld0.8-seed0", "lr1e-04"))
+    # the choice waits for the added rate too, then reads dev over both
+    write_record(args, "sentiment", "brown-mlm-nsp-30k-ld0.8", 0, 1e-4, dev=70, test=71)
+    assert ablation.chosen_runs(args, "sentiment", "brown-mlm-nsp-30k-ld0.8") == ({}, [0])
+    write_record(args, "sentiment", "brown-mlm-nsp-30k-ld0.8", 0, 3e-3, dev=72, test=60)
+    chosen, _ = ablation.chosen_runs(args, "sentiment", "brown-mlm-nsp-30k-ld0.8")
+    assert chosen[0]["lr"] == 3e-3 and chosen[0]["test"] == 60
+    assert "| dev at 1e-04 | dev at 3e-03 |" in ablation.grid_table(args)
     plain = ablation.parse_args(["--tasks", "sentiment", "--seeds", "0", "--starts",
                                  "brown-mlm-nsp-30k", "--out", str(tmp_path / "runs")])
     assert not any("--layer-decay" in job.cmd for job in ablation.finetune_jobs(plain))
