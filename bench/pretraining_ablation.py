@@ -248,8 +248,9 @@ def tapt_key(task, seed):
 
 def pretraining_jobs(args):
     """The pretraining runs the asked-for starts need whose eval.json is missing -> jobs, the
-    runs a TAPT start continues first. Each finished run's eval.json is copied to --results
-    (its record: <results>/<its folder in --out>.json)."""
+    runs other starts build on (TAPT's, a continued run's, a fine-tuning variant's) first.
+    Each finished run's eval.json is copied to --results (its record: <results>/<its folder
+    in --out>.json)."""
     bases = [STARTS[name].adapts or STARTS[name].of or STARTS[name].init for name in args.starts]
     jobs = []
     for name in dict.fromkeys([b for b in bases if b] + args.starts):  # once each, in order
