@@ -344,19 +344,18 @@ def scaled_and_plain_steps(mode, flat, scale, steps=3):
     config = BertConfig(vocab_size=300, hidden_size=16, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
     runs = []
-    for lr_scale, lr in (({n: scale for n in BertForPreTraining(config).params
-                           if "embeddings" in n}, 1e-2), (None, 1e-2), (None, 1e-2 * scale)):
+    for embeddings_scale, lr in ((scale, 1e-2), (None, 1e-2), (None, 1e-2 * scale)):
         model = BertForPreTraining(config, seed=0, dtype=numpy.float64)
         params = model.params if flat else {n: p.copy() for n, p in model.params.items()}
+        lr_scale = embeddings_scale and {n: scale for n in params if "embeddings" in n}
         optimizer = AdamW(params, lr=lr, mode=mode, weight_decay=0.01, lr_scale=lr_scale)
         rng = numpy.random.default_rng(1)
         for _ in range(steps):
-            grads = {n: rng.standard_normal(p.shape) for n, p in params.items()}
-            if flat:
-                grads = model.layout.views(model.layout.zeros(numpy, numpy.float64),
-                                           order=model.params)
-                for n, g in grads.items():
-                    g[...] = rng.standard_normal(g.shape)
+            grads = (model.layout.views(model.layout.zeros(numpy, numpy.float64),
+                                        order=model.params) if flat       # the flat sweep
+                     else {n: numpy.empty(p.shape) for n, p in params.items()})
+            for g in grads.values():
+                g[...] = rng.standard_normal(g.shape)
             optimizer.step(grads)
         runs.append(params)
     return runs

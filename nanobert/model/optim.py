@@ -320,7 +320,7 @@ class AdamW:
         the update, else a temporary per span."""
         for p, g, m, v, wd, scale in spans:
             xp = array_module(p)
-            lr_p = lr if scale == 1.0 else lr * scale       # this parameter's rate
+            lr_p = lr * scale                               # this parameter's rate
             if grad_scale is not None:
                 g = g * grad_scale                          # a temporary: grads stay as given
             update = xp.empty_like(g) if scratch is None else scratch[:g.size]
