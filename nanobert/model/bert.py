@@ -27,9 +27,10 @@ from typing import NamedTuple
 
 import numpy
 
-# The layer that runs: fast.py under the reference's name, so `ops.x` below is fast.x, tested
-# equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
-from . import fast as ops
+# `active.x` is the op x of the layer that runs: ops.py's in reference mode, else the fast
+# layer's (active.py, the one switch). The inference twins below are the fast layer's alone.
+from . import active, fast
+from .ops import IGNORE_INDEX
 from ..backend import PinnedStaging, array_module, default_rng, get_xp, to_device
 from .pretrained import check_state_dict, load_pretrained, save_pretrained
 from ..formats.hub import resolve_model
@@ -43,25 +44,25 @@ from .params import QKV, bert_param_shapes, buffer_order, init_params
 
 def linear_backward_into(dout, cache, grads, name):
     """linear_backward writing d<name>.weight and d<name>.bias into grads; returns dx."""
-    return ops.linear_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
+    return active.linear_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
 
 
 def linear_gelu_backward_into(dout, cache, grads, name):
     """linear_gelu_backward writing d<name>.weight and d<name>.bias into grads; returns dx."""
-    return ops.linear_gelu_backward(dout, cache, grads[name + ".weight"],
-                                    grads[name + ".bias"])[0]
+    return active.linear_gelu_backward(dout, cache, grads[name + ".weight"],
+                                       grads[name + ".bias"])[0]
 
 
 def layernorm_backward_into(dout, cache, grads, name):
     """layernorm_backward writing the gain and bias gradients into grads; returns dx."""
-    return ops.layernorm_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
+    return active.layernorm_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
 
 
 def add_norm_backward_into(dout, cache, grads, name):
     """dropout_add_layernorm_backward writing the LayerNorm's gain and bias gradients (name:
     the LayerNorm's) into grads; returns (dx, dresidual)."""
-    return ops.dropout_add_layernorm_backward(dout, cache, grads[name + ".weight"],
-                                              grads[name + ".bias"])[:2]
+    return active.dropout_add_layernorm_backward(dout, cache, grads[name + ".weight"],
+                                                 grads[name + ".bias"])[:2]
 
 
 def stacked_qkv(tensors, prefix, kind, writable=False):
@@ -95,9 +96,9 @@ def embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng, t
     """input_ids, token_type_ids [B, T] -> LayerNorm(word + position + segment) [B, T, H]."""
     e = prefix + "embeddings."
     x, words, segments = embedding_sum(params, e, input_ids, token_type_ids)
-    x, layernorm = ops.layernorm_forward(x, params[e + "LayerNorm.weight"],
-                                         params[e + "LayerNorm.bias"], config.layer_norm_eps)
-    x, dropout = ops.dropout_forward(x, config.hidden_dropout_prob, rng, training)
+    x, layernorm = active.layernorm_forward(x, params[e + "LayerNorm.weight"],
+                                            params[e + "LayerNorm.bias"], config.layer_norm_eps)
+    x, dropout = active.dropout_forward(x, config.hidden_dropout_prob, rng, training)
     return x, EmbeddingsCache(prefix, words, segments, layernorm, dropout, config.pad_token_id)
 
 
@@ -105,8 +106,8 @@ def embedding_sum(params, e, input_ids, token_type_ids):
     """word + segment + position vectors [B, T, H] (e: the "...embeddings." prefix), and the
     caches of the two lookups."""
     T = input_ids.shape[1]
-    x, words = ops.embedding_forward(input_ids, params[e + "word_embeddings.weight"])
-    segment_vectors, segments = ops.embedding_forward(
+    x, words = active.embedding_forward(input_ids, params[e + "word_embeddings.weight"])
+    segment_vectors, segments = active.embedding_forward(
         token_type_ids, params[e + "token_type_embeddings.weight"])
     x += segment_vectors
     positions = params[e + "position_embeddings.weight"]
@@ -118,9 +119,8 @@ def embeddings_backward(dx, cache, grads):
     """dx [B, T, H]: the three tables' and the LayerNorm's gradients; inputs are ids.
     The lookups add into their tables' gradients (the word table's may already hold the
     tied MLM decoder's); the position rows past T stay zero."""
-    xp = array_module(dx)
     e = cache.prefix + "embeddings."
-    dx = ops.dropout_backward(dx, cache.dropout)
+    dx = active.dropout_backward(dx, cache.dropout)
     dx = layernorm_backward_into(dx, cache.layernorm, grads, e + "LayerNorm")
     dwords = grads[e + "word_embeddings.weight"]                   # [V, H]
     dx = dx.astype(dwords.dtype, copy=False)     # float16: add float32 rows into float32 tables
@@ -130,19 +130,19 @@ def embeddings_backward(dx, cache, grads):
     # through the lookup, even where padded positions reach a loss (QA's softmax over T).
     # (The tied MLM decoder's gradient still reaches it, as in HF.)
     pad_row = dwords[pad].copy() if has_pad else None
-    ops.embedding_backward(dx, cache.words, dwords)
+    active.embedding_backward(dx, cache.words, dwords)
     if has_pad:
         dwords[pad] = pad_row
-    ops.embedding_backward(dx, cache.segments, grads[e + "token_type_embeddings.weight"])
+    active.embedding_backward(dx, cache.segments, grads[e + "token_type_embeddings.weight"])
     dpositions = grads[e + "position_embeddings.weight"][:dx.shape[1]]
-    xp.sum(dx, axis=0, out=dpositions)                             # [T, H]: every row of the batch
+    dx.sum(axis=0, out=dpositions)                                 # [T, H]: every row of the batch
 
 # ------------------------------------------------------------------------- encoder layer
 
 
 class LayerCache(NamedTuple):
     prefix: str
-    attention: tuple           # ops.AttentionCache
+    attention: tuple           # AttentionCache (ops.py)
     attention_output: tuple    # linear
     attention_add_norm: tuple  # dropout_add_layernorm
     intermediate: tuple        # linear_gelu
@@ -163,20 +163,20 @@ def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
     # query/key/value stacked into one [3H, H] matrix: one matmul instead of three.
     w_qkv, b_qkv = stacked_qkv(params, prefix, "weight"), stacked_qkv(params, prefix, "bias")
     attention_forward = (packed.self_attention_forward if isinstance(attend, Packing)
-                         else ops.self_attention_forward)
+                         else active.self_attention_forward)
     context, attention = attention_forward(
         x, w_qkv, b_qkv, attend, config.num_attention_heads,
         config.attention_probs_dropout_prob, rng, training)
-    y, attention_output = ops.linear_forward(context, P("attention.output.dense.weight"),
-                                             P("attention.output.dense.bias"))
-    h, attention_add_norm = ops.dropout_add_layernorm_forward(     # LN(drop(y) + x)
+    y, attention_output = active.linear_forward(context, P("attention.output.dense.weight"),
+                                                P("attention.output.dense.bias"))
+    h, attention_add_norm = active.dropout_add_layernorm_forward(     # LN(drop(y) + x)
         y, x, P("attention.output.LayerNorm.weight"), P("attention.output.LayerNorm.bias"),
         config.layer_norm_eps, config.hidden_dropout_prob, rng, training)
-    inter, intermediate = ops.linear_gelu_forward(h, P("intermediate.dense.weight"),
-                                                  P("intermediate.dense.bias"),
-                                                  config.hidden_act)    # [B, T, I]
-    y, output = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    out, output_add_norm = ops.dropout_add_layernorm_forward(      # LN(drop(y) + h)
+    inter, intermediate = active.linear_gelu_forward(h, P("intermediate.dense.weight"),
+                                                     P("intermediate.dense.bias"),
+                                                     config.hidden_act)    # [B, T, I]
+    y, output = active.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
+    out, output_add_norm = active.dropout_add_layernorm_forward(      # LN(drop(y) + h)
         y, h, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"), config.layer_norm_eps,
         config.hidden_dropout_prob, rng, training)
     return out, LayerCache(prefix, attention, attention_output, attention_add_norm,
@@ -198,7 +198,7 @@ def encoder_layer_backward(dout, cache, grads):
                                     p + "attention.output.dense")
     attention_backward = (packed.self_attention_backward
                           if isinstance(cache.attention, packed.PackedAttentionCache)
-                          else ops.self_attention_backward)
+                          else active.self_attention_backward)
     dx, _, _ = attention_backward(dcontext, cache.attention,
                                   stacked_qkv(grads, p, "weight", writable=True),
                                   stacked_qkv(grads, p, "bias", writable=True))
@@ -230,37 +230,24 @@ def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, conf
     x, embeddings = embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng,
                                        training)
     hidden_states, layers = [x], []
-    x, attend = packed_layers_input(x, attention_mask, packing)
+    attend = active.attention_mask_bias(attention_mask, x.dtype)        # [B, 1, 1, T]
+    if packing is not None:             # the fast layer's: the attended tokens alone, [N, H]
+        x, attend = pack(x, packing), packing
     for i in range(config.num_hidden_layers):
         x, layer = encoder_layer_forward(params, f"{prefix}encoder.layer.{i}.", x, attend,
                                          config, rng, training)
         hidden_states.append(x)
         layers.append(layer)
-    hidden_states = unpacked_layers_output(hidden_states, packing)
+    if packing is not None:             # back to [B, T, H], zeros at the padding
+        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
     x = hidden_states[-1]
     pooled = pooler = pooler_tanh = None
     if prefix + "pooler.dense.weight" in params:
-        pooled, pooler = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
-                                            params[prefix + "pooler.dense.bias"])
-        pooled, pooler_tanh = ops.tanh_forward(pooled)
+        pooled, pooler = active.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
+                                               params[prefix + "pooler.dense.bias"])
+        pooled, pooler_tanh = active.tanh_forward(pooled)
     cache = BertCache(prefix, embeddings, layers, pooler, pooler_tanh, x, packing)
     return x, pooled, hidden_states, cache
-
-
-def packed_layers_input(x, attention_mask, packing):
-    """The embeddings' output x [B, T, H] -> what the layers take: (x, the mask's bias
-    [B, 1, 1, T]) for the padded batch, (its attended tokens [N, H], packing) packed."""
-    if packing is None:
-        return x, ops.attention_mask_bias(attention_mask, x.dtype)
-    return pack(x, packing), packing
-
-
-def unpacked_layers_output(hidden_states, packing):
-    """hidden_states (the embeddings' [B, T, H], then each layer's output) -> every one
-    [B, T, H]: packed, the layers' [N, H] outputs unpacked, zeros at the padding."""
-    if packing is None:
-        return hidden_states
-    return hidden_states[:1] + [unpack(h, packing) for h in hidden_states[1:]]
 
 
 def bert_backward(dsequence, dpooled, cache, grads):
@@ -271,7 +258,7 @@ def bert_backward(dsequence, dpooled, cache, grads):
     if cache.pooler is not None:
         if dpooled is None:
             dpooled = xp.zeros_like(dx[:, 0])
-        dpooled = ops.tanh_backward(dpooled, cache.pooler_tanh)
+        dpooled = active.tanh_backward(dpooled, cache.pooler_tanh)
         dx[:, 0] += linear_backward_into(dpooled, cache.pooler, grads,
                                          cache.prefix + "pooler.dense")
     packing = cache.packing
@@ -310,17 +297,17 @@ def encoder_layer_inference(params, prefix, x, attend, config, output_attentions
     if isinstance(attend, Packing):
         context, probs = packed.self_attention_inference(x, w_qkv, b_qkv, attend, A), None
     else:
-        context, probs = ops.self_attention_inference(x, w_qkv, b_qkv, attend, A,
+        context, probs = fast.self_attention_inference(x, w_qkv, b_qkv, attend, A,
                                                       output_attentions)
-    y, _ = ops.linear_forward(context, P("attention.output.dense.weight"),
-                              P("attention.output.dense.bias"))
-    h = ops.layernorm_inference(y, P("attention.output.LayerNorm.weight"),      # LN(y + x)
+    y, _ = active.linear_forward(context, P("attention.output.dense.weight"),
+                                 P("attention.output.dense.bias"))
+    h = fast.layernorm_inference(y, P("attention.output.LayerNorm.weight"),      # LN(y + x)
                                 P("attention.output.LayerNorm.bias"), config.layer_norm_eps,
                                 residual=x)
-    inter = ops.linear_gelu_inference(h, P("intermediate.dense.weight"),
+    inter = fast.linear_gelu_inference(h, P("intermediate.dense.weight"),
                                       P("intermediate.dense.bias"), config.hidden_act)  # [B, T, I]
-    y, _ = ops.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    out = ops.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
+    y, _ = active.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
+    out = fast.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
                                   config.layer_norm_eps, residual=h)   # LN(y + h)
     return out, probs
 
@@ -336,22 +323,25 @@ def bert_inference(params, prefix, input_ids, token_type_ids, attention_mask, co
         raise ValueError("output_attentions needs the padded batch: packing must be None")
     e = prefix + "embeddings."
     x, _, _ = embedding_sum(params, e, input_ids, token_type_ids)
-    x = ops.layernorm_inference(x, params[e + "LayerNorm.weight"], params[e + "LayerNorm.bias"],
+    x = fast.layernorm_inference(x, params[e + "LayerNorm.weight"], params[e + "LayerNorm.bias"],
                                 config.layer_norm_eps)
     hidden_states, attentions = [x], []
-    x, attend = packed_layers_input(x, attention_mask, packing)
+    attend = fast.attention_mask_bias(attention_mask, x.dtype)          # [B, 1, 1, T]
+    if packing is not None:
+        x, attend = pack(x, packing), packing
     for i in range(config.num_hidden_layers):
         x, probs = encoder_layer_inference(params, f"{prefix}encoder.layer.{i}.", x, attend,
                                            config, output_attentions)
         hidden_states.append(x)
         attentions.append(probs)
-    hidden_states = unpacked_layers_output(hidden_states, packing)
+    if packing is not None:
+        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
     x = hidden_states[-1]
     pooled = None
     if prefix + "pooler.dense.weight" in params:
-        pooled, _ = ops.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
-                                       params[prefix + "pooler.dense.bias"])
-        pooled, _ = ops.tanh_forward(pooled)
+        pooled, _ = active.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
+                                          params[prefix + "pooler.dense.bias"])
+        pooled, _ = active.tanh_forward(pooled)
     return x, pooled, hidden_states, tuple(attentions) if output_attentions else None
 
 # ---------------------------------------------------------------------------- the models
@@ -391,7 +381,7 @@ def labels_padding(host):
     position into the loss: a label other than -100 where attention_mask is 0."""
     labels = host.get("labels")
     return labels is not None and bool(
-        (labels[host["attention_mask"] == 0] != ops.IGNORE_INDEX).any())
+        (labels[host["attention_mask"] == 0] != IGNORE_INDEX).any())
 
 
 def missing_hook(model, hook):
@@ -439,6 +429,7 @@ class BertPreTrainedModel:
         # smaller than 2^-11 of a weight, and Adam's v (g^2) underflows in float16.
         self.master_dtype = numpy.dtype(numpy.float32 if self.dtype == numpy.float16
                                         else self.dtype)
+        active.check_reference_mode("cpu" if self.xp is numpy else "gpu", self.dtype)
         shapes = self.param_shapes(config)
         if params is None:
             params = init_params(shapes, config, seed)
@@ -528,12 +519,11 @@ class BertPreTrainedModel:
                               output_attentions, self._packing(host, output_attentions))
 
     def _packing(self, host, output_attentions=False):
-        """The Packing the encoder runs on (packing.py: the attended tokens only, zeros at
-        the padded positions of every output), or None for the padded batch: NumPy in
-        float32 or float64, where the batch has padding, unless the caller wants the
-        attention maps or the model reads a padded position (_reads_padding)."""
-        if (not self.packs or self.xp is not numpy or self.dtype == numpy.float16
-                or output_attentions or self._reads_padding(host)):
+        """The Packing the fast layer runs the encoder on (packing.py), or None for the padded
+        batch: NumPy in float32 or float64 with padding, unless the caller wants the attention
+        maps or the model reads a padded position (_reads_padding); never in reference mode."""
+        if (not self.packs or active.reference_ops() or self.xp is not numpy
+                or self.dtype == numpy.float16 or output_attentions or self._reads_padding(host)):
             return None
         return packing_of(host["attention_mask"])
 
@@ -550,12 +540,11 @@ class BertPreTrainedModel:
         return self.uses_pooler and not host["attention_mask"][:, 0].all()
 
     def _forward(self, host, for_backward=True, output_attentions=False):
-        """Encoder + head -> Forward. for_backward=False (inference, evaluation) in eval mode
-        runs the inference path and keeps no encoder cache (Forward.cache[0] is None); in
-        training mode the forward with dropout runs either way. output_attentions: Forward
-        carries each layer's attention probabilities."""
+        """Encoder + head -> Forward (with output_attentions each layer's attention maps).
+        for_backward=False in eval mode: the fast layer's inference path, no encoder cache
+        (Forward.cache[0] is None); in training and in reference mode the one forward."""
         attentions = None
-        if for_backward or self.training:
+        if for_backward or self.training or active.reference_ops():
             sequence, pooled, hidden_states, encoder = self._encode(host, output_attentions)
             if output_attentions:
                 attentions = attention_probabilities(encoder)
@@ -596,25 +585,17 @@ class BertPreTrainedModel:
 
     def loss_and_grads(self, batch, return_outputs=False, denominators=None, on_device=False,
                        loss_scale=None):
-        """Forward and backward over one batch -> (loss, grads), grads keyed like self.params;
-        with return_outputs also a dict with the logits, hidden_states and loss details.
+        """Forward and backward over one batch -> (loss, grads), grads keyed like self.params
+        (views of one zeroed flat buffer, fresh at every call: the caller's to keep; zeros
+        where the loss does not reach, e.g. the NSP head without NSP labels); with
+        return_outputs also a dict with the logits, hidden_states and loss details.
 
         denominators (BertForPreTraining): {"masked_lm": M, "next_sentence": B}, the counts of
-        a global batch this batch is a slice of; each mean then divides by them instead of
-        this batch's counts, so the slices' losses and gradients add up exactly to the global
-        batch's (gradient accumulation and data parallelism sum them).
-
-        grads are views of one flat buffer laid out as the parameters' (so clipping, AdamW
-        and accumulation sweep one array), fresh at every call: they stay the caller's.
-        A parameter the loss does not reach (the NSP head without NSP labels) gets zeros.
-
-        on_device=True (training on the GPU): the loss and the scalars of outputs (losses,
-        correct counts) are 0-d arrays of self.xp, read by nobody until the caller logs, so
-        the host never waits for the GPU inside a step; by default they are a float and
-        ints (one device-to-host read each on the GPU, nothing on the CPU).
-        loss_scale (a float or a 0-d array, optim.LossScaler.scale): the backward starts
-        from it instead of 1, so grads are loss_scale times the gradients (the loss is not
-        scaled); float16 training needs it."""
+        a global batch this batch is a slice of, which each mean divides by instead (the
+        slices' losses and gradients then sum exactly to the global batch's).
+        on_device=True (GPU): the loss and the outputs' scalars stay 0-d device arrays, so
+        that the host never waits inside a step. loss_scale (float16: optim.LossScaler's
+        scale, a float or a 0-d array): the backward starts from it instead of 1."""
         return self.loss_and_grads_checked(self.check_batch(batch), return_outputs,
                                            denominators, on_device, loss_scale)
 
@@ -641,8 +622,7 @@ class BertPreTrainedModel:
         return loss, grads, self._with_hidden_states(outputs, forward)
 
     def _overflow_is_expected(self):
-        """float16 on NumPy: an overflow to inf is the loss scaler's business (it skips the
-        step and halves the scale), not a warning per array; CuPy never warns."""
+        """float16 on NumPy: an overflow is the loss scaler's to skip, not a warning per array."""
         if self.dtype == numpy.float16:
             return numpy.errstate(over="ignore", invalid="ignore")
         return contextlib.nullcontext()
@@ -735,7 +715,7 @@ class BertModel(BertPreTrainedModel):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                  output_attentions=False):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
-        if self.training:
+        if self.training or active.reference_ops():
             sequence, pooled, hidden_states, cache = self._encode(host, output_attentions)
             attentions = attention_probabilities(cache) if output_attentions else None
         else:

@@ -27,9 +27,10 @@ import dataclasses
 
 import numpy
 
-# The layer that runs: fast.py under the reference's name, so `ops.x` below is fast.x, tested
-# equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
-from . import fast as ops
+# `active.x` is the op x of the layer that runs: ops.py's in reference mode, else the fast
+# layer's (active.py, the one switch).
+from . import active
+from .ops import IGNORE_INDEX
 from ..backend import to_host
 from .pretrained import load_for_task
 from ..formats.hub import resolve_model
@@ -75,8 +76,9 @@ class MultipleChoiceModelOutput:
 def classifier_forward(params, x, dropout_p, rng, training):
     """The task layer of the paper: dropout, then one dense layer named "classifier".
     x [..., H] -> logits [..., num_labels]."""
-    x, dropout = ops.dropout_forward(x, dropout_p, rng, training)
-    logits, linear = ops.linear_forward(x, params["classifier.weight"], params["classifier.bias"])
+    x, dropout = active.dropout_forward(x, dropout_p, rng, training)
+    logits, linear = active.linear_forward(x, params["classifier.weight"],
+                                           params["classifier.bias"])
     return logits, (dropout, linear)
 
 
@@ -84,12 +86,12 @@ def classifier_backward(dlogits, cache, grads):
     """dlogits [..., num_labels] -> dx [..., H]."""
     dropout, linear = cache
     dx = linear_backward_into(dlogits, linear, grads, "classifier")
-    return ops.dropout_backward(dx, dropout)
+    return active.dropout_backward(dx, dropout)
 
 
 def counted(host_labels):
     """How many labels the loss counts (not -100), from the host copy: no device read."""
-    return int((numpy.asarray(host_labels) != ops.IGNORE_INDEX).sum())
+    return int((numpy.asarray(host_labels) != IGNORE_INDEX).sum())
 
 
 class BertForTask(BertPreTrainedModel):
@@ -110,7 +112,7 @@ class BertForTask(BertPreTrainedModel):
             raise ValueError(f"classifier_dropout must be in [0, 1), got {dropout}")
 
     def _cross_entropy(self, logits, host, key, shape=None):
-        """ops.cross_entropy_forward of logits against the targets host[key] (reshaped to
+        """layer.cross_entropy_forward of logits against the targets host[key] (reshaped to
         `shape` if given), divided by how many of them count (not -100): from the host copy,
         or, in a step replayed from a CUDA graph (training/graph.py), from host["count/<key>"],
         a device count given each step."""
@@ -118,8 +120,8 @@ class BertForTask(BertPreTrainedModel):
         labels = labels if shape is None else labels.reshape(shape)
         count = host.get("count/" + key)
         if count is not None:
-            return ops.cross_entropy_forward(logits, labels, denominator=count)
-        return ops.cross_entropy_forward(logits, labels, count=counted(host[key]))
+            return active.cross_entropy_forward(logits, labels, denominator=count)
+        return active.cross_entropy_forward(logits, labels, count=counted(host[key]))
 
     def graph_counts(self, host):
         """check_batch's dict -> the "count/<key>" entries _cross_entropy reads in a step
@@ -183,7 +185,7 @@ class BertForSequenceClassification(BertForTask):
         B, C = host["input_ids"].shape[0], self.num_labels
         kind = self.problem_type(to_host(batch["labels"]))
         if kind == "single_label_classification":
-            labels = check_per_example(batch, "labels", B, 0, C, allowed=(ops.IGNORE_INDEX,))
+            labels = check_per_example(batch, "labels", B, 0, C, allowed=(IGNORE_INDEX,))
             return {"labels": labels, "problem_type": kind}
         labels = as_real_array(batch, "labels", "batch")
         if kind == "regression" and C == 1:
@@ -213,18 +215,18 @@ class BertForSequenceClassification(BertForTask):
         labels = self._device(host, "labels", logits.dtype)
         if kind == "regression":
             prediction = logits.reshape(labels.shape)                # [B, 1] -> [B] when C == 1
-            loss, cache = ops.mse_forward(prediction, labels)
+            loss, cache = active.mse_forward(prediction, labels)
         else:
-            loss, cache = ops.bce_with_logits_forward(logits, labels)
+            loss, cache = active.bce_with_logits_forward(logits, labels)
         return loss, (kind, cache, logits.shape), {"logits": logits, "problem_type": kind}
 
     def _loss_backward(self, loss_cache, dloss=1.0):
         kind, cache, shape = loss_cache
         if kind == "single_label_classification":
-            return ops.cross_entropy_backward(dloss, cache)
+            return active.cross_entropy_backward(dloss, cache)
         if kind == "regression":
-            return ops.mse_backward(dloss, cache).reshape(shape)
-        return ops.bce_with_logits_backward(dloss, cache)
+            return active.mse_backward(dloss, cache).reshape(shape)
+        return active.bce_with_logits_backward(dloss, cache)
 
     def _output(self, logits, hidden_states):
         return SequenceClassifierOutput(logits, hidden_states)
@@ -248,7 +250,7 @@ class BertForTokenClassification(BertForTask):
         labels = as_int_array(batch, "labels", "batch")
         if labels.shape != host["input_ids"].shape:
             raise shape_error("labels", labels.shape, [host["input_ids"].shape])
-        check_range(labels, "labels", 0, self.num_labels, allowed=(ops.IGNORE_INDEX,))
+        check_range(labels, "labels", 0, self.num_labels, allowed=(IGNORE_INDEX,))
         return {"labels": labels.astype(numpy.int64)}
 
     def _reads_padding(self, host):
@@ -267,7 +269,7 @@ class BertForTokenClassification(BertForTask):
 
     def _loss_backward(self, loss_cache, dloss=1.0):
         cache, shape = loss_cache
-        return ops.cross_entropy_backward(dloss, cache).reshape(shape)
+        return active.cross_entropy_backward(dloss, cache).reshape(shape)
 
     def _output(self, logits, hidden_states):
         return TokenClassifierOutput(logits, hidden_states)
@@ -306,7 +308,7 @@ class BertForQuestionAnswering(BertForTask):
                 raise shape_error(key, positions.shape, [(B,)])
             positions = positions.reshape(B).astype(numpy.int64)
             clamped = numpy.clip(positions, 0, T)
-            out[key] = numpy.where(clamped == T, ops.IGNORE_INDEX, clamped)
+            out[key] = numpy.where(clamped == T, IGNORE_INDEX, clamped)
             out[key + "_clamped_to_0"] = int((positions < 0).sum())
             out[key + "_ignored"] = int((positions >= T).sum())
         return out
@@ -317,8 +319,8 @@ class BertForQuestionAnswering(BertForTask):
         return True
 
     def _head_forward(self, sequence, pooled, host):
-        logits, linear_cache = ops.linear_forward(sequence, self.weights["qa_outputs.weight"],
-                                                  self.weights["qa_outputs.bias"])   # [B, T, 2]
+        logits, linear_cache = active.linear_forward(sequence, self.weights["qa_outputs.weight"],
+                                                     self.weights["qa_outputs.bias"])   # [B, T, 2]
         return logits, linear_cache
 
     def _head_backward(self, dlogits, linear_cache, grads):
@@ -335,8 +337,8 @@ class BertForQuestionAnswering(BertForTask):
 
     def _loss_backward(self, loss_cache, dloss=1.0):
         start_cache, end_cache = loss_cache
-        dstart = ops.cross_entropy_backward(0.5 * dloss, start_cache)  # [B, T]
-        dend = ops.cross_entropy_backward(0.5 * dloss, end_cache)
+        dstart = active.cross_entropy_backward(0.5 * dloss, start_cache)  # [B, T]
+        dend = active.cross_entropy_backward(0.5 * dloss, end_cache)
         return self.xp.stack([dstart, dend], axis=-1)                  # [B, T, 2]
 
     def _output(self, logits, hidden_states):
@@ -379,7 +381,7 @@ class BertForMultipleChoice(BertForTask):
 
     def _check_targets(self, batch, host):
         B, C = host["input_ids"].shape[0] // host["num_choices"], host["num_choices"]
-        labels = check_per_example(batch, "labels", B, 0, C, allowed=(ops.IGNORE_INDEX,))
+        labels = check_per_example(batch, "labels", B, 0, C, allowed=(IGNORE_INDEX,))
         return {"labels": labels}
 
     def _head_forward(self, sequence, pooled, host):
@@ -394,7 +396,7 @@ class BertForMultipleChoice(BertForTask):
         return loss, cache, {"logits": logits, "num_counted": cache.count}
 
     def _loss_backward(self, cache, dloss=1.0):
-        return ops.cross_entropy_backward(dloss, cache)
+        return active.cross_entropy_backward(dloss, cache)
 
     def _output(self, logits, hidden_states):
         return MultipleChoiceModelOutput(logits, hidden_states)

@@ -20,7 +20,7 @@ import math
 from typing import NamedTuple
 
 from ..backend import array_module, scatter_add
-from .special import erf
+from .special import ERF_ONE, ERFCX_K, erf_coefficients
 
 
 def into(buffer, value):
@@ -104,6 +104,33 @@ def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
 
 # ---------------------------------------------------------------------------------- gelu
 
+
+def erf(x):
+    """The error function erf(x) = 2/sqrt(pi) * integral of exp(-s^2) from 0 to x, elementwise
+    (NumPy has none), float32 or float64, by two formulas, each where it is accurate
+    (special.py derives and fits them):
+        |x| < 1:   x + x (P(x^2) - 1)             P: a polynomial for erf(x)/x
+        |x| >= 1:  sign(x) (1 - exp(-x^2) R(u))   R: one for exp(x^2) erfc(x), u = (|x|-3)/(|x|+3)
+    Past ERF_ONE (6 in float64, 4 in float32) erf is +-1 to the last bit: |x| is clamped."""
+    xp = array_module(x)
+    series, erfcx = erf_coefficients(x.dtype)         # P - 1 and R, highest power first
+    inside = xp.abs(x) < 1
+    xs = xp.where(inside, x, 0.0)                      # |x| < 1 only: no overflow in P(x^2)
+    small = polynomial(series, xs * xs) * xs + xs
+    ax = xp.minimum(xp.abs(x), x.dtype.type(ERF_ONE[x.dtype]))
+    u = (ax - ERFCX_K) / (ax + ERFCX_K)
+    erfc = polynomial(erfcx, u) * xp.exp(-(ax * ax))
+    return xp.where(inside, small, xp.copysign(1 - erfc, x))
+
+
+def polynomial(coefficients, t):
+    """c0 t^n + c1 t^(n-1) + ... + cn by Horner's rule: ((c0 t + c1) t + c2) t + ..."""
+    out = t * coefficients[0] + coefficients[1]
+    for c in coefficients[2:]:
+        out = out * t + c
+    return out
+
+
 GELU_KINDS = ("gelu", "gelu_new", "gelu_pytorch_tanh")
 
 
@@ -113,7 +140,7 @@ def gelu_forward(x, kind="gelu"):
     tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     xp = array_module(x)
     if kind == "gelu":
-        cdf = (erf(x * (1.0 / math.sqrt(2.0)), xp) + 1.0) * 0.5          # Phi(x)
+        cdf = (erf(x * (1.0 / math.sqrt(2.0))) + 1.0) * 0.5          # Phi(x)
         return x * cdf, (x, cdf, kind)
     if kind in ("gelu_new", "gelu_pytorch_tanh"):
         t = xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x))
@@ -313,17 +340,18 @@ class CrossEntropyCache(NamedTuple):
     denominator: float         # what their summed loss is divided by
 
 
-def cross_entropy_forward(logits, labels, denominator=None):
+def cross_entropy_forward(logits, labels, denominator=None, count=None):
     """Mean softmax cross-entropy -log softmax(logits)[label] over the rows whose label is
     not -100. logits [N, C], labels [N] int -> a 0-d loss.
 
     With no counted row the loss is 0 (and so is its gradient), rather than the 0/0 = NaN
     of a plain mean. `denominator` replaces the count by that of a larger batch this one
     is a slice of (gradient accumulation, data parallelism): the slices' losses and
-    gradients then sum to exactly those of the whole batch."""
+    gradients then sum to exactly those of the whole batch. `count`, the number of labels
+    that are not -100, where the caller knows it already (else counted here)."""
     xp = array_module(logits)
     valid = labels != IGNORE_INDEX                                      # [N]
-    count = int(valid.sum())
+    count = int(valid.sum()) if count is None else count
     labels = xp.where(valid, labels, 0)          # any class: the row is multiplied by 0 below
     shifted = logits - logits.max(axis=-1, keepdims=True)    # [N, C], so exp cannot overflow
     exp_shifted = xp.exp(shifted)
@@ -373,3 +401,44 @@ def bce_with_logits_backward(dloss, cache):
     e = xp.exp(-xp.abs(logits))
     sigmoid = xp.where(logits >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
     return (sigmoid - targets) * (dloss / logits.size)
+
+# ----------------------------------------------------------------------------- the update
+# What a training step does with the gradients, written as the math, one parameter at a time
+# (reference mode runs these; the fast layer sweeps one flat buffer: optim.py).
+
+
+def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
+    """Scale every gradient (a dict of arrays) in place so that their global norm, the square
+    root of the sum of every squared entry, is at most max_norm. -> the norm before clipping.
+
+    bert: g *= max_norm / max(norm, max_norm), as tf.clip_by_global_norm;
+    torch: g *= min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_."""
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grads.values()))
+    if mode == "bert":
+        scale = max_norm / max(norm, max_norm)
+    else:
+        scale = min(1.0, max_norm / (norm + 1e-6))
+    if scale < 1.0:
+        for g in grads.values():
+            g *= scale
+    return norm
+
+
+def adamw_update(p, g, m, v, lr, t, weight_decay, beta1, beta2, eps, mode="bert"):
+    """One AdamW step of the parameter p from its gradient g, at step t (1, 2, ...): p and its
+    moments m (a running mean of g) and v (of g^2) are updated in place.
+
+    bert (the original AdamWeightDecay): no bias correction (warmup keeps the first steps
+    small anyway) and the decay is part of the update: p -= lr (m / (sqrt(v) + eps) + wd p).
+    torch (torch.optim.AdamW): m and v bias-corrected (both start at 0, so their first values
+    are too small by 1 - beta^t), the decay applied first and apart: p *= 1 - lr wd."""
+    m[...] = beta1 * m + (1.0 - beta1) * g
+    v[...] = beta2 * v + (1.0 - beta2) * (g * g)
+    xp = array_module(p)
+    if mode == "bert":
+        p -= (m / (xp.sqrt(v) + eps) + weight_decay * p) * lr
+        return
+    p *= 1.0 - lr * weight_decay
+    m_hat = m / (1.0 - beta1 ** t)
+    v_hat = v / (1.0 - beta2 ** t)
+    p -= lr * m_hat / (xp.sqrt(v_hat) + eps)

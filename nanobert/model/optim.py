@@ -26,7 +26,7 @@ import re
 import numpy
 
 from ..backend import array_module, to_device, to_host
-from . import kernels
+from . import active, kernels, ops
 from .flat import flat_buffer, flat_offsets
 from .threads import in_row_blocks, run_tasks, thread_count
 
@@ -116,7 +116,15 @@ def _chunk_squares(spans, squares, flat):
 
 
 def clip_by_global_norm(grads, max_norm=1.0, mode="bert"):
-    """Scale all gradients in place so their global norm is at most max_norm.
+    """Scale all gradients in place so their global norm is at most max_norm (the math:
+    ops.clip_by_global_norm, which reference mode runs) -> the norm before clipping."""
+    if active.reference_ops():
+        return ops.clip_by_global_norm(grads, max_norm, mode)
+    return clip_flat_by_global_norm(grads, max_norm, mode)
+
+
+def clip_flat_by_global_norm(grads, max_norm=1.0, mode="bert"):
+    """ops.clip_by_global_norm on the flat gradient buffer, one sweep:
 
     bert: g *= max_norm / max(norm, max_norm) (tf.clip_by_global_norm);
     torch: g *= min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_).
@@ -201,19 +209,18 @@ class AdamW:
     flat buffers of the same layout and a step sweeps the three buffers and the gradient
     buffer in cache-sized chunks, one run of equal weight decay at a time; for a dict of
     separate arrays (or gradients laid out otherwise) it updates tensor by tensor.
+    In reference mode (active.py) AdamW(...) makes a ReferenceAdamW: ops.adamw_update, one
+    parameter at a time.
     """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is AdamW and active.reference_ops():
+            cls = ReferenceAdamW
+        return super().__new__(cls)
 
     def __init__(self, params, lr=1e-4, mode="bert", betas=(0.9, 0.999), eps=None,
                  weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None):
-        if mode not in MODES:
-            raise ValueError(f"AdamW mode must be one of {MODES}, got {mode!r}")
-        self.params, self.lr, self.mode = params, lr, mode
-        self.beta1, self.beta2 = betas
-        self.eps = eps if eps is not None else (1e-6 if mode == "bert" else 1e-8)
-        self.weight_decay = {name: (0.0 if any(s in name for s in no_decay) else weight_decay)
-                             for name in params}
-        # name -> multiplier of the rate (1 where absent): layer-wise decay's lower layers
-        self.lr_scale = {name: float((lr_scale or {}).get(name, 1.0)) for name in params}
+        self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale)
         xp = array_module(next(iter(params.values())))
         if xp is not numpy and any(s != 1.0 for s in self.lr_scale.values()):
             raise ValueError("AdamW's lr_scale (layer-wise rate decay) runs on the CPU: the GPU "
@@ -242,6 +249,18 @@ class AdamW:
             self.m = {name: xp.zeros_like(p) for name, p in params.items()}
             self.v = {name: xp.zeros_like(p) for name, p in params.items()}
         self.step_count = 0
+
+    def _hyperparameters(self, params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale):
+        """The constructor's arguments, checked; weight decay and rate scale per parameter."""
+        if mode not in MODES:
+            raise ValueError(f"AdamW mode must be one of {MODES}, got {mode!r}")
+        self.params, self.lr, self.mode = params, lr, mode
+        self.beta1, self.beta2 = betas
+        self.eps = eps if eps is not None else (1e-6 if mode == "bert" else 1e-8)
+        self.weight_decay = {name: (0.0 if any(s in name for s in no_decay) else weight_decay)
+                             for name in params}
+        # name -> multiplier of the rate (1 where absent): layer-wise decay's lower layers
+        self.lr_scale = {name: float((lr_scale or {}).get(name, 1.0)) for name in params}
 
     def _views(self, buffer):
         """name -> the view of `buffer` where that parameter sits in the parameter buffer."""
@@ -412,6 +431,32 @@ class AdamW:
                 moments[name][...] = to_device(state[key], xp, p.dtype)   # in place: views
         self.step_count = int(state["step"])
         self.device_step = None                 # counted from step_count again
+
+
+class ReferenceAdamW(AdamW):
+    """AdamW as its math, what reference mode runs: a loop over the parameters, each updated by
+    ops.adamw_update (as llm.c's adamw_update), the moments one array per parameter. Equal to
+    AdamW's flat sweep (tests/test_reference_mode.py)."""
+
+    def __init__(self, params, lr=1e-4, mode="bert", betas=(0.9, 0.999), eps=None,
+                 weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None):
+        self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale)
+        self.m = {name: p * 0 for name, p in params.items()}      # first moment, zeros
+        self.v = {name: p * 0 for name, p in params.items()}      # second moment, zeros
+        self.buffer = None                                        # no flat buffer
+        self.step_count = 0
+
+    def step(self, grads, lr=None, skip=None):
+        """One update of every parameter from grads (same keys), at lr (default self.lr);
+        none when skip (a loss scaler's overflow flag) is true."""
+        lr = self.lr if lr is None else lr
+        self.step_count += 1
+        if skip is not None and bool(skip):
+            return
+        for name, p in self.params.items():
+            ops.adamw_update(p, grads[name], self.m[name], self.v[name],
+                             lr * self.lr_scale[name], self.step_count,
+                             self.weight_decay[name], self.beta1, self.beta2, self.eps, self.mode)
 
 
 class LossScaler:

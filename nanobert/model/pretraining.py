@@ -13,9 +13,10 @@ from typing import NamedTuple
 
 import numpy
 
-# The layer that runs: fast.py under the reference's name, so `ops.x` below is fast.x, tested
-# equal to ops.py's x (tests/test_fast.py); `from . import ops` here would run the reference.
-from . import fast as ops
+# `active.x` is the op x of the layer that runs: ops.py's in reference mode, else the fast
+# layer's (active.py, the one switch).
+from . import active
+from .ops import IGNORE_INDEX, softmax_forward
 from ..backend import array_module
 from .bert import (BertPreTrainedModel, labels_padding, layernorm_backward_into,
                    linear_backward_into, linear_gelu_backward_into)
@@ -59,12 +60,12 @@ def mlm_head_forward(params, prefix, sequence_output, positions, config):
     H = sequence_output.shape[-1]
     x = sequence_output.reshape(-1, H)[positions]                  # [M, H]
     t = "cls.predictions.transform."
-    x, dense = ops.linear_gelu_forward(x, params[t + "dense.weight"], params[t + "dense.bias"],
-                                       config.hidden_act)
-    x, layernorm = ops.layernorm_forward(x, params[t + "LayerNorm.weight"],
-                                         params[t + "LayerNorm.bias"], config.layer_norm_eps)
-    logits, decoder = ops.linear_forward(x, params[prefix + "embeddings.word_embeddings.weight"],
-                                         params["cls.predictions.bias"])
+    x, dense = active.linear_gelu_forward(x, params[t + "dense.weight"], params[t + "dense.bias"],
+                                          config.hidden_act)
+    x, layernorm = active.layernorm_forward(x, params[t + "LayerNorm.weight"],
+                                            params[t + "LayerNorm.bias"], config.layer_norm_eps)
+    logits, decoder = active.linear_forward(x, params[prefix + "embeddings.word_embeddings.weight"],
+                                            params["cls.predictions.bias"])
     cache = MLMCache(prefix, dense, layernorm, decoder, positions, sequence_output.shape)
     return logits, cache
 
@@ -73,9 +74,9 @@ def mlm_head_backward(dlogits, cache, grads):
     """dlogits [M, V] -> dsequence_output [B, T, H] (zero except at the masked positions)."""
     xp = array_module(dlogits)
     # The tied decoder writes the dense word-embedding gradient; the lookup adds to it later.
-    dx, _, _ = ops.linear_backward(dlogits, cache.decoder,
-                                   grads[cache.prefix + "embeddings.word_embeddings.weight"],
-                                   grads["cls.predictions.bias"])
+    dx, _, _ = active.linear_backward(dlogits, cache.decoder,
+                                      grads[cache.prefix + "embeddings.word_embeddings.weight"],
+                                      grads["cls.predictions.bias"])
     dx = layernorm_backward_into(dx, cache.layernorm, grads, "cls.predictions.transform.LayerNorm")
     dx = linear_gelu_backward_into(dx, cache.dense, grads, "cls.predictions.transform.dense")
     B, T, H = cache.sequence_shape
@@ -88,8 +89,8 @@ def mlm_head_backward(dlogits, cache, grads):
 
 def nsp_head_forward(params, pooled_output):
     """pooled_output [B, H] -> NSP logits [B, 2]."""
-    return ops.linear_forward(pooled_output, params["cls.seq_relationship.weight"],
-                              params["cls.seq_relationship.bias"])
+    return active.linear_forward(pooled_output, params["cls.seq_relationship.weight"],
+                                 params["cls.seq_relationship.bias"])
 
 
 def nsp_head_backward(dlogits, cache, grads):
@@ -109,7 +110,7 @@ def top_k_at_masks(prediction_logits, input_ids, mask_token_id, top_k=5):
     guesses = []
     for position in numpy.flatnonzero(input_ids == mask_token_id):
         logits = numpy.asarray(prediction_logits[position], dtype=numpy.float64)   # [V]
-        probs, _ = ops.softmax_forward(logits)
+        probs, _ = softmax_forward(logits)
         ids = numpy.argsort(-probs, kind="stable")[:top_k]
         guesses.append((int(position), ids, probs[ids]))
     return guesses
@@ -144,9 +145,9 @@ class BertForPreTraining(BertPreTrainedModel):
         labels = as_int_array(batch, "labels", "batch")
         if labels.shape != (B, T):
             raise ValueError(f"batch: labels has shape {labels.shape} but input_ids has {(B, T)}")
-        check_range(labels, "labels", 0, self.config.vocab_size, allowed=(ops.IGNORE_INDEX,))
+        check_range(labels, "labels", 0, self.config.vocab_size, allowed=(IGNORE_INDEX,))
         flat_labels = labels.reshape(-1).astype(numpy.int64)
-        positions = numpy.flatnonzero(flat_labels != ops.IGNORE_INDEX)   # sorted, [M]
+        positions = numpy.flatnonzero(flat_labels != IGNORE_INDEX)   # sorted, [M]
         targets = {"labels": labels.astype(numpy.int64), "masked_lm_positions": positions,
                    "masked_lm_ids": flat_labels[positions], "num_masked": len(positions)}
         if batch.get("next_sentence_label") is not None:
@@ -154,9 +155,9 @@ class BertForPreTraining(BertPreTrainedModel):
             if nsp.shape != (B,):
                 raise ValueError(f"batch: next_sentence_label has shape {nsp.shape}, "
                                  f"expected {(B,)}")
-            check_range(nsp, "next_sentence_label", 0, 2, allowed=(ops.IGNORE_INDEX,))
+            check_range(nsp, "next_sentence_label", 0, 2, allowed=(IGNORE_INDEX,))
             targets["next_sentence_label"] = nsp.astype(numpy.int64)
-            targets["num_next_sentence"] = int((nsp != ops.IGNORE_INDEX).sum())
+            targets["num_next_sentence"] = int((nsp != IGNORE_INDEX).sum())
         return targets
 
     def _reads_padding(self, host):
@@ -187,16 +188,16 @@ class BertForPreTraining(BertPreTrainedModel):
         # Counts come from the host labels and accuracies stay device scalars: no host wait.
         num_masked = host["num_masked"]
         mlm_labels = self._device(host, "masked_lm_ids")
-        mlm_loss, mlm_cache = ops.cross_entropy_forward(mlm_logits, mlm_labels,
-                                                        denominators.get("masked_lm"),
-                                                        count=num_masked)
+        mlm_loss, mlm_cache = active.cross_entropy_forward(mlm_logits, mlm_labels,
+                                                           denominators.get("masked_lm"),
+                                                           count=num_masked)
         outputs = {"mlm_loss": mlm_loss, "nsp_loss": None, "mlm_logits": mlm_logits,
                    "nsp_logits": None, "num_masked": num_masked,
                    "mlm_correct": (mlm_logits.argmax(-1) == mlm_labels).sum()}
         if "next_sentence_label" not in host:
             return mlm_loss, (mlm_cache, None), outputs
         nsp_labels = self._device(host, "next_sentence_label")
-        nsp_loss, nsp_cache = ops.cross_entropy_forward(
+        nsp_loss, nsp_cache = active.cross_entropy_forward(
             nsp_logits, nsp_labels, denominators.get("next_sentence"),
             count=host["num_next_sentence"])
         outputs.update(nsp_loss=nsp_loss, nsp_logits=nsp_logits,
@@ -205,8 +206,8 @@ class BertForPreTraining(BertPreTrainedModel):
 
     def _loss_backward(self, cache, dloss=1.0):
         mlm_cache, nsp_cache = cache
-        dnsp = None if nsp_cache is None else ops.cross_entropy_backward(dloss, nsp_cache)
-        return ops.cross_entropy_backward(dloss, mlm_cache), dnsp
+        dnsp = None if nsp_cache is None else active.cross_entropy_backward(dloss, nsp_cache)
+        return active.cross_entropy_backward(dloss, mlm_cache), dnsp
 
     def _output(self, logits, hidden_states):
         mlm_logits, nsp_logits = logits                    # inference: every position

@@ -103,7 +103,8 @@ def maclaurin_erf_over_x(eps, terms=30):
 _HORNER = {}   # dtype -> (series coefficients, erfcx coefficients), highest power first
 
 
-def _coefficients(dtype):
+def erf_coefficients(dtype):
+    """(series, erfcx): the two polynomials' coefficients in `dtype`, highest power first."""
     if dtype not in _HORNER:
         scalar = dtype.type
         series = maclaurin_erf_over_x(numpy.finfo(dtype).eps)
@@ -133,7 +134,9 @@ def _gather(xp, a, indices, out):
 
 def erf(x, xp=None, out=None):
     """The error function, elementwise: float32 or float64 array of any shape -> same dtype
-    and shape. `xp` is the array namespace (numpy by default, or cupy). `out`, if given, a
+    and shape. The fast layer's: ops.erf is the same two formulas written plainly (each
+    evaluated everywhere), bitwise equal to this (tests/test_special.py). `xp` is the array
+    namespace (numpy by default, or cupy). `out`, if given, a
     C-contiguous array of the same shape and dtype, receives the result (it may be `x`)."""
     xp = numpy if xp is None else xp
     x = xp.asarray(x)
@@ -148,7 +151,7 @@ def erf(x, xp=None, out=None):
     if xp is not numpy:                 # one kernel (and no flatnonzero: no host wait)
         import cupyx.scipy.special
         return cupyx.scipy.special.erf(x, out=out)
-    series, erfcx = _coefficients(dtype)
+    series, erfcx = erf_coefficients(dtype)
     erf_one = dtype.type(ERF_ONE[dtype])
     k = dtype.type(ERFCX_K)
     one = dtype.type(1.0)
