@@ -197,7 +197,7 @@ def add_run_arguments(g):
                         "for loss (default: accuracy; f1 for ner, squad, MRPC, QQP; matthews "
                         "for CoLA; spearman for regress)")
     flags.add(g, "--seed", help="head init, shuffling, dropout, subsampling")
-    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph")
+    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph", "--reference-ops")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
     g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")

@@ -206,7 +206,8 @@ def add_run_arguments(g):
                         "of a train.py run) with a new optimizer and schedule: continued "
                         "pretraining, e.g. on a task's own text; --config/--preset must "
                         "describe its model")
-    flags.add(g, "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph")
+    flags.add(g, "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph",
+              "--reference-ops")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
     g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
                    help="held-out evaluation interval in steps (0: only at the end)")

@@ -65,6 +65,13 @@ SHARED = {
                          "float16 matmuls, dynamic loss scaling)"),
     "--no-tf32": dict(action="store_true",
                       help="GPU: keep float32 matmuls in full float32 (default: TF32)"),
+    "--reference-ops": dict(action="store_true",
+                            help="reference mode: every op from nanobert/model/ops.py (the math "
+                                 "as written: no packing, no thread pool, AdamW and clipping "
+                                 "as a loop over the parameters), for stepping through under "
+                                 "a debugger; CPU, float32/float64; equal to the fast layer "
+                                 "(tests/test_reference_mode.py), 1.5-3x slower (also "
+                                 "$NANOBERT_REFERENCE=1)"),
     "--no-cuda-graph": dict(action="store_true",
                             help="GPU: issue each step's kernels one by one instead of "
                                  "replaying the step from a CUDA graph (also "

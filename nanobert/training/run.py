@@ -13,16 +13,25 @@ from nanobert.backend import (default_rng, require_gpu, resolve_device, reuse_fr
                                set_tf32)
 from nanobert.distributed import end_job, process_group
 from nanobert.formats.fileio import atomic_open, output_folder
+from nanobert.model import active
 from nanobert.model.flat import flat_buffer
 from nanobert.model.optim import AdamW, LossScaler, layer_decay_scales
 
 
 def setup_device(args):
     """--device resolved (default $NANOBERT_DEVICE or cpu) and, for the GPU, checked to run
-    here (require_gpu: one line before any data work), TF32 as --no-tf32 says, and freed
-    memory reused (each step's arrays land in already mapped pages)."""
+    here (require_gpu: one line before any data work), TF32 as --no-tf32 says, freed
+    memory reused (each step's arrays land in already mapped pages), and --reference-ops
+    (or $NANOBERT_REFERENCE=1) switched on, refused in one line on a GPU or in float16."""
     reuse_freed_memory()
     args.device = resolve_device(args.device)
+    if getattr(args, "reference_ops", False):
+        active.use_reference_ops()
+    args.reference_ops = active.reference_ops()
+    try:
+        active.check_reference_mode(args.device, args.dtype)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if args.device == "gpu":
         require_gpu()
     set_tf32(not args.no_tf32)
