@@ -63,17 +63,19 @@ def one_step(model, optimizer, batch):
     return loss
 
 
-def trace(step):
+def trace(step, files=(PACKAGE,)):
     """Run step() under sys.setprofile -> the code objects of the project functions it
-    called (Python functions only; NumPy's C functions are not the project's), in the order
-    first called. Threads the step starts are traced too (threading.setprofile)."""
+    called (Python functions only; NumPy's C functions are not the project's) whose file
+    starts with one of `files`, in the order first called. Threads the step starts are
+    traced too (threading.setprofile)."""
     import threading
     seen = {}
+    files = tuple(files)
 
     def profile(frame, event, arg):
         if event == "call":
             code = frame.f_code
-            if code.co_filename.startswith(PACKAGE) and code not in seen:
+            if code.co_filename.startswith(files) and code not in seen:
                 seen[code] = None
     threading.setprofile(profile)
     sys.setprofile(profile)
@@ -113,6 +115,46 @@ def executed_functions(reference, seed=0):
             for c in codes]
 
 
+def train_py_step(reference, seed=0):
+    """[(file, first line, qualified name, lines)], in the order first called, of one step of
+    train.py's loop on the CPU (docs/walkthrough.md follows it): the micro-batches' losses and
+    gradients (train.loss_and_grads, optim.average_gradients), the sums the log reads
+    (train.step_sums), then training/step.update: allreduce, guards, clipping, AdamW."""
+    import train
+    from nanobert.distributed import process_group
+    from nanobert.model.optim import average_gradients
+    from nanobert.training.step import update
+    args = argparse.Namespace(no_nsp=False, batch_size=8, grad_accum=1, device="cpu",
+                              optimizer="bert")
+    was = active.reference_ops()
+    active.use_reference_ops(reference)
+    try:
+        model = nano_model(seed)
+        optimizer = AdamW(model.params, lr=1e-3)
+        group = process_group("cpu")
+        batch = nano_batch(model.config, seed=seed)
+        denominators = {"masked_lm": int((batch["labels"] != -100).sum()),
+                        "next_sentence": len(batch["next_sentence_label"])}
+
+        def step():        # train.py's loop body between the batch and the log line, CPU
+            _, grads, outputs = average_gradients(
+                train.loss_and_grads(args, model, None, denominators), [batch], weights=[1.0])
+            sums = train.step_sums(group, model.xp, [batch], outputs, denominators)
+            update(group, model, optimizer, None, grads, 1e-3, 1, mode=args.optimizer,
+                   loss=train.total_loss(train.host_sums(sums)))
+        step()
+        codes = trace(step, (PACKAGE, os.path.join(ROOT, "train.py")))
+    finally:
+        active.use_reference_ops(was)
+    return [(relative(c.co_filename), c.co_firstlineno, c.co_qualname, source_lines(c))
+            for c in codes]
+
+
+def walkthrough_items(functions):
+    """The lines of docs/walkthrough.md's list: `file:line` qualified name (lines)."""
+    return [f"`{path}:{line}` {name} ({lines})" for path, line, name, lines in functions]
+
+
 def per_file(functions):
     """file -> (functions, lines), largest first."""
     totals = collections.defaultdict(lambda: [0, 0])
@@ -137,7 +179,14 @@ def report(name, functions, show_functions=False):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--functions", action="store_true", help="list every function executed")
+    p.add_argument("--walkthrough", action="store_true",
+                   help="print the list of docs/walkthrough.md: train.py's step in reference "
+                        "mode, function by function in the order first called")
     args = p.parse_args(argv)
+    if args.walkthrough:
+        for item in walkthrough_items(train_py_step(reference=True)):
+            print(f"- {item}")
+        return
     for name, reference in (("reference mode (--reference-ops)", True), ("fast layer", False)):
         report(name, executed_functions(reference), args.functions)
         print()
