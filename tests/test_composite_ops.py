@@ -1,7 +1,8 @@
 """The composite ops of ops.py, chains the fast layer runs fused: linear_gelu (the FFN's
 up-projection and its GELU) and dropout_add_layernorm (a post-LN sublayer's Add & Norm).
 
-- The reference: float64 central-difference gradient checks (hypothesis-drawn shapes).
+- The reference: float64 central-difference gradient checks, in tests/test_ops_grad.py with
+  every other op's (the learner's quick tier).
 - The CPU twins (fast_cpu): bitwise the chain of the fast ops they fuse (the same arithmetic
   in other blocks), for any thread count; against the reference, bitwise in float64, and in
   float32 within the bounds of the ops they chain (GELU's erf_float32, LayerNorm's row sums:
@@ -25,7 +26,6 @@ import cuda_emulation
 from conftest import assert_close, record
 from nanobert import backend
 from nanobert.model import fast, fast_cpu, fast_gpu, kernels, ops
-from nanobert.testing import check_gradients
 from test_cuda_kernels import draw_arguments, draws, guarded, run, run_map, stats
 from test_fast import LAYERNORM_BOUND, gelu_within_float32_bound, layernorm_errors, normal, same
 
@@ -33,63 +33,6 @@ SETTINGS = settings(max_examples=25, deadline=None)
 dims = st.integers(1, 6)
 seeds = st.integers(0, 2**31 - 1)
 dtypes = st.sampled_from([numpy.float32, numpy.float64])
-TOL = 1e-7                 # central differences in float64, as tests/test_ops_grad.py
-
-# ---------------------------------------------------------------------- the reference
-
-
-@SETTINGS
-@given(n=dims, d_in=dims, d_out=dims, kind=st.sampled_from(ops.GELU_KINDS),
-       scale=st.floats(0.1, 3.0), seed=seeds)
-def test_linear_gelu_backward_matches_central_differences(n, d_in, d_out, kind, scale, seed):
-    rng = numpy.random.default_rng(seed)
-    inputs = {"x": scale * rng.standard_normal((2, n, d_in)),
-              "weight": rng.standard_normal((d_out, d_in)), "bias": rng.standard_normal(d_out)}
-    errors = check_gradients(lambda x, weight, bias: ops.linear_gelu_forward(x, weight, bias,
-                                                                             kind),
-                             ops.linear_gelu_backward, inputs, seed=seed, tol=TOL,
-                             name=f"linear_gelu[{kind}]")
-    for key, err in errors.items():
-        record(f"grad linear_gelu[{kind}] d{key}", err)
-
-
-@SETTINGS
-@given(n=dims, h=st.integers(3, 8), p=st.sampled_from([0.0, 0.1, 0.5]), training=st.booleans(),
-       scale=st.floats(0.1, 10.0), seed=seeds)
-def test_dropout_add_layernorm_backward_matches_central_differences(n, h, p, training, scale,
-                                                                   seed):
-    # h >= 3: with two features the normalised output is always +-1 (tests/test_ops_grad.py)
-    rng = numpy.random.default_rng(seed)
-    inputs = {"x": scale * rng.standard_normal((n, 2, h)),
-              "residual": scale * rng.standard_normal((n, 2, h)) + rng.standard_normal(),
-              "gamma": 1 + 0.3 * rng.standard_normal(h), "beta": rng.standard_normal(h)}
-
-    def forward(x, residual, gamma, beta):      # the same mask at every call: a fresh Generator
-        return ops.dropout_add_layernorm_forward(x, residual, gamma, beta, 1e-12, p,
-                                                 numpy.random.default_rng(seed), training)
-    errors = check_gradients(forward, ops.dropout_add_layernorm_backward, inputs, seed=seed,
-                             tol=TOL, name="dropout_add_layernorm")
-    for key, err in errors.items():
-        record(f"grad dropout_add_layernorm d{key}", err)
-
-
-def test_composites_are_their_chains():
-    """Each composite's output and gradients are its chain's, op by op (what the gradient
-    checks above rely on), and without dropout dx is dresidual itself."""
-    rng = numpy.random.default_rng(0)
-    x, w, b = rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), rng.standard_normal(5)
-    dout = rng.standard_normal((3, 5))
-    out, cache = ops.linear_gelu_forward(x, w, b)
-    y, linear = ops.linear_forward(x, w, b)
-    same(out, ops.gelu_forward(y)[0], "linear_gelu out")
-    for g, r in zip(ops.linear_gelu_backward(dout, cache),
-                    ops.linear_backward(ops.gelu_backward(dout, cache.gelu), linear)):
-        same(g, r, "linear_gelu gradient")
-    residual, gamma, beta = (rng.standard_normal(s) for s in ((3, 5), 5, 5))
-    out, cache = ops.dropout_add_layernorm_forward(out, residual, gamma, beta, 1e-12, 0.0, None,
-                                                   False)
-    dx, dresidual, _, _ = ops.dropout_add_layernorm_backward(dout, cache)
-    assert dx is dresidual and cache.dropout_mask is None
 
 # ------------------------------------------------------------------------ the CPU twins
 

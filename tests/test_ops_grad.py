@@ -1,16 +1,20 @@
-"""Central-difference gradient checks (float64) of every op's hand-written backward.
+"""Central-difference gradient checks (float64) of every op's hand-written backward in ops.py,
+the composite ops and the losses included.
 
 Each test hands an op's forward/backward pair to nanobert.testing.check_gradients: the
 backward applied to a random projection W must equal the numerical derivative of
 sum(op(inputs) * W), the error relative to max(|gradient|, 1). Shapes and values are drawn
-by hypothesis.
+by hypothesis. Part of the learner's quick tier (pytest -m learner, README).
 """
 import numpy
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from nanobert.model import ops
 from nanobert.testing import check_gradients
 from conftest import record
+
+pytestmark = pytest.mark.learner
 
 TOL = 1e-7          # central differences with h=1e-6 in float64 agree to ~1e-9
 SETTINGS = settings(max_examples=25, deadline=None)
@@ -167,3 +171,80 @@ def test_cross_entropy_equals_negative_log_softmax_mean():
     logp = logits - numpy.log(numpy.exp(logits).sum(-1, keepdims=True))
     expected = -(logp[0, 0] + logp[2, 2]) / 2
     assert abs(loss - expected) < 1e-14, (loss, expected)
+
+# ------------------------------------------------------------------------ composite ops
+
+
+@SETTINGS
+@given(n=dims, d_in=dims, d_out=dims, kind=st.sampled_from(ops.GELU_KINDS),
+       scale=st.floats(0.1, 3.0), seed=seeds)
+def test_linear_gelu_backward_matches_central_differences(n, d_in, d_out, kind, scale, seed):
+    rng = numpy.random.default_rng(seed)
+    inputs = {"x": scale * rng.standard_normal((2, n, d_in)),
+              "weight": rng.standard_normal((d_out, d_in)), "bias": rng.standard_normal(d_out)}
+    errors = check_gradients(lambda x, weight, bias: ops.linear_gelu_forward(x, weight, bias,
+                                                                             kind),
+                             ops.linear_gelu_backward, inputs, seed=seed, tol=TOL,
+                             name=f"linear_gelu[{kind}]")
+    for key, err in errors.items():
+        record(f"grad linear_gelu[{kind}] d{key}", err)
+
+
+@SETTINGS
+@given(n=dims, h=st.integers(3, 8), p=st.sampled_from([0.0, 0.1, 0.5]), training=st.booleans(),
+       scale=st.floats(0.1, 10.0), seed=seeds)
+def test_dropout_add_layernorm_backward_matches_central_differences(n, h, p, training, scale,
+                                                                   seed):
+    # h >= 3: with two features the normalised output is always +-1 (tests/test_ops_grad.py)
+    rng = numpy.random.default_rng(seed)
+    inputs = {"x": scale * rng.standard_normal((n, 2, h)),
+              "residual": scale * rng.standard_normal((n, 2, h)) + rng.standard_normal(),
+              "gamma": 1 + 0.3 * rng.standard_normal(h), "beta": rng.standard_normal(h)}
+
+    def forward(x, residual, gamma, beta):      # the same mask at every call: a fresh Generator
+        return ops.dropout_add_layernorm_forward(x, residual, gamma, beta, 1e-12, p,
+                                                 numpy.random.default_rng(seed), training)
+    errors = check_gradients(forward, ops.dropout_add_layernorm_backward, inputs, seed=seed,
+                             tol=TOL, name="dropout_add_layernorm")
+    for key, err in errors.items():
+        record(f"grad dropout_add_layernorm d{key}", err)
+
+
+def test_composites_are_their_chains():
+    """Each composite's output and gradients are its chain's, op by op (what the gradient
+    checks above rely on), and without dropout dx is dresidual itself."""
+    rng = numpy.random.default_rng(0)
+    x, w, b = rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), rng.standard_normal(5)
+    dout = rng.standard_normal((3, 5))
+    out, cache = ops.linear_gelu_forward(x, w, b)
+    y, linear = ops.linear_forward(x, w, b)
+    assert numpy.array_equal(out, ops.gelu_forward(y)[0]), "linear_gelu out"
+    for g, r in zip(ops.linear_gelu_backward(dout, cache),
+                    ops.linear_backward(ops.gelu_backward(dout, cache.gelu), linear)):
+        assert numpy.array_equal(g, r), "linear_gelu gradient"
+    residual, gamma, beta = (rng.standard_normal(s) for s in ((3, 5), 5, 5))
+    out, cache = ops.dropout_add_layernorm_forward(out, residual, gamma, beta, 1e-12, 0.0, None,
+                                                   False)
+    dx, dresidual, _, _ = ops.dropout_add_layernorm_backward(dout, cache)
+    assert dx is dresidual and cache.dropout_mask is None
+
+# ----------------------------------------------------------------------- regression losses
+
+
+@SETTINGS
+@given(n=dims, c=dims, seed=seeds)
+def test_mse_backward_matches_central_differences(n, c, seed):
+    rng = numpy.random.default_rng(seed)
+    target = rng.standard_normal((n, c))
+    check_op("mse", lambda prediction: ops.mse_forward(prediction, target), ops.mse_backward,
+             {"prediction": rng.standard_normal((n, c))}, seed)
+
+
+@SETTINGS
+@given(n=dims, c=dims, scale=st.floats(0.1, 20.0), seed=seeds)
+def test_bce_with_logits_backward_matches_central_differences(n, c, scale, seed):
+    """Logits up to +-60: the max(x, 0) - x y + log(1 + exp(-|x|)) form stays finite."""
+    rng = numpy.random.default_rng(seed)
+    targets = rng.choice([0.0, 0.3, 1.0], size=(n, c))
+    check_op("bce_with_logits", lambda logits: ops.bce_with_logits_forward(logits, targets),
+             ops.bce_with_logits_backward, {"logits": scale * rng.standard_normal((n, c))}, seed)

@@ -30,6 +30,7 @@ from nanobert.model.optim import AdamW, ReferenceAdamW, clip_by_global_norm, lea
 from nanobert.testing import make_batch, tiny_bert_config
 from conftest import record, vanishes
 
+pytestmark = pytest.mark.learner           # the learner's quick tier (README)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 5
 FLOAT64_TOL = 1e-12
