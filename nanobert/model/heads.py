@@ -36,6 +36,7 @@ from .pretrained import load_for_task
 from ..formats.hub import resolve_model
 from .bert import BertPreTrainedModel, labels_padding, linear_backward_into
 from .config import BertConfig, num_labels, with_labels
+from .params import bias, weight
 from .inputs import (as_int_array, as_real_array, check_inputs, check_per_example, check_range,
                      shape_error)
 
@@ -169,8 +170,8 @@ class BertForSequenceClassification(BertForTask):
 
     @classmethod
     def head_shapes(cls, config):
-        return {"classifier.weight": (num_labels(config), config.hidden_size),
-                "classifier.bias": (num_labels(config),)}
+        return {"classifier.weight": weight(num_labels(config), config.hidden_size),
+                "classifier.bias": bias(num_labels(config))}
 
     def problem_type(self, labels):
         kind = self.config.extra.get("problem_type")
@@ -243,8 +244,8 @@ class BertForTokenClassification(BertForTask):
 
     @classmethod
     def head_shapes(cls, config):
-        return {"classifier.weight": (num_labels(config), config.hidden_size),
-                "classifier.bias": (num_labels(config),)}
+        return {"classifier.weight": weight(num_labels(config), config.hidden_size),
+                "classifier.bias": bias(num_labels(config))}
 
     def _check_targets(self, batch, host):
         labels = as_int_array(batch, "labels", "batch")
@@ -297,7 +298,7 @@ class BertForQuestionAnswering(BertForTask):
 
     @classmethod
     def head_shapes(cls, config):
-        return {"qa_outputs.weight": (2, config.hidden_size), "qa_outputs.bias": (2,)}
+        return {"qa_outputs.weight": weight(2, config.hidden_size), "qa_outputs.bias": bias(2)}
 
     def _check_targets(self, batch, host):
         B, T = host["input_ids"].shape
@@ -357,7 +358,7 @@ class BertForMultipleChoice(BertForTask):
 
     @classmethod
     def head_shapes(cls, config):
-        return {"classifier.weight": (1, config.hidden_size), "classifier.bias": (1,)}
+        return {"classifier.weight": weight(1, config.hidden_size), "classifier.bias": bias(1)}
 
     def _inputs(self, input_ids, token_type_ids, attention_mask):
         """[B, C, T] -> [B*C, T] each, and num_choices C."""

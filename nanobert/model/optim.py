@@ -6,7 +6,9 @@ mode="bert":  google-research/bert's AdamWeightDecayOptimizer. No bias correctio
               and the decay term is added to the Adam update: p -= lr * (m/(sqrt(v)+eps) + wd*p).
 mode="torch": torch.optim.AdamW: bias-corrected moments, eps 1e-8, decoupled decay
               applied first: p *= 1 - lr*wd.
-Both skip weight decay for parameters whose name contains LayerNorm, layer_norm or bias.
+Both skip weight decay where the model's parameter table says so (decay=, params.decays:
+LayerNorm's gain and shift, biases), or, for a plain dict of arrays, where the name contains
+LayerNorm, layer_norm or bias (the original's rule).
 lr_scale (layer_decay_scales: layer-wise rate decay, fine-tuning) multiplies a parameter's
 rate: its update is the one a run at lr * scale would take (on the CPU; the GPU kernel takes
 one rate and refuses scales).
@@ -219,8 +221,9 @@ class AdamW:
         return super().__new__(cls)
 
     def __init__(self, params, lr=1e-4, mode="bert", betas=(0.9, 0.999), eps=None,
-                 weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None):
-        self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale)
+                 weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None, decay=None):
+        self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale,
+                              decay)
         xp = array_module(next(iter(params.values())))
         if xp is not numpy and any(s != 1.0 for s in self.lr_scale.values()):
             raise ValueError("AdamW's lr_scale (layer-wise rate decay) runs on the CPU: the GPU "
@@ -250,15 +253,22 @@ class AdamW:
             self.v = {name: xp.zeros_like(p) for name, p in params.items()}
         self.step_count = 0
 
-    def _hyperparameters(self, params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale):
-        """The constructor's arguments, checked; weight decay and rate scale per parameter."""
+    def _hyperparameters(self, params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale,
+                         decay):
+        """The constructor's arguments, checked; weight decay and rate scale per parameter.
+        decay: name -> whether weight decay applies (params.decays of the model's table);
+        None: the original's rule, by name (no_decay's substrings)."""
         if mode not in MODES:
             raise ValueError(f"AdamW mode must be one of {MODES}, got {mode!r}")
         self.params, self.lr, self.mode = params, lr, mode
         self.beta1, self.beta2 = betas
         self.eps = eps if eps is not None else (1e-6 if mode == "bert" else 1e-8)
-        self.weight_decay = {name: (0.0 if any(s in name for s in no_decay) else weight_decay)
-                             for name in params}
+        if decay is None:
+            decay = {name: not any(s in name for s in no_decay) for name in params}
+        missing = [name for name in params if name not in decay]
+        if missing:
+            raise ValueError(f"AdamW decay= has no entry for {missing[:3]}")
+        self.weight_decay = {name: weight_decay if decay[name] else 0.0 for name in params}
         # name -> multiplier of the rate (1 where absent): layer-wise decay's lower layers
         self.lr_scale = {name: float((lr_scale or {}).get(name, 1.0)) for name in params}
 
@@ -439,8 +449,9 @@ class ReferenceAdamW(AdamW):
     AdamW's flat sweep (tests/test_reference_mode.py)."""
 
     def __init__(self, params, lr=1e-4, mode="bert", betas=(0.9, 0.999), eps=None,
-                 weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None):
-        self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale)
+                 weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None, decay=None):
+        self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale,
+                              decay)
         self.m = {name: p * 0 for name, p in params.items()}      # first moment, zeros
         self.v = {name: p * 0 for name, p in params.items()}      # second moment, zeros
         self.buffer = None                                        # no flat buffer

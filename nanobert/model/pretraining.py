@@ -21,6 +21,7 @@ from ..backend import array_module
 from .bert import (BertPreTrainedModel, labels_padding, layernorm_backward_into,
                    linear_backward_into, linear_gelu_backward_into)
 from .inputs import as_int_array, check_range
+from .params import bias, gain, weight
 
 
 def pretraining_head_shapes(config):
@@ -28,13 +29,13 @@ def pretraining_head_shapes(config):
     table, so it has no entry of its own) and the NSP classifier."""
     H = config.hidden_size
     return {
-        "cls.predictions.bias": (config.vocab_size,),
-        "cls.predictions.transform.dense.weight": (H, H),
-        "cls.predictions.transform.dense.bias": (H,),
-        "cls.predictions.transform.LayerNorm.weight": (H,),
-        "cls.predictions.transform.LayerNorm.bias": (H,),
-        "cls.seq_relationship.weight": (2, H),
-        "cls.seq_relationship.bias": (2,),
+        "cls.predictions.bias": bias(config.vocab_size),
+        "cls.predictions.transform.dense.weight": weight(H, H),
+        "cls.predictions.transform.dense.bias": bias(H),
+        "cls.predictions.transform.LayerNorm.weight": gain(H),
+        "cls.predictions.transform.LayerNorm.bias": bias(H),
+        "cls.seq_relationship.weight": weight(2, H),
+        "cls.seq_relationship.bias": bias(2),
     }
 
 # ------------------------------------------------------------------------ masked LM head

@@ -16,6 +16,7 @@ from nanobert.formats.fileio import atomic_open, output_folder
 from nanobert.model import active
 from nanobert.model.flat import flat_buffer
 from nanobert.model.optim import AdamW, LossScaler, layer_decay_scales
+from nanobert.model.params import decays
 
 
 def setup_device(args):
@@ -113,7 +114,8 @@ def make_optimizer(args, model, state=None):
     scales = (layer_decay_scales(model.params, model.config.num_hidden_layers, decay)
               if decay is not None else None)
     optimizer = AdamW(model.params, lr=args.lr, mode=args.optimizer,
-                      weight_decay=args.weight_decay, lr_scale=scales)
+                      weight_decay=args.weight_decay, lr_scale=scales,
+                      decay=decays(model.param_shapes(model.config)))
     scaler = LossScaler(model.xp) if args.dtype == "float16" else None
     if state is not None:
         optimizer_state, trainer_state = state
