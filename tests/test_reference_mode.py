@@ -275,3 +275,32 @@ def test_reference_mode_refuses_the_gpu_and_float16_in_one_line(device, dtype):
     active.check_reference_mode(device, dtype)              # the fast layer takes both
     with reference_mode(), pytest.raises(ValueError, match="reference mode"):
         BertForPreTraining(tiny_bert_config(), dtype=numpy.float16)
+
+
+@pytest.mark.parametrize("argv,refused", [
+    (["--reference-ops", "--device", "gpu"], "on gpu in float32"),
+    (["--reference-ops", "--dtype", "float16"], "on cpu in float16"),
+    (["--reference-ops", "--dtype", "float64"], None)])
+def test_both_command_lines_switch_reference_mode_on_or_refuse_in_one_line(argv, refused):
+    """train.py and finetune.py: --reference-ops turns the switch on at start-up
+    (training/run.setup_device), before any data work; a GPU or float16 is one line."""
+    import finetune
+    import train
+    from nanobert.training.run import setup_device
+    for command in (train, finetune):
+        args = command.parse_args(argv)
+        with reference_mode(False):
+            if refused:
+                with pytest.raises(SystemExit, match=f"error: reference mode .*{refused}"):
+                    setup_device(args)
+            else:
+                setup_device(args)
+                assert active.reference_ops() and args.reference_ops
+
+
+def test_the_commands_without_a_dtype_flag_start_in_reference_mode():
+    """fill_mask, attention and features take no --dtype: float32, allowed."""
+    import argparse
+    from nanobert.training.run import setup_device
+    with reference_mode():
+        setup_device(argparse.Namespace(device="cpu", no_tf32=True))

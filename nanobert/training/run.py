@@ -30,7 +30,7 @@ def setup_device(args):
         active.use_reference_ops()
     args.reference_ops = active.reference_ops()
     try:
-        active.check_reference_mode(args.device, args.dtype)
+        active.check_reference_mode(args.device, getattr(args, "dtype", "float32"))
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     if args.device == "gpu":
