@@ -209,8 +209,11 @@ def update_walkthrough(text, functions, figures=None):
     for (index, _, description), item in zip(page, new):
         lines[index] = f"- {item}" + (f" — {description}" if description else "")
     if figures is not None:
-        start, end = (next(n for n, line in enumerate(lines) if line.strip() == marker)
+        start, end = (next((n for n, line in enumerate(lines) if line.strip() == marker), None)
                       for marker in FIGURES)
+        if start is None or end is None or end < start:
+            raise ValueError(f"the page has no figures between the lines {FIGURES[0]} and "
+                             f"{FIGURES[1]}")
         lines[start + 1:end] = figures
     return "\n".join(lines) + "\n"
 
