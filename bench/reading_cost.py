@@ -5,6 +5,9 @@ file, with their source lines, in both modes: the fast layer and the reference
 
     python -m bench.reading_cost                 # both modes, a table per mode
     python -m bench.reading_cost --functions     # and every function executed, file:line
+    python -m bench.reading_cost --walkthrough   # docs/walkthrough.md's list, train.py's step
+    python -m bench.reading_cost --walkthrough-update docs/walkthrough.md
+                                                 # its file:line (lines) and figures rewritten
 
 A function counts once, with all of its source lines (its def to its last line, docstring and
 comments included: a reader reads them), however often it runs and whichever of its branches
@@ -16,8 +19,10 @@ target (at most 800 lines, ops.py the largest share).
 """
 import argparse
 import collections
+import datetime
 import inspect
 import os
+import re
 import sys
 
 import numpy
@@ -155,6 +160,87 @@ def walkthrough_items(functions):
     return [f"`{path}:{line}` {name} ({lines})" for path, line, name, lines in functions]
 
 
+# docs/walkthrough.md's list items: "- `file:line` qualified.name (lines) — what it does"
+ITEM = re.compile(r"- (`(?P<path>[^`:]+):(?P<line>\d+)` (?P<name>\S+) \((?P<lines>\d+)\))")
+FIGURES = ("<!-- figures: python -m bench.reading_cost --walkthrough-update -->",
+           "<!-- end of figures -->")
+
+
+def page_items(text):
+    """[(line index, item, description)] of a page's list items ("- `file:line` name (lines)"
+    and what follows " — "), in order; lines inside fenced blocks are not items."""
+    items, fence = [], False
+    for index, line in enumerate(text.splitlines()):
+        if line.lstrip().startswith("```"):
+            fence = not fence
+        found = None if fence else ITEM.match(line)
+        if found:
+            items.append((index, found.group(1), line[found.end():].removeprefix(" — ")))
+    return items
+
+
+def item_key(item):
+    """`file:line` name (lines) -> (file, name): what stays when only line numbers move."""
+    found = ITEM.match("- " + item)
+    return found.group("path"), found.group("name")
+
+
+def update_walkthrough(text, functions, figures=None):
+    """The page `text` with each list item's `file:line` name (lines) rewritten from
+    `functions` (train_py_step's), its description kept, and the figures between the FIGURES
+    markers replaced by `figures` (if given). ValueError, naming them, where the functions
+    are not the page's, in the page's order: a person writes what a new one does."""
+    lines = text.splitlines()
+    page = page_items(text)
+    new = walkthrough_items(functions)
+    old_keys, new_keys = [item_key(i) for _, i, _ in page], [item_key(i) for i in new]
+    if old_keys != new_keys:
+        added = [i for i, k in zip(new, new_keys) if k not in old_keys]
+        removed = [i for _, i, _ in page if item_key(i) not in new_keys]
+        problem = ((["functions the step now runs, not on the page (write their "
+                     "descriptions):"] + [f"  + {i}" for i in added] if added else [])
+                   + (["functions on the page the step no longer runs:"]
+                      + [f"  - {i}" for i in removed] if removed else []))
+        if not added and not removed:
+            at = next(n for n, (a, b) in enumerate(zip(old_keys, new_keys)) if a != b)
+            problem = [f"the step now calls them in another order: item {at + 1} is "
+                       f"{new[at]}, the page has {page[at][1]} (move the items)"]
+        raise ValueError("\n".join(problem))
+    for (index, _, description), item in zip(page, new):
+        lines[index] = f"- {item}" + (f" — {description}" if description else "")
+    if figures is not None:
+        start, end = (next((n for n, line in enumerate(lines) if line.strip() == marker), None)
+                      for marker in FIGURES)
+        if start is None or end is None or end < start:
+            raise ValueError(f"the page has no figures between the lines {FIGURES[0]} and "
+                             f"{FIGURES[1]}")
+        lines[start + 1:end] = figures
+    return "\n".join(lines) + "\n"
+
+
+def figures_table(reference, fast, walkthrough, date=None):
+    """The markdown lines of docs/walkthrough.md's figures: per file, the functions and lines
+    of bench.reading_cost's step in both modes, and the size of the walkthrough's list."""
+    date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    ref, fst = per_file(reference), per_file(fast)
+    rows = list(ref) + [path for path in fst if path not in ref]
+
+    def cells(files, path):
+        count, lines = files.get(path, (0, 0))
+        return f"{count} | {lines}" if count else "| "
+
+    def total(functions):
+        return f"{len(functions)} functions, {sum(f[3] for f in functions):,} lines"
+    return ([f"Measured {date} by `python -m bench.reading_cost` (one step of "
+             f"loss_and_grads + clip + AdamW.step, BERT nano's shape, B=8, T=32, one row in "
+             f"three padded): reference mode {total(reference)} in {len(ref)} files; fast "
+             f"layer {total(fast)} in {len(fst)} files. The list above (train.py's whole "
+             f"step): {total(walkthrough)}.", "",
+             "| file | reference mode: functions | lines | fast layer: functions | lines |",
+             "|---|---:|---:|---:|---:|"]
+            + [f"| `{path}` | {cells(ref, path)} | {cells(fst, path)} |" for path in rows])
+
+
 def per_file(functions):
     """file -> (functions, lines), largest first."""
     totals = collections.defaultdict(lambda: [0, 0])
@@ -182,7 +268,25 @@ def main(argv=None):
     p.add_argument("--walkthrough", action="store_true",
                    help="print the list of docs/walkthrough.md: train.py's step in reference "
                         "mode, function by function in the order first called")
+    p.add_argument("--walkthrough-update", metavar="PAGE",
+                   help="rewrite the `file:line` name (lines) of each list item of PAGE "
+                        "(docs/walkthrough.md) and its figures, keeping the descriptions; "
+                        "fails, naming them, where functions were added, removed or reordered")
     args = p.parse_args(argv)
+    if args.walkthrough_update:
+        with open(args.walkthrough_update) as f:
+            text = f.read()
+        walkthrough = train_py_step(reference=True)
+        figures = figures_table(executed_functions(True), executed_functions(False), walkthrough)
+        try:
+            text = update_walkthrough(text, walkthrough, figures)
+        except ValueError as e:
+            raise SystemExit(f"{args.walkthrough_update} is not updated:\n{e}\n"
+                             f"(python -m bench.reading_cost --walkthrough prints the list)")
+        with open(args.walkthrough_update, "w") as f:
+            f.write(text)
+        print(f"updated {args.walkthrough_update}: {len(walkthrough)} items and the figures")
+        return
     if args.walkthrough:
         for item in walkthrough_items(train_py_step(reference=True)):
             print(f"- {item}")
