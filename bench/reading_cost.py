@@ -74,8 +74,14 @@ def trace(step, files=(PACKAGE,)):
     starts with one of `files`, in the order first called. Threads the step starts are
     traced too (threading.setprofile)."""
     import threading
+    from nanobert.model import threads
     seen = {}
     files = tuple(files)
+    # threading.setprofile reaches the threads started after it: a fresh pool, so that what
+    # its workers run is traced too (else the count depends on which thread took a block)
+    if threads._pool is not None:
+        threads._pool.shutdown()
+        threads._pool, threads._pool_size = None, 0
 
     def profile(frame, event, arg):
         if event == "call":
