@@ -23,9 +23,9 @@ central difference in float64, (f(x + h) - f(x - h)) / 2h per entry (error O(h^2
 five-point stencil (8[f(x+h) - f(x-h)] - [f(x+2h) - f(x-2h)]) / 12h (error O(h^4)) for
 functions curved enough that the first leaves truncation error above the tolerance. An op
 check takes its step as h times the input's largest magnitude when that is below 1 (h = 1e-6
-would move inputs near 1e-4 by 1%); an input that disagrees there is tried at h itself, then
-with the five-point stencil (_differences says when each is right). A wrong backward
-disagrees with every one, and the failure is told at the first.
+would move inputs near 1e-4 by 1%); an input that does not plainly agree there is tried at
+h itself and with the five-point stencil too, and the closest counts (_differences says when
+each is right). A wrong backward disagrees with every one, and is told at the first.
 
 The scale, one rule for both forms. A central difference is only as precise as the rounding
 of f allows: about (f's rounding error) / h in absolute terms, however small the true
@@ -69,7 +69,7 @@ DEFAULT_TOL = 1e-7      # central differences with h = 1e-6 in float64 agree to 
 NOISE = 1e-12           # gradients below this are rounding noise of a float64 loss
 EPSILON = float(numpy.finfo(numpy.float64).eps)
 EPSILON32 = float(numpy.finfo(numpy.float32).eps)
-ROUNDING_MARGIN = 100   # a central difference's error over rounding / h: measured up to 5
+ROUNDING_MARGIN = 100   # the difference over rounding / h, where that sets the scale: 1.7 seen
 KEPT_BY_FLOAT32 = 1e-4  # float32 keeps an output it gets within this of float64 (relative)
 TASKS = ("pretraining", "sequence_classification", "regression", "multi_label",
          "token_classification", "question_answering", "multiple_choice")
@@ -208,25 +208,24 @@ def check_gradients(forward, backward, inputs, *, seed=0, tol=DEFAULT_TOL, h=1e-
 
     compared = {}
     for key, x in arrays.items():
-        differences = _differences(x, h, five_point)
-        compared[key] = compare(key, *differences[0])
-        for step, stencil in differences[1:]:
-            if error(key, compared[key]) <= tol:
-                break
-            tried = compare(key, step, stencil)
-            if error(key, tried) <= tol:
-                compared[key] = tried
+        first, *others = _differences(x, h, five_point)
+        compared[key] = compare(key, *first)
+        if not error(key, compared[key]) <= tol / 10:   # not plainly right: the closest
+            closest = min([compared[key]] + [compare(key, *other) for other in others],
+                          key=lambda c: error(key, c))
+            if error(key, closest) <= tol:
+                compared[key] = closest         # else the failure is told at the first
     return _errors(compared, tol, relative_floor, noise, if_flat, name)
 
 
 def _differences(x, h, five_point):
-    """The (step, five-point?) differences to try on input x, until one agrees: a step of
-    h on inputs near 1e-4 would move them by 1%, so first h scaled down with them; then h
-    itself (f may be linear in a small input, a bias near 0.01 beside weights near 1, where
-    h is exact and the smaller step only adds rounding); then, unless five_point was asked
-    for outright, both again with the five-point stencil (a curvature on a scale finer than
-    the input's, two nearly equal features under LayerNorm). A wrong backward disagrees with
-    them all, and is told at the first."""
+    """The (step, five-point?) differences to try on input x: a step of h on inputs near
+    1e-4 would move them by 1%, so first h scaled down with them; then h itself (f may be
+    linear in a small input, a bias near 0.01 beside weights near 1, where h is exact and
+    the smaller step only adds rounding); then, unless five_point was asked for outright,
+    both again with the five-point stencil (a curvature on a finer scale than the input's:
+    RMSNorm of one feature near sqrt(eps)). Unless the first agrees to tol / 10, the closest
+    of them all counts; a wrong backward disagrees with every one, and is told at the first."""
     steps = list(dict.fromkeys([h * min(1.0, _largest(x)) or h, h]))
     stencils = [True] if five_point else [False, True]
     return [(step, stencil) for stencil in stencils for step in steps]
@@ -267,29 +266,24 @@ def _rounding(forward, arrays, out, w):
     """How far the float64 f = sum(out * W) may be from exact, measured rather than assumed
     as eps * |out| (which misses cancellation: a linear layer's x W with terms of 1e-3 that
     sum to 1e-5 is rounded in steps of eps * 1e-3). The forward runs in float32 and in float64
-    at five neighbouring float32 points (one rounding can be small by luck): float32's error
-    is eps32 / eps64 times float64's, so each output's rounding is its worst float32 error
-    scaled down so, at least eps * |out|; -> sum |W| * that. None where float32 cannot tell:
-    the forward fails in float32, or float32 loses an output (off by more than
-    KEPT_BY_FLOAT32 of it: GELU's 1 + tanh(u) cancelling to 1e-7, or a dropout mask that
-    float32 draws anew)."""
-    worst = EPSILON32 * numpy.abs(numpy.asarray(out, dtype=numpy.float64))
+    on the same float32-rounded inputs: float32's error is eps32 / eps64 times float64's, so
+    each output's rounding is its float32 error scaled down so, at least eps * |out|;
+    -> sum |W| * that. None where float32 cannot tell: the forward fails in float32, or
+    float32 loses an output (off by more than KEPT_BY_FLOAT32 of it: GELU's 1 + tanh(u)
+    cancelling to 1e-7, or a dropout mask that float32 draws anew)."""
+    singles = {k: x.astype(numpy.float32) for k, x in arrays.items()}
     try:
         with numpy.errstate(all="ignore"):
-            for ulps in range(-2, 3):
-                near = {k: (lambda x32: x32 + ulps * numpy.spacing(x32))(x.astype(numpy.float32))
-                        for k, x in arrays.items()}
-                out32 = numpy.asarray(forward(**near)[0], dtype=numpy.float64)
-                out64 = numpy.asarray(forward(**{k: x.astype(numpy.float64)
-                                                 for k, x in near.items()})[0])
-                moved = numpy.abs(out32 - out64)
-                if moved.shape != worst.shape or not (moved <= KEPT_BY_FLOAT32
-                                                      * numpy.abs(out64)).all():
-                    return None
-                worst = numpy.maximum(worst, moved)
+            out32 = numpy.asarray(forward(**singles)[0], dtype=numpy.float64)
+            out64 = numpy.asarray(forward(**{k: x.astype(numpy.float64)
+                                             for k, x in singles.items()})[0])
     except Exception:           # a forward of yours that takes float64 only
         return None
-    return float((numpy.abs(w) * worst).sum()) * (EPSILON / EPSILON32)
+    moved = numpy.abs(out32 - out64)
+    if moved.shape != numpy.shape(out) or not (moved <= KEPT_BY_FLOAT32 * numpy.abs(out64)).all():
+        return None
+    each = numpy.maximum(moved * (EPSILON / EPSILON32), EPSILON * numpy.abs(out64))
+    return float((numpy.abs(w) * each).sum())
 
 
 def _floor(floor, rounding, h, tol, noise):
