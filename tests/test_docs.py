@@ -42,7 +42,8 @@ OPS = ("cross_entropy", "mse", "bce_with_logits", "tanh", "layernorm", "gelu", "
        "softmax", "self_attention", "dropout", "embedding", "linear_gelu",
        "dropout_add_layernorm")
 # what a page's python blocks must print (proof that they ran to the end)
-PRINTS = {"backward.md": ("self-attention", "whole model, worst"), "correctness.md": ("'gamma':",)}
+PRINTS = {"backward.md": ("self-attention", "whole model, worst"), "README.md": ("loss 0.",),
+          "correctness.md": ("'gamma':", "caught: rmsnorm: x: error")}
 SHELL = ("bash", "sh", "console", "shell")
 MARKER = re.compile(r"<!-- (illustrative|run by tests/\w+\.py) -->")
 SETUP = (r"python3? -m venv \S+", r"\. \S+/bin/activate", r"ruff check \.", r"python -m pytest.*")
