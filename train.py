@@ -35,7 +35,7 @@ from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX
 from nanobert.model.optim import warmup_steps
-from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
+from nanobert.training.budget import Budget, steps_for_budget
 from nanobert.training.guards import batch_fits, check_loss
 from nanobert.training.metrics import (Window, append_metrics, peak_tflops, percent, plot,
                                       time_left)
@@ -393,11 +393,11 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
         with batch_fits(probe["input_ids"].shape, args.batch_size, args.grad_accum, args.device):
             args.steps = group.broadcast_object(
                 steps_for_budget(model, probe, args.grad_accum, args.minutes))
-    end = budget_end(args.minutes)
+    budget = Budget(args.minutes, args.steps, step, replan=replan)
     gpu_step = None if model.xp is numpy else GPUStep(args, group, model, optimizer, scaler,
                                                       cuda_graph=cuda_graph_enabled(args))
     while step < args.steps:
-        stopping, over_budget = group.sum([stop.stop, time.time() > end])
+        stopping, over_budget = group.sum([stop.stop, budget.over()])
         stop.stop = stopping > 0                 # Ctrl-C on any rank stops every rank
         if over_budget:
             print(f"the time budget (--minutes {args.minutes:g}) ends the run at step {step} of "
@@ -430,10 +430,7 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
             model.packed_lengths(b)) for b in batches))
         state["tokens"] += int(whole["attention_mask"].sum())
         state["train_seconds"] += seconds
-        if replan and group.broadcast_object(state["train_seconds"] > min(60.0,
-                                                                          6 * args.minutes)):
-            replan = False                       # once, after a minute of real steps
-            args.steps = group.broadcast_object(replan_steps(args.minutes, step, end))
+        args.steps = group.broadcast_object(budget.plan(step))   # the pace, followed
         if group.world_size > 1 and args.check_sync_every and step % args.check_sync_every == 0:
             group.digest(flat_buffer(model.params))      # identical weights, or a loud stop
         if step % args.log_every == 0 or step == args.steps or stop.stop:
