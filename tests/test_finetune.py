@@ -257,15 +257,16 @@ def test_no_arguments_is_the_movie_review_demo():
     args = finetune.resolve_task(finetune.parse_args([]))
     assert (args.task, args.model, args.demo) == ("classify", "all-MiniLM-L6-v2", True)
     assert (args.max_train_examples, args.epochs, args.lr, args.batch_size,
-            args.max_seq_length) == (4000, 1, 3e-5, 32, 128)
+            args.max_seq_length) == (4000, [1], [3e-5], [32], 128)
     paper = finetune.resolve_task(finetune.parse_args(["--max-train-examples", "0",
                                                        "--epochs", "3"]))
-    assert (paper.max_train_examples, paper.epochs) == (None, 3)
+    assert (paper.max_train_examples, paper.epochs) == (None, [3])
     squad_args = finetune.resolve_task(finetune.parse_args(["--task", "squad", "--train", "a",
                                                             "--dev", "b"]))
     assert (squad_args.max_seq_length, squad_args.doc_stride, squad_args.max_query_length) == \
         (384, 128, 64)
-    assert (squad_args.n_best_size, squad_args.max_answer_length, squad_args.epochs) == (20, 30, 3)
+    assert (squad_args.n_best_size, squad_args.max_answer_length, squad_args.epochs) == \
+        (20, 30, [3])
 
 
 EXPORT_RUNS = {   # task -> finetune arguments, the transformers class that must load best/
