@@ -254,10 +254,11 @@ def resolve_task(args):
     if args.do == "train" and task:
         size_defaults(args)
     args.max_seq_length = args.max_seq_length or (task.max_seq_length if task else 128)
+    # runs/finetune-<task>[-<dataset>][-<model>], runs/eval-<model>: runs of two models apart
     dataset = f"-{args.dataset}" if args.dataset else ""
-    mode = "finetune" if args.do == "train" else args.do
-    named = "" if args.model == flags.DEFAULT_MODEL and args.do == "train" else model_name(args)
-    args.out = args.out or os.path.join("runs", f"{mode}-{args.task}{dataset}{named}")
+    named = "" if args.model == flags.DEFAULT_MODEL else model_name(args)
+    args.out = args.out or os.path.join("runs", f"finetune-{args.task}{dataset}{named}"
+                                        if args.do == "train" else f"{args.do}{named}")
     args.metric = args.metric or (layout.metric if layout else task and task.metric)
     if task and task.text_columns and not layout and not args.dataset:
         resolve_columns(args, task.text_columns)

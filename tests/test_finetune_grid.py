@@ -168,6 +168,15 @@ def test_output_folders_are_named_after_the_model(tiny_bert):
     assert resolved("--dataset", "trec", "--model", tiny_bert, "--from-scratch").out == \
         os.path.join("runs", "finetune-classify-trec-mybert-from-scratch")
 
+
+def test_an_evaluation_folder_is_named_after_the_model_scored(tiny_bert, tmp_path):
+    out = tmp_path / "runs" / "finetune-classify-mybert"
+    run(*SST2, "--model", tiny_bert, "--out", out, "--epochs", 1, "--batch-size", 10)
+    for do in ("eval", "predict"):
+        assert resolved("--do", do, "--model", out / "best", "--test", data("sst2_dev.tsv"),
+                        "--glue-task", "sst-2").out == \
+            os.path.join("runs", f"{do}-finetune-classify-mybert")
+
 # ------------------------------------------------------------------------- a collapsed model
 
 
