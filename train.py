@@ -532,8 +532,9 @@ def main(argv=None):
     with StopFlag() as stop:
         step, stopped = train(args, group, model, optimizer, scaler, state, data, save, stop)
     save(step)
-    print(f"saved {checkpoint_dir} at step {step} "
-          f"({state['train_seconds'] / 60:.1f} min of training)")
+    print(f"saved {checkpoint_dir} at step {step} of {args.steps}"
+          + (", the schedule's end (lr 0)" if step == args.steps else "")
+          + f" ({state['train_seconds'] / 60:.1f} min of training)")
     if stopped or step == args.stop_at_step or not group.is_main:
         return 0
 

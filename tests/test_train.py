@@ -121,6 +121,7 @@ def test_time_budget_ends_the_schedule_when_the_pace_halves(tmp_path, monkeypatc
     printed = capsys.readouterr().out
     assert "ends the run at step" not in printed, printed
     assert state["step"] == state["total_steps"], state
+    assert f"at step {state['step']} of {state['step']}, the schedule's end (lr 0)" in printed
     assert last_train_record(out)["lr"] == pytest.approx(1e-3 / state["total_steps"])
     assert clock.time <= 4 + 60 and state["step"] >= 0.9 * (20 + 40 / 2), (clock.time, state)
 
