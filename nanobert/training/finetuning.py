@@ -8,9 +8,12 @@ import numpy
 
 from nanobert.data import datasets, tasks
 from nanobert.formats.fileio import atomic_folder
+from nanobert.formats.hub import resolve_model
+from nanobert.model.config import BertConfig
 
 from .metrics import append_metrics
 from .run import write_summary
+from .grid import default_rates, small_model
 from .tasks import evaluate, format_scores
 
 
@@ -65,6 +68,19 @@ def resolve_columns(args, count):
 
 
 # ------------------------------------------------------- finetune.py's model and its outputs
+
+
+def size_defaults(args, demo_sizes):
+    """The defaults that depend on the model's size: no --lr, its rate(s) (grid.default_rates);
+    the demo's sizes (`demo_sizes`: 4,000 sentences for 1 epoch) suit MiniLM's pace, and a
+    model train.py makes runs the paper's 3 epochs over all of them in less time."""
+    config = BertConfig.from_json_file(os.path.join(resolve_model(args.model), "config.json"))
+    args.lr = args.lr or default_rates(config)
+    demo = demo_sizes if args.demo and not small_model(config) else {}
+    if args.max_train_examples is None:
+        args.max_train_examples = demo.get("max_train_examples")
+    args.max_train_examples = args.max_train_examples or None
+    args.epochs = args.epochs or [demo.get("epochs", 3)]
 
 
 def model_name(args):

@@ -7,6 +7,7 @@ Each run has a folder of its own, <out>/<run name>/ (a finetune.py output folder
 results.json says it finished, so a grid resumed after an interruption repeats no finished run
 (and an unfinished one continues from its checkpoint). A run that fails goes in the table with
 its error and the others go on."""
+import argparse
 import itertools
 import os
 import shutil
@@ -17,15 +18,23 @@ from nanobert.formats.fileio import atomic_folder, atomic_open, read_json
 from .run import write_summary
 
 GRID_FLAGS = ("lr", "epochs", "batch_size")         # the flags that take several values
+
+
+def rate_name(lr):
+    """3e-05, 1e-04, 1.5e-04: a rate as folders and tables write it."""
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return mantissa.rstrip("0").rstrip(".") + "e" + exponent
+
+
 # No --lr: the rate by the model's size (docs/finetuning.md, "the default rate"). The paper's
 # 3e-5 (it searched 2e-5..5e-5 for BERT-base) suits MiniLM (H=384: dev 0.830); the smaller
 # models train.py makes (nano H=64, BERT-Tiny H=128) stay near the majority class at 3e-5:
 # there dev picks 3e-4 (docs/ablation.md, every pretrained BERT-Tiny start; README's nano).
 LARGE_HIDDEN = 384
 LARGE_RATES, SMALL_RATES = [3e-5], [3e-4]
-DEFAULT_RATES = (f"{' '.join(map(str, LARGE_RATES))} for a hidden size of {LARGE_HIDDEN} or "
-                 f"more (MiniLM, BERT-base), {' '.join(map(str, SMALL_RATES))} below (the "
-                 "models train.py makes)")
+DEFAULT_RATES = (f"{' '.join(map(rate_name, LARGE_RATES))} for a hidden size of "
+                 f"{LARGE_HIDDEN} or more (MiniLM, BERT-base), "
+                 f"{' '.join(map(rate_name, SMALL_RATES))} below (the models train.py makes)")
 
 
 def small_model(config):
@@ -60,10 +69,9 @@ def check_grid(args):
                              f"--grad-accum {args.grad_accum}")
 
 
-def rate_name(lr):
-    """3e-05, 1e-04, 1.5e-04: a rate as folders and tables write it."""
-    mantissa, exponent = f"{lr:.2e}".split("e")
-    return mantissa.rstrip("0").rstrip(".") + "e" + exponent
+def run_args(args, run, out):
+    """The arguments of one run of the grid: its lr, epochs and batch size, its folder."""
+    return argparse.Namespace(**{**vars(args), **run, "out": out})
 
 
 def grid_runs(values):
