@@ -109,7 +109,12 @@ def test_a_grid_fine_tunes_every_combination_and_scores_test_once(tiny_bert, tmp
     assert [r["split"] for r in records(out, "eval")] == ["test"], "test: the winner alone"
     assert (out / "best" / "model.safetensors").read_bytes() == \
         (out / winner["run"] / "best" / "model.safetensors").read_bytes()
-    assert (out / "grid.md").read_text() in capsys.readouterr().out
+    table_text = (out / "grid.md").read_text()
+    assert table_text in capsys.readouterr().out
+    for row in table:               # a collapsed run (at 1e-6 the tiny model learns nothing)
+        line = next(line for line in table_text.splitlines() if line.startswith(f"| {row['run']}"))
+        assert ("collapsed" in line) == row["collapsed"], line
+    assert any(row["collapsed"] for row in table)
 
 
 def test_a_resumed_grid_reads_back_its_finished_runs(tiny_bert, tmp_path, capsys):
@@ -268,3 +273,14 @@ def test_one_class_for_nearly_all_of_dev_is_reported_above_the_majority_too(tiny
     assert line and "predicts '1' for 98% of dev" in line, line
     spread = ["0" if row % 4 == 0 else "1" for row in range(40)]        # 75% "1", accuracy 0.75
     assert report(args, loaded, spread) is None
+
+
+def test_the_papers_grid_is_eighteen_runs_with_distinct_folders():
+    """The paper's A.3 grid in one command: --lr 5e-5 3e-5 2e-5 --epochs 2 3 4 --batch-size
+    16 32, every combination once, each in a folder of its own."""
+    args = finetune.parse_args(["--lr", "5e-5", "3e-5", "2e-5", "--epochs", "2", "3", "4",
+                                "--batch-size", "16", "32"])
+    runs = grid.grid_runs({flag: getattr(args, flag) for flag in grid.GRID_FLAGS})
+    assert len(runs) == 18 and len({grid.run_name(run) for run in runs}) == 18
+    assert runs[0] == {"lr": 5e-5, "epochs": 2.0, "batch_size": 16}
+    assert grid.run_name(runs[-1]) == "lr2e-05-epochs4-batch32"
