@@ -501,20 +501,24 @@ def main(argv=None):
     data = load_data(args, tokenizer)
 
     # one run into --out, or every run of the grid into <out>/<run>/ and the dev-best kept
+    def one_run(run, out):
+        return fine_tune(run_args(args, run, out), group, task, folder, tokenizer, data)
+
+    def finished(run, saved):          # a grid's finished run, read back: the same flags
+        refuse_changed_flags(run_args(args, run, ""), saved["args"], RESUME_FIXED,
+                             paths=("train", "dev"))
+
     if len(runs) == 1:
-        summary = fine_tune(run_args(args, runs[0], args.out), group, task, folder, tokenizer,
-                            data)
+        summary = one_run(runs[0], args.out)
     else:
-        grid = run_grid(runs, args.out, lambda run, out: fine_tune(
-            run_args(args, run, out), group, task, folder, tokenizer, data), args.metric,
-            args.metric in LOWER_IS_BETTER, args.resume, check=lambda run, saved:
-            refuse_changed_flags(run_args(args, run, ""), saved["args"], RESUME_FIXED,
-                                 paths=("train", "dev")))
+        grid = run_grid(runs, args.out, one_run, args.metric, args.metric in LOWER_IS_BETTER,
+                        args.resume, check=finished)
         if grid is None:
             return 0
         rows, winner = grid
-        if winner is None:
-            raise SystemExit(f"error: every run of the grid failed ({args.out}/grid.md)")
+        if winner is None:                 # the runs' errors, each once
+            errors = "; ".join(dict.fromkeys(row["error"] for row in rows))
+            raise SystemExit(f"error: every run of the grid failed ({args.out}/grid.md): {errors}")
         summary = {**read_json(os.path.join(winner["folder"], "results.json")),
                    "grid": rows, "winner": winner["run"], "args": vars(args)}
     if not summary:                         # stopped early, or not rank 0
@@ -525,6 +529,8 @@ def main(argv=None):
     write_summary(os.path.join(args.out, "results.json"), summary)
     print(f"best dev {args.metric}: {best['score']:.4f} (after {best['epoch']:.2f} epochs, "
           f"{train_minutes:.1f} min of training); checkpoint {os.path.join(args.out, 'best')}")
+    if len(runs) > 1 and best.get("collapsed"):       # the grid's best run, too
+        print(best["collapsed"])
     return 0
 
 
