@@ -156,7 +156,7 @@ def add_data_arguments(g):
                    help="squad: 2.0 allows unanswerable questions (default: detected from --train)")
     g.add_argument("--max-train-examples", type=flags.non_negative_int, metavar="N",
                    help="use a seeded random subset of the training examples "
-                        "(0: all; the no-argument demo uses 4000)")
+                        "(0: all; the no-argument demo: 4000 for MiniLM)")
     g.add_argument("--max-eval-examples", type=flags.non_negative_int, metavar="N",
                    help="score only the first N dev/test examples (quick runs)")
 
