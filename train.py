@@ -189,8 +189,8 @@ def add_optimisation_arguments(g):
                         "--config)")
     flags.add(g, "--warmup", default=0.05)
     g.add_argument("--steps", type=flags.positive_int,
-                   help="optimizer steps (default: as many as --minutes allows, estimated from "
-                        "the first steps)")
+                   help="optimizer steps (default: as many as --minutes allows, re-planned "
+                        "from the measured pace as the run goes, so the lr reaches 0 in time)")
     g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True),
                    help="time budget for training: stop there (a checkpoint; --resume goes on) "
                         "even if --steps are left (default: 10 without --steps, none with it "
