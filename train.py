@@ -102,8 +102,7 @@ def parse_args(argv=None):
     if args.data is None:
         args.data = [corpus["train"]]
     if args.init_from and args.resume:
-        parser.error(f"--init-from {args.init_from} starts a new run from a checkpoint's "
-                     f"weights, --resume continues {args.out}/checkpoint: give one of them")
+        parser.error("--init-from starts a new schedule, --resume goes on with one: give one")
     if args.init_from:                            # its vocab, or none
         try:
             args.vocab = init_from_vocab(args.init_from, args.vocab)
@@ -532,9 +531,9 @@ def main(argv=None):
     with StopFlag() as stop:
         step, stopped = train(args, group, model, optimizer, scaler, state, data, save, stop)
     save(step)
-    print(f"saved {checkpoint_dir} at step {step} of {args.steps}"
-          + (", the schedule's end (lr 0)" if step == args.steps else "")
-          + f" ({state['train_seconds'] / 60:.1f} min of training)")
+    end = ", the schedule's end (lr 0)" if step == args.steps else ""
+    print(f"saved {checkpoint_dir} at step {step} of {args.steps}{end} "
+          f"({state['train_seconds'] / 60:.1f} min of training)")
     if stopped or step == args.stop_at_step or not group.is_main:
         return 0
 
