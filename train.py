@@ -35,7 +35,7 @@ from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX
 from nanobert.model.optim import warmup_steps
-from nanobert.training.budget import budget_end, replan_steps, steps_for_budget
+from nanobert.training.budget import Budget, steps_for_budget
 from nanobert.training.guards import batch_fits, check_loss
 from nanobert.training.metrics import (Window, append_metrics, peak_tflops, percent, plot,
                                       time_left)
@@ -101,6 +101,8 @@ def parse_args(argv=None):
     corpus = corpus_files(args.corpus, DATA)     # --data / --heldout default to its files
     if args.data is None:
         args.data = [corpus["train"]]
+    if args.init_from and args.resume:
+        parser.error("--init-from starts a new schedule, --resume goes on with one: give one")
     if args.init_from:                            # its vocab, or none
         try:
             args.vocab = init_from_vocab(args.init_from, args.vocab)
@@ -186,8 +188,8 @@ def add_optimisation_arguments(g):
                         "--config)")
     flags.add(g, "--warmup", default=0.05)
     g.add_argument("--steps", type=flags.positive_int,
-                   help="optimizer steps (default: as many as --minutes allows, estimated from "
-                        "the first steps)")
+                   help="optimizer steps (default: as many as --minutes allows, re-planned "
+                        "from the measured pace as the run goes, so the lr reaches 0 in time)")
     g.add_argument("--minutes", type=flags.in_range(float, 0.0, low_open=True),
                    help="time budget for training: stop there (a checkpoint; --resume goes on) "
                         "even if --steps are left (default: 10 without --steps, none with it "
@@ -394,11 +396,11 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
         with batch_fits(probe["input_ids"].shape, args.batch_size, args.grad_accum, args.device):
             args.steps = group.broadcast_object(
                 steps_for_budget(model, probe, args.grad_accum, args.minutes))
-    end = budget_end(args.minutes)
+    budget = Budget(args.minutes, args.steps, step, replan=replan)
     gpu_step = None if model.xp is numpy else GPUStep(args, group, model, optimizer, scaler,
                                                       cuda_graph=cuda_graph_enabled(args))
     while step < args.steps:
-        stopping, over_budget = group.sum([stop.stop, time.time() > end])
+        stopping, over_budget = group.sum([stop.stop, budget.over()])
         stop.stop = stopping > 0                 # Ctrl-C on any rank stops every rank
         if over_budget:
             print(f"the time budget (--minutes {args.minutes:g}) ends the run at step {step} of "
@@ -431,10 +433,7 @@ def train(args, group, model, optimizer, scaler, state, data, save, stop):
             model.packed_lengths(b)) for b in batches))
         state["tokens"] += int(whole["attention_mask"].sum())
         state["train_seconds"] += seconds
-        if replan and group.broadcast_object(state["train_seconds"] > min(60.0,
-                                                                          6 * args.minutes)):
-            replan = False                       # once, after a minute of real steps
-            args.steps = group.broadcast_object(replan_steps(args.minutes, step, end))
+        args.steps = group.broadcast_object(budget.plan(step))   # the pace, followed
         if group.world_size > 1 and args.check_sync_every and step % args.check_sync_every == 0:
             group.digest(flat_buffer(model.params))      # identical weights, or a loud stop
         if step % args.log_every == 0 or step == args.steps or stop.stop:
@@ -533,7 +532,8 @@ def main(argv=None):
     with StopFlag() as stop:
         step, stopped = train(args, group, model, optimizer, scaler, state, data, save, stop)
     save(step)
-    print(f"saved {checkpoint_dir} at step {step} "
+    end = ", the schedule's end (lr 0)" if step == args.steps else ""
+    print(f"saved {checkpoint_dir} at step {step} of {args.steps}{end} "
           f"({state['train_seconds'] / 60:.1f} min of training)")
     if stopped or step == args.stop_at_step or not group.is_main:
         return 0

@@ -60,6 +60,7 @@ import time
 from nanobert import BertConfig, flags
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.fileio import atomic_open
+from nanobert.training.grid import dev_best, rate_name
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # train.py's folder
 BROWN_VOCAB = os.path.join("data", "brown", "vocab-uncased-8192.txt")
@@ -359,12 +360,6 @@ def start_model(args, name, task, seed):
 # --------------------------------------------------------------------------- fine-tuning
 
 
-def rate_name(lr):
-    """3e-05, 1e-04, 1.5e-04: the rate as folder and table write it."""
-    mantissa, exponent = f"{lr:.2e}".split("e")
-    return mantissa.rstrip("0").rstrip(".") + "e" + exponent
-
-
 def finetune_folder(args, task, start, seed, lr):
     return os.path.join(args.out, task, f"{start}-seed{seed}", f"lr{rate_name(lr)}")
 
@@ -461,11 +456,12 @@ def read_records(args, task, start):
 
 def select(runs, grid):
     """The paper's choice for one (task, start, seed): of the runs at the grid's rates, the
-    one with the best dev score (a tie: the lower rate); None until every rate has run. Only
-    dev scores are read: the test score rides along with the run chosen."""
+    one best on dev (finetune.py's grid's choice, training/grid.dev_best: a tie goes to the
+    lower rate); None until every rate has run. Only dev scores are read: the test score
+    rides along with the run chosen."""
     if any(lr not in runs for lr in grid):
         return None
-    return max((runs[lr] for lr in grid), key=lambda run: (run["dev"], -run["lr"]))
+    return dev_best([runs[lr] for lr in grid])
 
 
 def chosen_runs(args, task, start):
@@ -502,11 +498,11 @@ def table(args):
         base = mean_std([run["test"] for run in base_runs.values()])
         pretrained = {s: statistics.mean(run["dev"] for run in runs.values())
                       for s, (runs, _) in chosen.items() if s != BASELINE and runs}
-        dev_best = max(pretrained, key=pretrained.get) if pretrained else None
+        best_start = max(pretrained, key=pretrained.get) if pretrained else None
         for start, (runs, pending) in chosen.items():
             if not applies(start, task):
                 continue
-            row_name = STARTS[start].row + (" (best on dev)" if start == dev_best else "")
+            row_name = STARTS[start].row + (" (best on dev)" if start == best_start else "")
             waiting = f" ({len(pending)} pending)" if pending else ""
             if not runs:
                 lines.append(f"| {TASKS[task].about} | {row_name} | not run{waiting} | 0 "
@@ -518,7 +514,7 @@ def table(args):
             row = numbers[task][start] = {"mean": mean, "std": std, "seeds": len(runs),
                                           "dev_mean": dev, "rates": rates,
                                           "pending_seeds": pending,
-                                          "best_on_dev": start == dev_best}
+                                          "best_on_dev": start == best_start}
             versus = ""
             if start != BASELINE and base is not None:
                 difference = mean - base[0]

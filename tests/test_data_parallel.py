@@ -131,7 +131,8 @@ def test_finetune_on_two_ranks_takes_the_steps_of_one_process(tmp_path):
     model = make_tiny_bert(tmp_path / "tiny", dropout=0.0)
     common = [sys.executable, os.path.join(ROOT, "finetune.py"), "--glue-task", "sst-2",
               "--train", data("sst2_train.tsv"), "--dev", data("sst2_dev.tsv"), "--model", model,
-              "--epochs", "1", "--batch-size", "6", "--dtype", "float64"]
+              "--epochs", "1", "--batch-size", "6", "--dtype", "float64",
+              "--lr", "3e-5"]                      # one rate: a grid runs in one process
     run(common + ["--grad-accum", "2", "--out", str(tmp_path / "one")])
     run(common + ["--out", str(tmp_path / "two")], ranks=2)
     one = safetensors.load_file(tmp_path / "one" / "best" / "model.safetensors")

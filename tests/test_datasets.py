@@ -109,7 +109,7 @@ def test_conll2003_files():
 def test_finetune_dataset_option():
     args = finetune.resolve_task(finetune.parse_args(["--dataset", "trec"]))
     assert (args.task, args.dataset, args.demo, args.epochs, args.max_train_examples) == \
-        ("classify", "trec", False, 3, None)
+        ("classify", "trec", False, [3], None)
     assert args.out.endswith("finetune-classify-trec")
     regress = finetune.resolve_task(finetune.parse_args(["--dataset", "movie-sentiment",
                                                          "--task", "regress"]))
@@ -130,7 +130,7 @@ def test_every_benchmark_command_parses(tmp_path):
         argv = finetune_scores.command(name, str(tmp_path))[2:]
         args = finetune.resolve_task(finetune.parse_args(argv))
         assert (args.epochs, args.lr, args.batch_size, args.seed) == (
-            10 if "synthetic" in name else 3, 5e-5, 32, 0), name
+            [10 if "synthetic" in name else 3], [5e-5], [32], 0), name
         assert args.out == str(tmp_path / name)
     (tmp_path / "trec").mkdir()
     (tmp_path / "trec" / "results.json").write_text(json.dumps(

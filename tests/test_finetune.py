@@ -127,11 +127,11 @@ def test_squad_end_to_end(tiny_bert, tmp_path):
 def test_regress_and_choice_run(tiny_bert, tmp_path):
     run("--task", "regress", "--train", data("stsb_dev.tsv"), "--dev", data("stsb_dev.tsv"),
         "--glue-task", "sts-b", "--model", tiny_bert, "--out", tmp_path / "regress", "--epochs", 2,
-        "--batch-size", 2)
+        "--batch-size", 2, "--lr", 1e-3)               # one rate: one run, not the small grid
     assert {"pearson", "spearman"} <= set(records(tmp_path / "regress", "eval")[0])
     run("--task", "choice", "--train", data("swag.csv"), "--dev", data("swag.csv"),
         "--test", data("swag_test.csv"), "--model", tiny_bert, "--out", tmp_path / "choice",
-        "--epochs", 2, "--batch-size", 2)
+        "--epochs", 2, "--batch-size", 2, "--lr", 1e-3)
     assert "accuracy" in records(tmp_path / "choice", "eval")[0]
     lines = (tmp_path / "choice" / "test_predictions.tsv").read_text().splitlines()
     assert lines[1].split("\t")[1] in "0123"
@@ -200,7 +200,7 @@ def test_a_head_with_another_label_count_needs_reinit_head(tiny_bert, tmp_path):
         "--model", tiny_bert, "--out", first, "--max-steps", 1)
     three = ["--task", "pair", "--glue-task", "mnli", "--train", data("mnli_dev.tsv"),
              "--dev", data("mnli_dev.tsv"), "--model", first / "best",
-             "--out", tmp_path / "three-labels", "--max-steps", 1]
+             "--out", tmp_path / "three-labels", "--max-steps", 1, "--lr", 1e-3]
     with pytest.raises(ValueError, match="reinit_head"):
         run(*three)
     run(*three, "--reinit-head")
@@ -257,15 +257,16 @@ def test_no_arguments_is_the_movie_review_demo():
     args = finetune.resolve_task(finetune.parse_args([]))
     assert (args.task, args.model, args.demo) == ("classify", "all-MiniLM-L6-v2", True)
     assert (args.max_train_examples, args.epochs, args.lr, args.batch_size,
-            args.max_seq_length) == (4000, 1, 3e-5, 32, 128)
+            args.max_seq_length) == (4000, [1], [3e-5], [32], 128)
     paper = finetune.resolve_task(finetune.parse_args(["--max-train-examples", "0",
                                                        "--epochs", "3"]))
-    assert (paper.max_train_examples, paper.epochs) == (None, 3)
+    assert (paper.max_train_examples, paper.epochs) == (None, [3])
     squad_args = finetune.resolve_task(finetune.parse_args(["--task", "squad", "--train", "a",
                                                             "--dev", "b"]))
     assert (squad_args.max_seq_length, squad_args.doc_stride, squad_args.max_query_length) == \
         (384, 128, 64)
-    assert (squad_args.n_best_size, squad_args.max_answer_length, squad_args.epochs) == (20, 30, 3)
+    assert (squad_args.n_best_size, squad_args.max_answer_length, squad_args.epochs) == \
+        (20, 30, [3])
 
 
 EXPORT_RUNS = {   # task -> finetune arguments, the transformers class that must load best/

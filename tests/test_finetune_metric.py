@@ -23,7 +23,7 @@ def run_dev_evaluations(monkeypatch, tmp_path, metric, dev_scores):
     monkeypatch.setattr(finetune, "save_best", lambda model, tok, folder, info:
                         saved.append(info["epoch"]))
     args = types.SimpleNamespace(metric=metric, out=str(tmp_path), task="classify")
-    task = types.SimpleNamespace(write=lambda *a: None)
+    task = types.SimpleNamespace(write=lambda *a: None, named_labels=False)   # no collapse check
     data = types.SimpleNamespace(splits={"dev": ([], None)})
     best = None
     for epoch in range(1, len(dev_scores) + 1):

@@ -156,7 +156,7 @@ def test_only_missing_runs_are_started_and_random_init_needs_no_pretraining(tmp_
     for job in runs:
         assert job.cmd.count("--epochs") == 1
         epochs = 10 if "--max-train-examples" in job.cmd else 3
-        assert finetune_args(job.cmd).epochs == epochs
+        assert finetune_args(job.cmd).epochs == [epochs]
     write_record(args, "trec", "random-init", 0, 1e-3, dev=1, test=1)
     assert len(ablation.finetune_jobs(args)) == 7
     # an interrupted pretraining run is resumed, a finished one not started again

@@ -65,3 +65,14 @@ def test_init_from_a_folder_without_a_checkpoint_is_named(tmp_path, capsys):
         run(tmp_path, tmp_path / "run", "--steps", "1", "--init-from", str(tmp_path / "none"))
     said = capsys.readouterr().err
     assert f"--init-from {tmp_path / 'none'}: no vocab.txt there" in said, said
+
+
+def test_init_from_with_resume_is_refused_before_any_work(tmp_path, capsys):
+    """--init-from starts a new schedule, --resume continues an old one: one line naming
+    both, exit status 2, before any data is built (no output folder)."""
+    with pytest.raises(SystemExit) as stopped:
+        run(tmp_path, tmp_path / "run", "--init-from", str(tmp_path / "none"), "--resume")
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--init-from" in said and "--resume" in said and "give one" in said, said
+    assert not (tmp_path / "run").exists()

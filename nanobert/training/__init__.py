@@ -10,9 +10,13 @@ classes, no callbacks. Each recipe keeps its own loop and calls these.
                 the clock across resumed runs and the time left, the loss-curve plot
     resume.py   the trainer state, refusing a changed flag or model, restoring the model and
                 optimizer, saving a checkpoint
-    budget.py   the time budget: steps that fit, re-planned from the measured speed
+    budget.py   the time budget: steps that fit, re-planned from the measured pace as the run goes
     pretraining.py  train.py's data (vocab, cached instances) and measures (MLM / NSP sums,
                 held-out evaluation, unigram baseline, fill-mask example)
     tasks.py    finetune.py's tasks: readers, featurisers, heads, scores, prediction files,
-                and --do eval / predict on a fine-tuned folder
+                the collapsed-model report, and --do eval / predict on a fine-tuned folder
+    finetuning.py  finetune.py's flags checked against each other, its defaults by model size,
+                the output folder's name, best/ saved, the test set scored
+    grid.py     the paper's grid: every combination of --lr / --epochs / --batch-size run, the
+                dev-best kept, the table; resumed without repeating a finished run
 """

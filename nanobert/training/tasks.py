@@ -3,6 +3,7 @@ picks its label set, turns examples into WordPiece features, which head it train
 dev/test outputs are scored (the official scripts' rules) and written. A new task is a new
 record. Also the data of a run (every split read and featurised), prediction in batches, and
 finetune.py --do eval / predict: a fine-tuned folder's task and labels, scored or applied."""
+import collections
 import dataclasses
 import functools
 import json
@@ -247,6 +248,40 @@ def is_better(metric, scores, best_score):
         return True
     score = scores[metric]
     return score < best_score if metric in LOWER_IS_BETTER else score > best_score
+
+
+# A model that predicts one class for this share of dev, where dev's commonest class is rarer
+COLLAPSED_SHARE = 0.95
+
+
+def collapse_report(args, task, data, scores, predictions):
+    """classify / pair / ner: one line when the model has collapsed, else None: it predicts
+    one class (ner: one tag) for nearly all of dev while dev's own commonest class is rarer,
+    or its dev score is not above the majority class's (every row given dev's commonest
+    class, scored by the task's own rules)."""
+    examples, features = data.splits["dev"]
+    if not task.named_labels or not scores:
+        return None
+    if task.head is BertForTokenClassification:
+        gold = [tag for e in examples for tag in e.tags]
+        predicted = [tag for tags in predictions for tag in tags]
+    else:
+        gold = [data.label_list[i] for i in features.targets["labels"]]
+        predicted = predictions
+    majority, majority_count = collections.Counter(gold).most_common(1)[0]
+    commonest, count = collections.Counter(predicted).most_common(1)[0]
+    metric = task.metric if args.metric in LOWER_IS_BETTER else args.metric
+    hot = numpy.eye(len(data.label_list))[data.label_list.index(majority)]
+    constant = [numpy.tile(hot, (features.length(r), 1)) if task.head is
+                BertForTokenClassification else hot for r in range(len(features))]
+    baseline = task.evaluate(args, None, data, examples, features, constant)[0][metric]
+    one_class = count / len(predicted) >= COLLAPSED_SHARE > majority_count / len(gold)
+    if not one_class and scores[metric] > baseline:
+        return None
+    return (f"warning: the model looks collapsed: it predicts {commonest!r} for "
+            f"{count / len(predicted):.0%} of dev, dev {metric} {scores[metric]:.4f} against "
+            f"{baseline:.4f} for always {majority!r}; try a higher --lr or a grid (--lr 1e-4 "
+            "3e-4 1e-3), more --epochs (--epochs 3 5), or a longer pretraining")
 
 
 # ------------------------------------------------------------ prediction files, per task
