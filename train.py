@@ -204,10 +204,9 @@ def add_run_arguments(g):
                    help="continue from <out>/checkpoint exactly (a flag that would change the "
                         "steps, e.g. --lr or --grad-accum, must keep its value)")
     g.add_argument("--init-from", metavar="CHECKPOINT",
-                   help="start from this checkpoint's weights and vocab (e.g. <out>/checkpoint "
-                        "of a train.py run) with a new optimizer and schedule: continued "
-                        "pretraining, e.g. on a task's own text; --config/--preset must "
-                        "describe its model")
+                   help="start from this checkpoint's weights and vocab (<out>/checkpoint of a "
+                        "train.py run) with a new optimizer and schedule: continued pretraining, "
+                        "e.g. on a task's own text; --config/--preset must describe its model")
     flags.add(g, "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph",
               "--reference-ops")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
