@@ -96,6 +96,7 @@ class Counts:
         (ufuncs, ElementwiseKernels, vdot)."""
         if _state.fusing:
             return
+        _check_stream(name)
         self.kernel_launches += 1
         self.kernels[name] += 1
         self.sizes.append(elements)
@@ -106,11 +107,13 @@ class Counts:
         return sum(size >= elements for size in self.sizes)
 
     def memset(self, name):
+        _check_stream(name)
         self.memsets += 1
         self.kernels[f"memset: {name}"] += 1
 
     def copy(self, name):
         """One cudaMemcpyAsync (not a copy kernel: those are kernels, cupy_copy)."""
+        _check_stream(name)
         self.copies += 1
         self.kernels[f"memcpy: {name}"] += 1
 
@@ -206,6 +209,36 @@ def _refuse_cupy_cublas(what):
 
 class StandinError(TypeError):
     """What real CuPy would refuse (or what the stand-in refuses to let pass silently)."""
+
+
+class CUDARuntimeError(RuntimeError):
+    """An error CUDA returns (CuPy raises cupy_backends' CUDARuntimeError for it)."""
+
+
+def _check_stream(what):
+    """During a capture, work on the legacy default stream (stream 0): CUDA refuses it
+    (cudaErrorStreamCaptureImplicit) and invalidates the capture, when the capturing stream
+    is a blocking one (the legacy stream waits for every blocking stream: that would wait on
+    work not yet launched). Work on any other stream than the capturing one is not modelled."""
+    capture = _state.capture
+    if capture is None:
+        return
+    stream = get_current_stream()
+    if stream.ptr == 0:
+        _legacy_stream_use(f"{what} on the legacy default stream")
+    elif stream is not capture.stream:
+        raise StandinError(f"{what} on another stream than the one captured (not modelled)")
+
+
+def _legacy_stream_use(what):
+    """Something used the legacy stream (or synchronised the device) during a capture."""
+    capture = _state.capture
+    if capture.stream.non_blocking:
+        raise StandinError(f"{what} during a capture on a non-blocking stream: legal on a "
+                           f"GPU, not modelled here")
+    capture.invalid = capture.invalid or what
+    raise CUDARuntimeError(f"cudaErrorStreamCaptureImplicit: {what} during stream capture "
+                           f"on a blocking stream; the capture is invalidated")
 
 
 # ------------------------------------------------------------------------- signatures
@@ -1389,6 +1422,7 @@ class Stream:
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         self.ptr = 0 if null else Stream._next_ptr
+        self.non_blocking = non_blocking
         Stream._next_ptr += 0x10
 
     def begin_capture(self, mode=None):
@@ -1409,6 +1443,9 @@ class Stream:
         if capture is None or capture.stream is not self:
             raise StandinError("end_capture without a capture begun on this stream")
         _state.capture = None
+        if capture.invalid:
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureInvalidated: the capture was "
+                                   f"invalidated by {capture.invalid}")
         return capture.end()
 
     def is_capturing(self):
@@ -1483,6 +1520,7 @@ class _Capture:
     def __init__(self, stream):
         self.stream = stream
         self.ops = []                             # (compute, result, on_replay)
+        self.invalid = None                       # what invalidated it (CUDA's error)
         self.before = {key: (root, root.copy()) for key, root in list(_LIVE.items())}
 
     def end(self):
@@ -1513,20 +1551,44 @@ class Graph:
 
 
 class _MemoryPool:
-    """cupy.cuda.MemoryPool / get_default_memory_pool(): memory is NumPy's here; a pool is a
-    name for using_allocator and the counters the benchmarks read."""
+    """cupy.cuda.MemoryPool / get_default_memory_pool(): memory is NumPy's here; a pool
+    counts the bytes of the device arrays allocated under it (using_allocator(pool.malloc),
+    else the default pool) as CuPy's counts them: used_bytes while an array lives,
+    total_bytes what it holds (freed arrays stay cached, reused by later ones, until
+    free_all_blocks; CuPy's rounding to 512-byte blocks and its size bins are not modelled).
+    free_all_blocks during a capture synchronises the device (cudaFree): CUDA invalidates the
+    capture."""
+
+    def __init__(self):
+        self.used = self.held = 0
 
     def malloc(self, nbytes):
         raise StandinError("MemoryPool.malloc is called by CuPy, not by nanobert")
 
+    def allocate(self, root):
+        """A new device array's memory `root` (NumPy) from this pool, given back when it dies."""
+        self.used += root.nbytes
+        self.held = max(self.held, self.used)
+        weakref.finalize(root, self._give_back, root.nbytes)
+
+    def _give_back(self, nbytes):
+        self.used -= nbytes
+
     def total_bytes(self):
-        return 0
+        return self.held
 
     def used_bytes(self):
-        return 0
+        return self.used
 
     def free_all_blocks(self, stream=None):
-        pass
+        if _state.capture is not None:
+            _legacy_stream_use("MemoryPool.free_all_blocks (cudaFree synchronises the device)")
+        self.held = self.used
+
+
+def _current_pool():
+    """The pool device arrays come from now: using_allocator's, else the default pool."""
+    return _DEFAULT_POOL if _state.allocator is None else _state.allocator.__self__
 
 
 _DEFAULT_POOL = _MemoryPool()
@@ -1581,7 +1643,9 @@ _ndarray_init = ndarray.__init__
 def _tracked_init(self, a, base=None):
     _ndarray_init(self, a, base)
     root = _root(a)
-    _LIVE[id(root)] = root
+    if _LIVE.get(id(root)) is not root:            # new device memory: from the pool in use
+        _LIVE[id(root)] = root
+        _current_pool().allocate(root)
 
 
 ndarray.__init__ = _tracked_init
@@ -1659,14 +1723,22 @@ class _Cublas(types.ModuleType):
 class _CublasLibrary:
     """libcublas as nanobert/model/cublas.py calls it through ctypes (not refused during
     capture): the same emulation of cublasGemmStridedBatchedEx behind the names and status
-    codes of the C API, the handle's stream and its workspace checked."""
+    codes of the C API, the handle's stream and its workspace checked. As cuBLAS documents,
+    cublasSetStream resets the handle's workspace to cuBLAS's default (None here), which
+    cuBLAS would allocate itself, outside CuPy's pools, during a capture: refused. A product
+    on a handle bound to the legacy stream (0) during a capture invalidates it, as any work
+    on that stream does (_check_stream)."""
 
     def __init__(self):
         self.workspace = None
+        self.stream = 0                           # a new handle's: the legacy stream
+        self.workspaces = []                      # the workspace of each product
 
     def cublasSetStream_v2(self, handle, stream):
         if not isinstance(stream, int) or handle != _Cublas.HANDLE:
             raise StandinError(f"cublasSetStream_v2({handle!r}, {stream!r})")
+        self.stream = stream
+        self.workspace = None                     # cuBLAS's default workspace again
         return 0
 
     def cublasSetWorkspace_v2(self, handle, address, size):
@@ -1676,9 +1748,22 @@ class _CublasLibrary:
         return 0
 
     def cublasGemmStridedBatchedEx(self, handle, *args):
-        if _state.capture is not None and self.workspace is None:
-            raise StandinError("cuBLAS captured without a workspace set: it would allocate "
-                               "one during capture")
+        self.workspaces.append(self.workspace)
+        capture = _state.capture
+        if capture is not None:
+            if self.stream == 0:
+                try:
+                    _legacy_stream_use("a cuBLAS product on the legacy stream (its handle's)")
+                except CUDARuntimeError:
+                    return 13                     # CUBLAS_STATUS_EXECUTION_FAILED
+            if self.stream != capture.stream.ptr:
+                raise StandinError("a cuBLAS product on another stream than the one captured "
+                                   "(not modelled)")
+            if self.workspace is None:
+                raise StandinError("cuBLAS captured on its default workspace (no "
+                                   "cublasSetWorkspace since the last cublasSetStream, which "
+                                   "resets it): cuBLAS would allocate one during the capture, "
+                                   "outside the graph's pool")
         cublas.gemm(handle, *args)
         return 0
 
