@@ -360,23 +360,25 @@ def parity(config=None, B=4, T=32):
             "grad_worst_rel": worst, "grad_worst_name": worst_name}
 
 
-WORKER_TIMEOUT_S = 240                              # a run that hangs is stopped and recorded
+WORKER_TIMEOUT_S = 480     # a worker that hangs is stopped and recorded (--worker-timeout)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_process(argv, cwd=None):
-    """A command in a fresh process -> (its stdout, None), or (None, the error's last line
-    and the last lines of its stderr, for whoever reads a failed run's cause in the JSON)."""
+def run_process(argv, cwd=None, timeout=WORKER_TIMEOUT_S):
+    """A command in a fresh process -> (its stdout, None), or (what it printed, the error's
+    last line and the last lines of its stderr, for whoever reads a failed run's cause in
+    the JSON)."""
+    def text(out):
+        return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                                 cwd=cwd)
     except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        return None, {"error": f"no result within {WORKER_TIMEOUT_S} s",
-                      "stderr_tail": (stderr or "").splitlines()[-30:]}
+        return text(e.stdout), {"error": f"no result within {timeout} s",
+                                "stderr_tail": text(e.stderr).splitlines()[-30:]}
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["failed"]
-        return None, {"error": lines[-1], "stderr_tail": lines[-30:]}
+        return result.stdout, {"error": lines[-1], "stderr_tail": lines[-30:]}
     return result.stdout, None
 
 
@@ -386,15 +388,33 @@ def describe(framework, case, precision):
             "batch_size": case.batch_size, "seq_len": case.seq_len, "precision": precision}
 
 
-def run_worker(framework, case, precision, steps):
-    """A step case in a fresh process (measure) -> its record."""
-    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--preset",
-            case.preset, "--batch-sizes", str(case.batch_size), "--seq-len", str(case.seq_len),
-            "--precisions", precision, "--steps", str(steps)]
-    stdout, error = run_process(argv)
-    if error:
-        return {**describe(framework, case, precision), **error}
-    return json.loads(stdout.strip().splitlines()[-1])
+def run_worker(framework, cases, precision, steps, timeout=WORKER_TIMEOUT_S):
+    """Step cases of one framework and precision in one fresh process (measure each, their
+    memory released between: the imports, CUDA's start and NVRTC's compilation paid once)
+    -> a record a case; the cases after one that failed or ran out of time carry its error."""
+    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--cases",
+            ",".join(map(str, cases)), "--precisions", precision, "--steps", str(steps)]
+    stdout, error = run_process(argv, timeout=timeout)
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return records + [{**describe(framework, case, precision), **error}
+                      for case in cases[len(records):]]
+
+
+def worker(framework, cases, precision, steps):
+    """--worker: each case measured in this process, its record printed as one JSON line."""
+    import gc
+    for case in cases:
+        started = time.perf_counter()
+        record = measure(framework, case.preset, case.batch_size, case.seq_len, precision,
+                         steps)
+        print(json.dumps({**record, "run_s": time.perf_counter() - started}), flush=True)
+        gc.collect()                             # the model, its graphs and their pools
+        if framework == "nanobert":
+            backend.get_xp("gpu").get_default_memory_pool().free_all_blocks()
+        else:
+            import torch
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
 
 
 # train.py's progress line (train.log_train) and the line that gives its sequence length
@@ -437,12 +457,12 @@ def read_progress(stdout, eager=False):
                          "eager" if eager else "graph"}
 
 
-def run_train_py(case, precision, steps, extra=()):
+def run_train_py(case, precision, steps, extra=(), timeout=WORKER_TIMEOUT_S):
     """A train.py case (its output folder a temporary one) -> its record."""
     out = tempfile.mkdtemp(prefix="gpu-profile-train-")
     argv = train_py_argv(case, precision, steps, out, extra)
     try:
-        stdout, error = run_process(argv, cwd=ROOT)
+        stdout, error = run_process(argv, cwd=ROOT, timeout=timeout)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     record = {**describe("nanobert", case, precision),
@@ -575,6 +595,13 @@ def parse_args(argv=None):
     parser.add_argument("--no-torch", action="store_true", help="profile nanobert only")
     parser.add_argument("--no-compile", action="store_true",
                         help="torch eager only, not torch.compile beside it")
+    parser.add_argument("--frameworks", type=csv_list(str, FRAMEWORKS), default=None,
+                        help="instead: only these of nanobert, torch, torch.compile")
+    parser.add_argument("--worker-timeout", type=int, default=WORKER_TIMEOUT_S,
+                        help=f"seconds a worker process (a framework and precision, all its "
+                             f"cases) or a train.py case may take before it is stopped, what "
+                             f"it did not finish recorded as failed (default "
+                             f"{WORKER_TIMEOUT_S})")
     parser.add_argument("--no-parity", action="store_true", help="skip the float64 parity line")
     parser.add_argument("--out", default=None,
                         help="JSON path (default runs/gpu_profile-<date>.json)")
@@ -583,9 +610,10 @@ def parse_args(argv=None):
     one_preset = (args.batch_sizes, args.preset, args.seq_len) != (None, None, None)
     if args.cases and one_preset:
         parser.error("give --cases, or --batch-sizes / --preset / --seq-len, not both")
-    if args.steps < 1 or args.train_py_steps < 1 or (args.seq_len or 1) < 1 or \
-            min(args.batch_sizes or [1]) < 1:
-        parser.error("--steps, --train-py-steps, --seq-len and --batch-sizes must be positive")
+    if min(args.steps, args.train_py_steps, args.seq_len or 1, args.worker_timeout,
+           *(args.batch_sizes or [1])) < 1:
+        parser.error("--steps, --train-py-steps, --seq-len, --batch-sizes and "
+                     "--worker-timeout must be positive")
     args.preset, args.seq_len = args.preset or "base", args.seq_len or 128
     args.batch_sizes = args.batch_sizes or [32, 128]
     if not args.cases:
@@ -600,16 +628,12 @@ def main(argv=None):
         sys.exit("bench.gpu_profile: no GPU here (CuPy cannot see a CUDA device); run it "
                  "where `python -c \"import cupy; cupy.cuda.runtime.getDeviceCount()\"` works")
     if args.worker:
-        print(json.dumps(measure(args.worker, args.preset, args.batch_sizes[0], args.seq_len,
-                                 args.precisions[0], args.steps)))
+        worker(args.worker, args.cases, args.precisions[0], args.steps)
         return
     cupy = backend.get_xp("gpu")
-    frameworks = ["nanobert"] + (["torch"] if not args.no_torch and has_torch_cuda() else [])
-    frameworks += ["torch.compile"] if "torch" in frameworks and not args.no_compile else []
-    if "torch" not in frameworks and not args.no_torch:
-        print("torch with CUDA or transformers is missing: profiling nanobert alone")
+    frameworks = select_frameworks(args)
     torch_version = None
-    if "torch" in frameworks:
+    if any(f.startswith("torch") for f in frameworks):
         import torch
         torch_version = torch.__version__
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -621,29 +645,51 @@ def main(argv=None):
                               if k.startswith(("NANOBERT_", "CUPY_"))}, "runs": []}
     out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    for case in args.cases:
-        for precision in args.precisions:
-            for framework in (frameworks if case.command == "step" else ["nanobert"]):
+    steps = [case for case in args.cases if case.command == "step"]
+    for precision in args.precisions:
+        for framework in frameworks if steps else ():
+            started = time.perf_counter()
+            records = run_worker(framework, steps, precision, args.steps, args.worker_timeout)
+            report(records, time.perf_counter() - started, result, out)
+        for case in args.cases if "nanobert" in frameworks else ():
+            if case.command == "train.py":
                 started = time.perf_counter()
-                r = (run_worker(framework, case, precision, args.steps)
-                     if case.command == "step" else
-                     run_train_py(case, precision, args.train_py_steps, args.train_py_args))
-                r["run_s"] = time.perf_counter() - started    # for planning a session's time
-                result["runs"].append(r)
-                done = (r["error"] if "error" in r else f"skipped: {r['skipped']}"
-                        if "skipped" in r else f"{r['wall_ms']:.1f} ms a step ({r['step_mode']})"
-                        if "wall_ms" in r else f"{r['tokens_per_s']:,.0f} tokens/s")
-                print(f"{framework} {case} {precision}: {done}  ({r['run_s']:.0f} s)",
-                      flush=True)
-                for line in r.get("stderr_tail", []):
-                    print("    " + line, flush=True)
-                write_json(result, out)                 # a later run that hangs loses nothing
+                record = run_train_py(case, precision, args.train_py_steps, args.train_py_args,
+                                      args.worker_timeout)
+                record["run_s"] = time.perf_counter() - started
+                report([record], record["run_s"], result, out)
     if not args.no_parity:
         result["parity"] = parity()
     add_ratios(result)
     print(format_table(result))
     write_json(result, out)
     print(f"wrote {out}")
+
+
+def report(records, seconds, result, out):
+    """A worker's records into the result, a line each printed, the JSON written (a later
+    run that hangs loses nothing)."""
+    for r in records:
+        result["runs"].append(r)
+        done = (r["error"] if "error" in r else f"skipped: {r['skipped']}"
+                if "skipped" in r else f"{r['wall_ms']:.1f} ms a step ({r['step_mode']})"
+                if "wall_ms" in r else f"{r['tokens_per_s']:,.0f} tokens/s")
+        print(f"{r['framework']} {r['case']} {r['precision']}: {done}", flush=True)
+        for line in r.get("stderr_tail", []):
+            print("    " + line, flush=True)
+    print(f"  ({seconds:.0f} s in all, the process's start included)", flush=True)
+    write_json(result, out)
+
+
+def select_frameworks(args):
+    """The frameworks asked for (--frameworks, else all but --no-torch's and --no-compile's)
+    that can run here: torch's need torch with CUDA and transformers (said once)."""
+    asked = args.frameworks or ["nanobert"] + ([] if args.no_torch else ["torch"]) + (
+        [] if args.no_torch or args.no_compile else ["torch.compile"])
+    torch_ok = has_torch_cuda()
+    if not torch_ok and any(f.startswith("torch") for f in asked):
+        print("torch with CUDA or transformers is missing: torch's runs left out")
+    return [f for f in asked if torch_ok or not f.startswith("torch")]
 
 
 def write_json(result, path):

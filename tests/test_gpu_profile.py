@@ -307,27 +307,29 @@ def test_help():
 
 
 def test_nanobert_part_runs_on_the_standin(tmp_path):
-    """A step case and a train.py case (on a small corpus, 4 steps, each logged), end to end:
-    records, their memory fields, train.py's tokens/s and length read from its output."""
+    """Two step cases (one worker process a precision) and a train.py case (on a small
+    corpus, 4 steps, each logged), end to end: records, their memory fields, how each step
+    ran, train.py's tokens/s and length read from its output."""
     pytest.importorskip("cupy")
     from test_cupy_standin import run_on_standin
     out = tmp_path / "profile.json"
     counts, stdout = run_on_standin(tmp_path, [
-        "-m", "bench.gpu_profile", "--cases", "tiny:2x16,train.py", "--precisions",
+        "-m", "bench.gpu_profile", "--cases", "tiny:2x16,tiny:1x8,train.py", "--precisions",
         "tf32,float16", "--steps", "1", "--no-torch", "--out", str(out), "--train-py-steps",
         "4", "--train-py-args", "--data data/brown/heldout.txt.gz --vocab "
         "data/brown/vocab-uncased-8192.txt --batch-size 4 --max-seq-length 24"])
     result = json.loads(out.read_text())
     assert [(r["framework"], r["case"], r["precision"]) for r in result["runs"]] == \
-        [("nanobert", "tiny:2x16", "tf32"), ("nanobert", "tiny:2x16", "float16"),
-         ("nanobert", "train.py", "tf32"), ("nanobert", "train.py", "float16")], result
+        [("nanobert", case, precision) for precision in ("tf32", "float16")
+         for case in ("tiny:2x16", "tiny:1x8", "train.py")], result
     assert all("error" not in r and r["tokens_per_s"] > 0 and r["run_s"] > 0
                for r in result["runs"]), result
     assert result["environment"]["NANOBERT_CUPY_STANDIN"] == "1", result["environment"]
-    steps, train_py = result["runs"][:2], result["runs"][2:]
+    steps = [r for r in result["runs"] if r["case"] != "train.py"]
+    train_py = [r for r in result["runs"] if r["case"] == "train.py"]
     assert all(r["wall_ms"] > 0 and r["peak_gib"] == r["held_gib"] > 0 for r in steps)
     assert all(r["seq_len"] == 24 and len(r["tokens_per_s_lines"]) == 4 for r in train_py)
-    assert [r["step_mode"] for r in result["runs"]] == ["graph"] * 4, result["runs"]
+    assert [r["step_mode"] for r in result["runs"]] == ["graph"] * 6, result["runs"]
     assert "--dtype float16" in train_py[1]["command"], train_py
     assert result["parity"]["grad_worst_rel"] <= 1e-12, result["parity"]
     assert "parity, GPU vs NumPy" in stdout
