@@ -1,6 +1,7 @@
 """A strict stand-in for CuPy that runs on the CPU: the real cupy package's namespace
-(names, function keywords, ufunc methods, ndarray and Generator methods), computing with
-NumPy, counting kernel launches and device-to-host syncs.
+(names, function keywords, ufunc methods, ndarray and Generator methods, as CuPy 14.2 gives
+them: tests/cupy_namespace.json, so CuPy need not be installed), computing with NumPy,
+counting kernel launches and device-to-host syncs.
 
 It proves what a CPU can prove about the CuPy path: that nanobert calls only what CuPy has,
 with keywords CuPy accepts, never hands a NumPy array to a device op or a device array to
@@ -43,7 +44,6 @@ checked here, its compilation is not (nor CUDA's own rounding: fma contraction, 
 import collections
 import contextlib
 import ctypes
-import inspect
 import math
 import re
 import sys
@@ -53,10 +53,8 @@ import weakref
 
 import numpy
 
-import cupy as real_cupy
-import cupyx as real_cupyx
-import cupyx.scipy.special as real_special
-
+import cupy_namespace
+from cupy_namespace import signature as _signature
 from nanobert.model import cublas as nanobert_cublas
 from nanobert.model import special as nanobert_special
 
@@ -242,30 +240,10 @@ def _legacy_stream_use(what):
 
 
 # ------------------------------------------------------------------------- signatures
+# The real CuPy's names and parameters (tests/cupy_namespace.py); _signature(parameters) ->
+# an inspect.Signature that binds as CuPy's does
 
-def _docstring_signature(fn):
-    """The signature in the first line of a Cython docstring: 'name(self, a, b=1) -> x'."""
-    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
-    if not doc:
-        return None
-    m = re.match(r"[\w.]+\((.*)\)", doc[0])
-    if not m:
-        return None
-    params = m.group(1).replace("\\*", "*")
-    params = re.sub(r"=<[^>]*>", "=None", params)
-    try:
-        namespace = {}
-        exec(f"def f({params}): pass", {"numpy": numpy}, namespace)
-        return inspect.signature(namespace["f"])
-    except SyntaxError:
-        return None
-
-
-def _signature(fn):
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return _docstring_signature(fn)
+NAMESPACE = cupy_namespace.load()
 
 
 def _check_call(what, signature, args, kwargs):
@@ -428,7 +406,7 @@ class _Data:
         self.ptr = a.__array_interface__["data"][0]
 
 
-REAL_NDARRAY_NAMES = set(dir(real_cupy.ndarray))
+REAL_NDARRAY_NAMES = set(NAMESPACE["ndarray"])
 SYNC_METHODS = {"get", "item", "tolist", "tobytes", "__float__", "__int__", "__bool__",
                 "__index__", "__complex__", "__repr__", "__str__", "__format__"}
 
@@ -547,8 +525,7 @@ class ndarray:
             raise AttributeError(name)
         if name not in REAL_NDARRAY_NAMES:
             raise AttributeError(f"cupy.ndarray has no attribute {name!r} (NumPy-only)")
-        real = getattr(real_cupy.ndarray, name)
-        signature = _signature(real)
+        signature = _signature(NAMESPACE["ndarray"][name])
         method = getattr(self._a, name)
 
         def call(*args, **kwargs):
@@ -642,11 +619,13 @@ ndarray.__module__ = "cupy"        # what nanobert.backend.array_module looks at
 
 
 class Ufunc:
-    """A cupy ufunc: keywords out / dtype / casting, and the methods the real one has."""
+    """A cupy ufunc: keywords out / dtype / casting, and the methods the real one has (real:
+    its type table and methods, from cupy_namespace.json)."""
 
     def __init__(self, name, numpy_ufunc, real, type_table=False):
         self.__name__ = self.name = name
-        self._np, self._real, self._type_table = numpy_ufunc, real, type_table
+        self._np, self._type_table = numpy_ufunc, type_table
+        self._types, self._methods = real["types"], set(real["methods"])
 
     def __call__(self, *args, out=None, dtype=None, casting=None):
         if len(args) != self._np.nin:
@@ -675,14 +654,14 @@ class Ufunc:
         """The output dtype of the real ufunc's first loop that takes the input (cupyx's erf
         turns float16 into float64, for one: its table has no 'e->e')."""
         array_chars = [numpy.asarray(x).dtype.char for x in inputs]
-        for loop in self._real.types:
+        for loop in self._types:
             ins, outs = loop.split("->")
             if all(numpy.can_cast(c, i, "safe") for c, i in zip(array_chars, ins)):
                 return numpy.dtype(outs[0])
-        raise StandinError(f"{self.name} has no loop for {array_chars} (types {self._real.types})")
+        raise StandinError(f"{self.name} has no loop for {array_chars} (types {self._types})")
 
     def __getattr__(self, method):
-        if method.startswith("_") or not hasattr(self._real, method):
+        if method.startswith("_") or method not in self._methods:
             raise AttributeError(f"cupy.{self.name} has no method {method!r}")
         np_method = getattr(self._np, method)
 
@@ -709,8 +688,7 @@ _UFUNCS = {}
 
 def _ufunc(name):
     if name not in _UFUNCS:
-        real = getattr(real_cupy, name)
-        _UFUNCS[name] = Ufunc(name, getattr(numpy, name), real)
+        _UFUNCS[name] = Ufunc(name, getattr(numpy, name), NAMESPACE["cupy"][name])
     return _UFUNCS[name]
 
 
@@ -889,8 +867,7 @@ FUNCTION_RULES = {"zeros": _memset_rule, "zeros_like": _memset_rule, "ones": _fi
 
 
 def _function(name):
-    real = getattr(real_cupy, name)
-    signature = _signature(real)
+    signature = _signature(NAMESPACE["cupy"][name]["parameters"])
     np_fn = getattr(numpy, name, None)
 
     def call(*args, **kwargs):
@@ -941,7 +918,7 @@ def _function(name):
 # ----------------------------------------------------------------------- random
 
 
-REAL_GENERATOR = real_cupy.random.Generator
+GENERATOR_METHODS = NAMESPACE["Generator"]          # name -> parameters
 
 
 # cupy/random/_generator_api.pyx: each distribution is one kernel (_launch_dist ->
@@ -959,9 +936,9 @@ class Generator:
         counts.launch("Generator init")
 
     def __getattr__(self, name):
-        if name.startswith("_") or not hasattr(REAL_GENERATOR, name):
+        if name.startswith("_") or name not in GENERATOR_METHODS:
             raise AttributeError(f"cupy.random.Generator has no method {name!r}")
-        signature = _signature(getattr(REAL_GENERATOR, name))
+        signature = _signature(GENERATOR_METHODS[name])
         method = getattr(self._g, name)
 
         def call(*args, **kwargs):
@@ -1222,17 +1199,20 @@ class _CupyModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        if name not in dir(real_cupy):
+        if name not in NAMESPACE["cupy"]:
             raise AttributeError(f"module 'cupy' has no attribute {name!r} (a NumPy-only name)")
         if name in OWN:
             return OWN[name]
-        real = getattr(real_cupy, name)
-        if isinstance(real, real_cupy.ufunc):
+        kind = NAMESPACE["cupy"][name]["kind"]
+        if kind == "ufunc":
             return _ufunc(name)
-        if callable(real) and not isinstance(real, type):
+        if kind == "function":
             return _function(name)
-        if isinstance(real, (type, numpy.dtype, float, int, type(None))):
-            return real                                # dtypes, constants: NumPy's own
+        value = getattr(numpy, name, None)          # dtypes, constants: NumPy's own in CuPy
+        if value is not None and isinstance(value, (type, numpy.dtype, float, int)):
+            return value
+        if name == "newaxis":
+            return None
         raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
 
     def asnumpy(self, a, stream=None, order="C", out=None, blocking=True):
@@ -1241,17 +1221,18 @@ class _CupyModule(types.ModuleType):
 
 cupy = _CupyModule("cupy")
 cupy.__file__ = __file__
-cupy.__version__ = f"stand-in of {real_cupy.__version__}"
+cupy.__version__ = f"stand-in of {NAMESPACE['version']}"
 
 cupyx = types.ModuleType("cupyx")
 cupyx_scipy = types.ModuleType("cupyx.scipy")
 cupyx_special = types.ModuleType("cupyx.scipy.special")
 cupyx.scipy, cupyx_scipy.special = cupyx_scipy, cupyx_special
-cupyx_special.erf = Ufunc("erf", _ErfUfunc(), real_special.erf, type_table=True)
+cupyx_special.erf = Ufunc("erf", _ErfUfunc(), NAMESPACE["erf"], type_table=True)
 
 
 def scatter_add(a, slices, value):
-    _check_call("cupyx.scatter_add", _signature(real_cupyx.scatter_add), (a, slices, value), {})
+    _check_call("cupyx.scatter_add", _signature(NAMESPACE["scatter_add"]), (a, slices, value),
+                {})
     idx = _unwrap(slices, "scatter_add")
     parts = idx if isinstance(idx, tuple) else (idx,)
     if _index_arrays(idx):                      # _scatter_op(op='add'), as setitem
@@ -1496,7 +1477,17 @@ def get_current_stream(device_id=-1):
 
 cuda.Stream, cuda.Event, cuda.get_current_stream = Stream, Event, get_current_stream
 cuda.get_elapsed_time = get_elapsed_time
-cuda.memory = types.SimpleNamespace(OutOfMemoryError=real_cupy.cuda.memory.OutOfMemoryError)
+class OutOfMemoryError(MemoryError):
+    """cupy.cuda.memory.OutOfMemoryError: its fields and message, as CuPy 14 writes them."""
+
+    def __init__(self, size, total, limit=0):
+        self._size, self._total, self._limit = size, total, limit
+        held = f"allocated so far: {total:,} bytes" + (
+            f", limit set to: {limit:,} bytes" if limit else "")
+        super().__init__(f"Out of memory allocating {size:,} bytes ({held}).")
+
+
+cuda.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
 cupyx.empty_pinned, cupyx.zeros_pinned = _empty_pinned, _zeros_pinned
 cupyx.empty_like_pinned, cupyx.zeros_like_pinned = _empty_like_pinned, _zeros_like_pinned
 
@@ -1634,8 +1625,6 @@ def installed():
 # NOT emulated). One launch per call.
 # ============================================================================================
 
-from cupy_backends.cuda.api import runtime as real_runtime  # noqa: E402
-
 _LIVE = weakref.WeakValueDictionary()          # id of a root NumPy array -> the array
 _ndarray_init = ndarray.__init__
 
@@ -1650,9 +1639,10 @@ def _tracked_init(self, a, base=None):
 
 ndarray.__init__ = _tracked_init
 
-CUDA_DTYPES = {real_runtime.CUDA_R_16F: numpy.dtype(numpy.float16),
-               real_runtime.CUDA_R_32F: numpy.dtype(numpy.float32),
-               real_runtime.CUDA_R_64F: numpy.dtype(numpy.float64)}
+# library_types.h's cudaDataType (CUDA_R_16F, CUDA_R_32F, CUDA_R_64F)
+CUDA_R_16F, CUDA_R_32F, CUDA_R_64F = 2, 0, 1
+CUDA_DTYPES = {CUDA_R_16F: numpy.dtype(numpy.float16), CUDA_R_32F: numpy.dtype(numpy.float32),
+               CUDA_R_64F: numpy.dtype(numpy.float64)}
 
 
 class _Cublas(types.ModuleType):
@@ -1830,7 +1820,7 @@ class RawModule:
     def __init__(self, code=None, path=None, options=(), backend="nvrtc",
                  translate_cucomplex=False, enable_cooperative_groups=False,
                  name_expressions=None, log_stream=None, jitify=False):
-        _check_call("RawModule", _signature(real_cupy.RawModule.__init__),
+        _check_call("RawModule", _signature(NAMESPACE["RawModule"]),
                     (None, code), dict(options=options, backend=backend))
         if code is None or path is not None or name_expressions:
             raise StandinError("RawModule: the stand-in compiles code= only")

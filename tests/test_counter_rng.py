@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("cupy")
 
 import cuda_emulation  # noqa: E402
 import cupy_standin  # noqa: E402

@@ -19,7 +19,6 @@ def test_help_names_every_part():
 
 
 def test_calls_and_profile_run_on_the_standin(tmp_path):
-    pytest.importorskip("cupy")
     from test_cupy_standin import run_on_standin
     counts, stdout = run_on_standin(tmp_path, [
         "-m", "bench.gpu_host", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2",
@@ -32,7 +31,6 @@ def test_calls_and_profile_run_on_the_standin(tmp_path):
 
 def test_the_profile_of_a_replayed_step_on_the_standin(tmp_path):
     """As train.py runs it: the profiled step is the input copies and the graph's launch."""
-    pytest.importorskip("cupy")
     from test_cupy_standin import run_on_standin
     counts, stdout = run_on_standin(tmp_path, [
         "-m", "bench.gpu_host", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2",
@@ -47,7 +45,6 @@ def test_the_vocab_experiment_runs_on_the_standin(tmp_path):
     """--vocab: the MLM decoder's products at BERT's vocab, padded rows and not, float16 and
     TF32 (on the stand-in the times are the host's: the script runs, no number means
     anything)."""
-    pytest.importorskip("cupy")
     from test_cupy_standin import run_on_standin
     _, stdout = run_on_standin(tmp_path, [
         "-m", "bench.gpu_host", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2",

@@ -310,7 +310,6 @@ def test_nanobert_part_runs_on_the_standin(tmp_path):
     """Two step cases (one worker process a precision) and a train.py case (on a small
     corpus, 4 steps, each logged), end to end: records, their memory fields, how each step
     ran, train.py's tokens/s and length read from its output."""
-    pytest.importorskip("cupy")
     from test_cupy_standin import run_on_standin
     out = tmp_path / "profile.json"
     counts, stdout = run_on_standin(tmp_path, [
