@@ -24,7 +24,7 @@ def test_calls_and_profile_run_on_the_standin(tmp_path):
         "-m", "bench.gpu_host", "--preset", "tiny", "--seq-len", "16", "--batch-size", "2",
         "--steps", "1", "--top", "60", "--calls", "3", "--no-cuda-graph"])
     assert "2-D product into out (gemm)" in stdout and "column sum" in stdout
-    assert "host profile: tiny B=2 T=16 tf32, eager, 1 steps" in stdout
+    assert "host profile: tiny B=2 T=16 tf32, the step: eager, 1 steps" in stdout
     assert "gemm" in stdout.split("host profile")[1]       # fast_gpu.gemm in the profile
     assert counts["graph_launches"] == 0
 
