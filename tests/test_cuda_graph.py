@@ -10,20 +10,19 @@ import types
 import numpy
 import pytest
 
-
-import cupy_standin  # noqa: E402
-from nanobert import backend  # noqa: E402
-from nanobert.data.tasks import Features  # noqa: E402
-from nanobert.model import fast_gpu  # noqa: E402
-from nanobert.model.config import BertConfig, with_labels  # noqa: E402
-from nanobert.model.heads import (TASK_HEADS, BertForMultipleChoice,  # noqa: E402
+import cupy_standin
+from nanobert import backend
+from nanobert.data.tasks import Features
+from nanobert.model import fast_gpu
+from nanobert.model.config import BertConfig, with_labels
+from nanobert.model.heads import (TASK_HEADS, BertForMultipleChoice,
                                   BertForQuestionAnswering, BertForTokenClassification)
-from nanobert.model.optim import AdamW, LossScaler, learning_rate  # noqa: E402
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-from nanobert.training import tasks  # noqa: E402
-from nanobert.training.graph import GPUTrainStep, StepGraph  # noqa: E402
-from nanobert.training.pretraining import GPUStep  # noqa: E402
-from test_cupy_standin import TINY, pretraining_batch  # noqa: E402
+from nanobert.model.optim import AdamW, LossScaler, learning_rate
+from nanobert.model.pretraining import BertForPreTraining
+from nanobert.training import tasks
+from nanobert.training.graph import GPUTrainStep, StepGraph
+from nanobert.training.pretraining import GPUStep
+from test_cupy_standin import TINY, pretraining_batch
 
 
 @pytest.fixture

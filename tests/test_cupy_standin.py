@@ -8,18 +8,16 @@ import os
 import numpy
 import pytest
 
-
-import cupy_standin  # noqa: E402
-from conftest import assert_close, record, vanishes  # noqa: E402
-from counter_reference import dropout_generator, numpy_draws_like_the_gpu  # noqa: E402
-from nanobert import backend  # noqa: E402
-from nanobert.model import fast  # noqa: E402
-from nanobert.model.config import BertConfig, with_labels  # noqa: E402
-from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice  # noqa: E402
-from nanobert.model.optim import (AdamW, LossScaler, clip_and_step,  # noqa: E402
+import cupy_standin
+from conftest import assert_close, record, vanishes
+from counter_reference import dropout_generator, numpy_draws_like_the_gpu
+from nanobert import backend
+from nanobert.model import fast
+from nanobert.model.config import BertConfig, with_labels
+from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice
+from nanobert.model.optim import (AdamW, LossScaler, clip_and_step,
                                   clip_by_global_norm)
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-
+from nanobert.model.pretraining import BertForPreTraining
 
 
 def test_the_namespace_file_is_the_installed_cupys():

@@ -6,11 +6,10 @@ own rounding or speed on a GPU."""
 import numpy
 import pytest
 
-
-import cupy_standin  # noqa: E402
-from conftest import assert_close, record  # noqa: E402
-from nanobert import backend  # noqa: E402
-from nanobert.model import fast_gpu  # noqa: E402
+import cupy_standin
+from conftest import assert_close, record
+from nanobert import backend
+from nanobert.model import fast_gpu
 
 
 @pytest.fixture
