@@ -12,13 +12,16 @@ A case is PRESET:BxT (a model of PRESETS, batch B, length T) or train.py[:PRESET
 command line at its defaults, or with --preset PRESET; it runs --train-py-steps steps, and
 --train-py-args adds flags). The default cases are the targets of the GPU issues: BERT-base
 T=128 at B=32 and 128, BERT-mini B=128 T=128, the nano default of train.py, BERT-base T=512
-B=32 (18 runs with torch: ~7 minutes, an estimate). --batch-sizes / --preset / --seq-len
+B=32 (27 runs with torch and torch.compile; minutes: an estimate, unmeasured). --batch-sizes
+/ --preset / --seq-len
 instead give one preset and length at several batch sizes. The environment goes to every
 run (NANOBERT_TF32=0, ...) and is recorded.
 
 Frameworks: nanobert, torch eager and torch.compile (its default mode; its first step, which
 compiles, is timed apart as first_step_s and left out; a model it cannot compile is recorded
-as skipped with the reason), each step case in a fresh process. Per step case: how the step
+as skipped with the reason); the step cases of a framework and a precision in one fresh
+process (the imports, CUDA's start and NVRTC's compilation paid once; the model, its graphs
+and their memory released between cases). Per step case: how the step
 ran (step_mode: nanobert's "graph", "eager" or "capture failed: <reason>", never a graph's
 figure for an eager step), wall time per step (median, the host waiting for the GPU after
 each step), the host's time to issue it, tokens per second (B x T / wall) and peak GPU
