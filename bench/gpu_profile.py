@@ -12,7 +12,7 @@ A case is PRESET:BxT (a model of PRESETS, batch B, length T) or train.py[:PRESET
 command line at its defaults, or with --preset PRESET; it runs --train-py-steps steps, and
 --train-py-args adds flags). The default cases are the targets of the GPU issues: BERT-base
 T=128 at B=32 and 128, BERT-mini B=128 T=128, the nano default of train.py, BERT-base T=512
-B=32 (27 runs with torch and torch.compile; minutes: an estimate, unmeasured). --batch-sizes
+B=32 (26 runs with torch and torch.compile; minutes: an estimate, unmeasured). --batch-sizes
 / --preset / --seq-len
 instead give one preset and length at several batch sizes. The environment goes to every
 run (NANOBERT_TF32=0, ...) and is recorded.
