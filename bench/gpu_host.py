@@ -458,8 +458,8 @@ def profile_steps(args):
     for _ in range(2):                                 # the warm-up, then the capture
         step()
     cupy.cuda.Device().synchronize()
-    what = (f"{args.preset} B={args.batch_size} T={args.seq_len} {args.precision}, "
-            + ("eager" if args.no_cuda_graph else "replayed from a CUDA graph"))
+    what = f"{args.preset} B={args.batch_size} T={args.seq_len} {args.precision}, " \
+        f"the step: {step.graph.mode}"            # graph, eager or capture failed: why
     if args.busy_ms:
         keep_busy(cupy, 1)
         idle, busy = (issue_ms(step, cupy, ms, args.steps) for ms in (0, args.busy_ms))

@@ -12,22 +12,29 @@ A case is PRESET:BxT (a model of PRESETS, batch B, length T) or train.py[:PRESET
 command line at its defaults, or with --preset PRESET; it runs --train-py-steps steps, and
 --train-py-args adds flags). The default cases are the targets of the GPU issues: BERT-base
 T=128 at B=32 and 128, BERT-mini B=128 T=128, the nano default of train.py, BERT-base T=512
-B=32 (18 runs with torch: ~7 minutes, an estimate). --batch-sizes / --preset / --seq-len
+B=32 (26 runs with torch and torch.compile; minutes: an estimate, unmeasured). --batch-sizes
+/ --preset / --seq-len
 instead give one preset and length at several batch sizes. The environment goes to every
 run (NANOBERT_TF32=0, ...) and is recorded.
 
-Per step case (each in a fresh process): wall time per step (median, the host waiting for the
-GPU after each step), the host's time to issue it, tokens per second (B x T / wall) and
-peak GPU memory (nanobert: what CuPy's memory pool holds after the steps, its high-water
-mark, as it returns nothing between steps; torch: torch.cuda.max_memory_allocated, and
-max_memory_reserved, the figure like CuPy's pool); GPU kernel time per step by CUPTI
+Frameworks: nanobert, torch eager and torch.compile (its default mode; its first step, which
+compiles, is timed apart as first_step_s and left out; a model it cannot compile is recorded
+as skipped with the reason); the step cases of a framework and a precision in one fresh
+process (the imports, CUDA's start and NVRTC's compilation paid once; the model, its graphs
+and their memory released between cases). Per step case: how the step
+ran (step_mode: nanobert's "graph", "eager" or "capture failed: <reason>", never a graph's
+figure for an eager step), wall time per step (median, the host waiting for the GPU after
+each step), the host's time to issue it, tokens per second (B x T / wall) and peak GPU
+memory (nanobert: what all its pools hold, CuPy's default pool and each CUDA graph's private
+pool, sampled after every step, the largest; torch: torch.cuda.max_memory_allocated, and
+max_memory_reserved, the figure like CuPy's pools); GPU kernel time per step by CUPTI
 (torch.profiler, which sees CuPy's kernels in the same process; without torch, CuPy events
 around the step: total only); kernels per step counted apart from memcpy / memset and from
 the runtime and driver calls that launched them; the split matmul / elementwise /
 reduction / copy; the largest kernels. Per train.py case: the tokens/s and MFU of its last
 progress line (the first window includes NVRTC's compilation). Then the float64 parity
 line: loss and worst gradient of a small model on the GPU against the NumPy path. Prints a
-table, writes JSON.
+table, writes JSON (every figure of the table, the ratios to both torch columns included).
 """
 import argparse
 import datetime
@@ -60,6 +67,7 @@ KINDS = ("matmul", "elementwise", "reduction", "copy")
 SHORT = {"matmul": "matmul", "elementwise": "eltwise", "reduction": "reduce", "copy": "copy"}
 TOP = 16                                            # largest kernels kept per run
 GIB = 2 ** 30
+FRAMEWORKS = ("nanobert", "torch", "torch.compile")
 
 
 class Case(NamedTuple):
@@ -190,24 +198,31 @@ def make_config(preset, seq_len):
 
 
 def measure(framework, preset, batch_size, seq_len, precision, steps):
-    """One run in this process -> its record (see the module docstring)."""
+    """One run in this process -> its record (see the module docstring). A torch.compile run
+    whose model cannot compile here is recorded as skipped, with the reason in one line."""
     dtype, tf32 = PRECISIONS[precision]
     backend.set_tf32(tf32)
     config = make_config(preset, seq_len)
     batch = train_step.make_batch(config, batch_size, seq_len)
-    if framework == "torch":
-        import torch
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        step, _ = train_step.torch_step_fn(config, batch, "gpu", dtype)
-        synchronize = torch.cuda.synchronize
-    else:
-        cupy = backend.get_xp("gpu")
-        step, _ = train_step.nanobert_step_fn(config, batch, device="gpu", dtype=dtype)
-        synchronize = cupy.cuda.Device().synchronize
-    walls, hosts = [], []
-    for _ in range(2):
-        step()
+    record = {"framework": framework, "case": str(Case("step", preset, batch_size, seq_len)),
+              "preset": preset, "batch_size": batch_size, "seq_len": seq_len,
+              "precision": precision}
+    step, synchronize, memory = step_function(framework, config, batch, dtype, tf32)
+    started = time.perf_counter()
+    try:
+        step()                  # torch.compile compiles here; nanobert compiles its kernels
+        synchronize()
+    except Exception as error:
+        if framework != "torch.compile":
+            raise
+        return {**record, "skipped": one_line(f"torch.compile cannot compile here: "
+                                              f"{type(error).__name__}: {error}")}
+    record["first_step_s"] = time.perf_counter() - started      # compile time, not timed
+    memory.sample()
+    step()                      # nanobert: the capture of its graph
     synchronize()
+    memory.sample()
+    walls, hosts = [], []
     for _ in range(steps):
         start = time.perf_counter()
         step()
@@ -215,14 +230,12 @@ def measure(framework, preset, batch_size, seq_len, precision, steps):
         synchronize()
         walls.append(time.perf_counter() - start)
         hosts.append(issued - start)
+        memory.sample()
     wall = statistics.median(walls)
-    record = {"framework": framework, "case": str(Case("step", preset, batch_size, seq_len)),
-              "preset": preset, "batch_size": batch_size, "seq_len": seq_len,
-              "precision": precision, "wall_ms": 1e3 * wall,
-              "host_ms": 1e3 * statistics.median(hosts),
-              "tokens_per_s": batch_size * seq_len / wall,
-              "mfu": model_flop_utilisation(config, batch, wall, dtype),
-              **peak_memory_gib(framework)}
+    record.update({"step_mode": step.mode(), "wall_ms": 1e3 * wall,
+                   "host_ms": 1e3 * statistics.median(hosts),
+                   "tokens_per_s": batch_size * seq_len / wall,
+                   "mfu": model_flop_utilisation(config, batch, wall, dtype), **memory.gib()})
     if has_torch_cuda():
         from torch.profiler import ProfilerActivity, profile
         profiled = min(steps, 3)
@@ -236,18 +249,63 @@ def measure(framework, preset, batch_size, seq_len, precision, steps):
     return record
 
 
-def peak_memory_gib(framework):
-    """GPU memory of the steps so far, GiB: peak_gib (nanobert: what CuPy's memory pool
-    holds, its high-water mark, as the pool gives nothing back between steps; an upper bound
-    of the peak in use, CuPy counting no peak of its own. torch: max_memory_allocated) and
-    held_gib (what each allocator held at most: CuPy's pool; torch's max_memory_reserved)."""
-    if framework == "torch":
+def one_line(text, limit=300):
+    return " ".join(str(text).split())[:limit]
+
+
+def step_function(framework, config, batch, dtype, tf32):
+    """-> (step(), synchronize(), its memory counter) of a framework: nanobert's harness step
+    (its mode: graph, eager or capture failed), torch eager or torch.compile (default mode)."""
+    if framework == "nanobert":
+        cupy = backend.get_xp("gpu")
+        step, _ = train_step.nanobert_step_fn(config, batch, device="gpu", dtype=dtype)
+        step.mode = lambda: step.graph.mode
+        return step, cupy.cuda.Device().synchronize, PoolMemory(cupy)
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    compiled = framework == "torch.compile"
+    step, _ = train_step.torch_step_fn(config, batch, "gpu", dtype, compile=compiled)
+    step.mode = lambda: "compiled (default mode)" if compiled else "eager"
+    return step, torch.cuda.synchronize, TorchMemory()
+
+
+class PoolMemory:
+    """nanobert's GPU memory: the bytes every pool it uses holds (CuPy's default pool and
+    each CUDA graph's private pool: training/graph.memory_pools) and uses, sampled after each
+    step; the largest samples. CuPy keeps no peak of its own: a pool holds what its arrays
+    needed at most since its last free_all_blocks, so the samples' largest held is an upper
+    bound of the peak in use (a capture frees the default pool's cached blocks first: the
+    warm-up's sample keeps their figure)."""
+
+    def __init__(self, xp):
+        from nanobert.training.graph import memory_pools
+        self.pools = lambda: memory_pools(xp)
+        self.held = self.used = 0
+
+    def sample(self):
+        pools = self.pools()
+        self.held = max(self.held, sum(p.total_bytes() for p in pools))
+        self.used = max(self.used, sum(p.used_bytes() for p in pools))
+
+    def gib(self):
+        """peak_gib: the most held (like torch's allocated peak, an upper bound of it);
+        held_gib: the same (CuPy's pools give nothing back between steps); used_gib: the
+        most in use at a sample (between steps)."""
+        return {"peak_gib": self.held / GIB, "held_gib": self.held / GIB,
+                "used_gib": self.used / GIB}
+
+
+class TorchMemory:
+    """torch's allocator's own peaks: max_memory_allocated (peak_gib) and
+    max_memory_reserved (held_gib, the figure like CuPy's pools)."""
+
+    def sample(self):
+        pass
+
+    def gib(self):
         import torch
         return {"peak_gib": torch.cuda.max_memory_allocated() / GIB,
                 "held_gib": torch.cuda.max_memory_reserved() / GIB}
-    import cupy
-    held = cupy.get_default_memory_pool().total_bytes() / GIB
-    return {"peak_gib": held, "held_gib": held}
 
 
 def model_flop_utilisation(config, batch, seconds, dtype):
@@ -305,23 +363,25 @@ def parity(config=None, B=4, T=32):
             "grad_worst_rel": worst, "grad_worst_name": worst_name}
 
 
-WORKER_TIMEOUT_S = 240                              # a run that hangs is stopped and recorded
+WORKER_TIMEOUT_S = 480     # a worker that hangs is stopped and recorded (--worker-timeout)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_process(argv, cwd=None):
-    """A command in a fresh process -> (its stdout, None), or (None, the error's last line
-    and the last lines of its stderr, for whoever reads a failed run's cause in the JSON)."""
+def run_process(argv, cwd=None, timeout=WORKER_TIMEOUT_S):
+    """A command in a fresh process -> (its stdout, None), or (what it printed, the error's
+    last line and the last lines of its stderr, for whoever reads a failed run's cause in
+    the JSON)."""
+    def text(out):
+        return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                                 cwd=cwd)
     except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        return None, {"error": f"no result within {WORKER_TIMEOUT_S} s",
-                      "stderr_tail": (stderr or "").splitlines()[-30:]}
+        return text(e.stdout), {"error": f"no result within {timeout} s",
+                                "stderr_tail": text(e.stderr).splitlines()[-30:]}
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or ["failed"]
-        return None, {"error": lines[-1], "stderr_tail": lines[-30:]}
+        return result.stdout, {"error": lines[-1], "stderr_tail": lines[-30:]}
     return result.stdout, None
 
 
@@ -331,15 +391,33 @@ def describe(framework, case, precision):
             "batch_size": case.batch_size, "seq_len": case.seq_len, "precision": precision}
 
 
-def run_worker(framework, case, precision, steps):
-    """A step case in a fresh process (measure) -> its record."""
-    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--preset",
-            case.preset, "--batch-sizes", str(case.batch_size), "--seq-len", str(case.seq_len),
-            "--precisions", precision, "--steps", str(steps)]
-    stdout, error = run_process(argv)
-    if error:
-        return {**describe(framework, case, precision), **error}
-    return json.loads(stdout.strip().splitlines()[-1])
+def run_worker(framework, cases, precision, steps, timeout=WORKER_TIMEOUT_S):
+    """Step cases of one framework and precision in one fresh process (measure each, their
+    memory released between: the imports, CUDA's start and NVRTC's compilation paid once)
+    -> a record a case; the cases after one that failed or ran out of time carry its error."""
+    argv = [sys.executable, "-m", "bench.gpu_profile", "--worker", framework, "--cases",
+            ",".join(map(str, cases)), "--precisions", precision, "--steps", str(steps)]
+    stdout, error = run_process(argv, timeout=timeout)
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return records + [{**describe(framework, case, precision), **error}
+                      for case in cases[len(records):]]
+
+
+def worker(framework, cases, precision, steps):
+    """--worker: each case measured in this process, its record printed as one JSON line."""
+    import gc
+    for case in cases:
+        started = time.perf_counter()
+        record = measure(framework, case.preset, case.batch_size, case.seq_len, precision,
+                         steps)
+        print(json.dumps({**record, "run_s": time.perf_counter() - started}), flush=True)
+        gc.collect()                             # the model, its graphs and their pools
+        if framework == "nanobert":
+            backend.get_xp("gpu").get_default_memory_pool().free_all_blocks()
+        else:
+            import torch
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
 
 
 # train.py's progress line (train.log_train) and the line that gives its sequence length
@@ -360,33 +438,43 @@ def train_py_argv(case, precision, steps, out, extra=()):
     return argv + list(extra)
 
 
-def read_progress(stdout):
+# graph.StepGraph's line when a capture fails (the step then runs eagerly)
+CAPTURE_FAILED = re.compile(r"^note: the CUDA graph capture of the training step failed \((.*)\);",
+                            re.M)
+
+
+def read_progress(stdout, eager=False):
     """train.py's output -> the tokens/s and MFU of its last progress line (the first window
-    includes NVRTC compiling the kernels), every line's tokens/s, and the sequence length."""
+    includes NVRTC compiling the kernels), every line's tokens/s, the sequence length, and
+    how its step ran (eager: the graph was turned off)."""
     lines = PROGRESS.findall(stdout)
     if not lines:
         raise ValueError("train.py printed no progress line")
     rates = [float(rate.replace(",", "")) for rate, _ in lines]
     mfu, length = lines[-1][1], LENGTH.search(stdout)
+    failed = CAPTURE_FAILED.search(stdout)
     return {"tokens_per_s": rates[-1], "tokens_per_s_lines": rates,
             "mfu": float(mfu) / 100 if mfu else None,
-            "seq_len": int(length[1]) if length else None}
+            "seq_len": int(length[1]) if length else None,
+            "step_mode": f"capture failed: {failed[1]}" if failed else
+                         "eager" if eager else "graph"}
 
 
-def run_train_py(case, precision, steps, extra=()):
+def run_train_py(case, precision, steps, extra=(), timeout=WORKER_TIMEOUT_S):
     """A train.py case (its output folder a temporary one) -> its record."""
     out = tempfile.mkdtemp(prefix="gpu-profile-train-")
     argv = train_py_argv(case, precision, steps, out, extra)
     try:
-        stdout, error = run_process(argv, cwd=ROOT)
+        stdout, error = run_process(argv, cwd=ROOT, timeout=timeout)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     record = {**describe("nanobert", case, precision),
               "command": shlex.join(["train.py", *argv[2:]])}
     if error:
         return {**record, **error}
+    eager = os.environ.get("NANOBERT_CUDA_GRAPH", "1") == "0" or "--no-cuda-graph" in argv
     try:
-        return {**record, **read_progress(stdout)}
+        return {**record, **read_progress(stdout, eager)}
     except ValueError as e:
         return {**record, "error": str(e), "stderr_tail": stdout.splitlines()[-30:]}
 
@@ -395,35 +483,48 @@ def _number(value, digits=1, scale=1.0):
     return "-" if value is None else f"{value * scale:,.{digits}f}"
 
 
-def torch_ratio(run, runs):
-    """A nanobert run's wall time over torch's on the same case and precision, else None."""
+def torch_ratio(run, runs, peer="torch"):
+    """A nanobert run's wall time over its peer's (torch eager, or torch.compile) on the same
+    case and precision, else None."""
     if run["framework"] != "nanobert" or run.get("wall_ms") is None:
         return None
     for other in runs:
-        if other["framework"] == "torch" and other.get("wall_ms") and \
+        if other["framework"] == peer and other.get("wall_ms") and \
                 (other["case"], other["precision"]) == (run["case"], run["precision"]):
             return run["wall_ms"] / other["wall_ms"]
     return None
 
 
+def add_ratios(result):
+    """Each nanobert run's ratios to torch eager and torch.compile, into its record (the
+    JSON holds every figure the table prints)."""
+    for run in result["runs"]:
+        if run["framework"] == "nanobert" and run.get("wall_ms") is not None:
+            run["over_torch"] = torch_ratio(run, result["runs"])
+            run["over_torch_compile"] = torch_ratio(run, result["runs"], "torch.compile")
+
+
 def format_table(result):
     """The JSON record -> the printed report."""
     runs = result["runs"]
-    head = f"{'framework':<10}{'case':<16}{'precision':<10}"
+    head = f"{'framework':<14}{'case':<16}{'precision':<10}"
     lines = [f"{result['gpu']}   cupy {result['cupy']}   torch {result['torch'] or '-'}   "
              f"{result['date']}",
-             head + f"{'wall ms':>9}{'host ms':>9}{'/torch':>8}{'Mtok/s':>8}{'MFU %':>7}"
-             f"{'peak GiB':>10}{'held GiB':>10}"]
+             head + f"{'wall ms':>9}{'host ms':>9}{'/torch':>8}{'/compile':>9}{'Mtok/s':>8}"
+             f"{'MFU %':>7}{'peak GiB':>10}{'held GiB':>10}  step"]
     for r in runs:
-        name = f"{r['framework']:<10}{r['case']:<16}{r['precision']:<10}"
-        if "error" in r:
-            lines.append(f"{name}failed: {r['error']}")
+        name = f"{r['framework']:<14}{r['case']:<16}{r['precision']:<10}"
+        if "error" in r or "skipped" in r:
+            lines.append(f"{name}failed: {r['error']}" if "error" in r else
+                         f"{name}skipped: {r['skipped']}")
             continue
         lines.append(
             name + f"{_number(r.get('wall_ms')):>9}{_number(r.get('host_ms')):>9}"
-            f"{_number(torch_ratio(r, runs), 2):>8}{_number(r['tokens_per_s'], 2, 1e-6):>8}"
+            f"{_number(torch_ratio(r, runs), 2):>8}"
+            f"{_number(torch_ratio(r, runs, 'torch.compile'), 2):>9}"
+            f"{_number(r['tokens_per_s'], 2, 1e-6):>8}"
             f"{_number(r.get('mfu'), 1, 100):>7}{_number(r.get('peak_gib'), 2):>10}"
-            f"{_number(r.get('held_gib'), 2):>10}")
+            f"{_number(r.get('held_gib'), 2):>10}  {r.get('step_mode', '-')}")
     profiled = [r for r in runs if "by_kind" in r or r.get("gpu_ms") is not None]
     if profiled:
         lines.append(head + f"{'GPU ms':>8}{'kernels':>9}{'memcpy':>8}{'memset':>8}"
@@ -431,7 +532,7 @@ def format_table(result):
     for r in profiled:
         kinds = r.get("by_kind") or {}
         lines.append(
-            f"{r['framework']:<10}{r['case']:<16}{r['precision']:<10}"
+            f"{r['framework']:<14}{r['case']:<16}{r['precision']:<10}"
             f"{_number(r.get('gpu_ms')):>8}{_number(r.get('kernels'), 0):>9}"
             f"{_number(r.get('memcpys'), 0):>8}{_number(r.get('memsets'), 0):>8}"
             f"{_number(r.get('runtime_calls'), 0):>9}"
@@ -448,9 +549,12 @@ def format_table(result):
                      f"worst gradient {p['grad_worst_rel']:.1e} ({p['grad_worst_name']})")
     lines.append(
         "cases: PRESET:BxT, a step (forward, backward, clip, AdamW), medians; train.py: its "
-        "last progress line.\nhost ms: the host's time to issue a step; /torch: nanobert's "
-        "wall over torch's; Mtok/s: B x T / wall.\npeak GiB: nanobert CuPy's pool (its "
-        "high-water), torch max allocated; held GiB: CuPy's pool, torch max reserved.\nGPU "
+        "last progress line.\nhost ms: the host's time to issue a step; /torch, /compile: "
+        "nanobert's wall over torch eager's, torch.compile's (its compile time excluded: "
+        "first_step_s in the JSON); Mtok/s: B x T / wall.\npeak GiB: nanobert's pools (the "
+        "default and its graphs', their high-water), torch max allocated; held GiB: the same "
+        "pools, torch max reserved.\nstep: how the step ran (graph, eager, capture failed: "
+        "why; torch eager or compiled).\nGPU "
         "ms: kernels, memcpys and memsets by CUPTI (or CuPy events around the step without "
         "torch);\nkernels counted apart from memcpy/memset and from the runtime/driver calls "
         "that issued them; '-': not measured")
@@ -492,17 +596,27 @@ def parse_args(argv=None):
                         help="more flags for each train.py case, e.g. \"--batch-size 256\" "
                              "(a flag alone: --train-py-args=--no-tf32)")
     parser.add_argument("--no-torch", action="store_true", help="profile nanobert only")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="torch eager only, not torch.compile beside it")
+    parser.add_argument("--frameworks", type=csv_list(str, FRAMEWORKS), default=None,
+                        help="instead: only these of nanobert, torch, torch.compile")
+    parser.add_argument("--worker-timeout", type=int, default=WORKER_TIMEOUT_S,
+                        help=f"seconds a worker process (a framework and precision, all its "
+                             f"cases) or a train.py case may take before it is stopped, what "
+                             f"it did not finish recorded as failed (default "
+                             f"{WORKER_TIMEOUT_S})")
     parser.add_argument("--no-parity", action="store_true", help="skip the float64 parity line")
     parser.add_argument("--out", default=None,
                         help="JSON path (default runs/gpu_profile-<date>.json)")
-    parser.add_argument("--worker", choices=("nanobert", "torch"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     one_preset = (args.batch_sizes, args.preset, args.seq_len) != (None, None, None)
     if args.cases and one_preset:
         parser.error("give --cases, or --batch-sizes / --preset / --seq-len, not both")
-    if args.steps < 1 or args.train_py_steps < 1 or (args.seq_len or 1) < 1 or \
-            min(args.batch_sizes or [1]) < 1:
-        parser.error("--steps, --train-py-steps, --seq-len and --batch-sizes must be positive")
+    if min(args.steps, args.train_py_steps, args.seq_len or 1, args.worker_timeout,
+           *(args.batch_sizes or [1])) < 1:
+        parser.error("--steps, --train-py-steps, --seq-len, --batch-sizes and "
+                     "--worker-timeout must be positive")
     args.preset, args.seq_len = args.preset or "base", args.seq_len or 128
     args.batch_sizes = args.batch_sizes or [32, 128]
     if not args.cases:
@@ -517,15 +631,12 @@ def main(argv=None):
         sys.exit("bench.gpu_profile: no GPU here (CuPy cannot see a CUDA device); run it "
                  "where `python -c \"import cupy; cupy.cuda.runtime.getDeviceCount()\"` works")
     if args.worker:
-        print(json.dumps(measure(args.worker, args.preset, args.batch_sizes[0], args.seq_len,
-                                 args.precisions[0], args.steps)))
+        worker(args.worker, args.cases, args.precisions[0], args.steps)
         return
     cupy = backend.get_xp("gpu")
-    frameworks = ["nanobert"] + (["torch"] if not args.no_torch and has_torch_cuda() else [])
-    if "torch" not in frameworks and not args.no_torch:
-        print("torch with CUDA or transformers is missing: profiling nanobert alone")
+    frameworks = select_frameworks(args)
     torch_version = None
-    if "torch" in frameworks:
+    if any(f.startswith("torch") for f in frameworks):
         import torch
         torch_version = torch.__version__
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -537,27 +648,51 @@ def main(argv=None):
                               if k.startswith(("NANOBERT_", "CUPY_"))}, "runs": []}
     out = args.out or os.path.join("runs", f"gpu_profile-{date[:10]}.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    for case in args.cases:
-        for precision in args.precisions:
-            for framework in (frameworks if case.command == "step" else ["nanobert"]):
+    steps = [case for case in args.cases if case.command == "step"]
+    for precision in args.precisions:
+        for framework in frameworks if steps else ():
+            started = time.perf_counter()
+            records = run_worker(framework, steps, precision, args.steps, args.worker_timeout)
+            report(records, time.perf_counter() - started, result, out)
+        for case in args.cases if "nanobert" in frameworks else ():
+            if case.command == "train.py":
                 started = time.perf_counter()
-                r = (run_worker(framework, case, precision, args.steps)
-                     if case.command == "step" else
-                     run_train_py(case, precision, args.train_py_steps, args.train_py_args))
-                r["run_s"] = time.perf_counter() - started    # for planning a session's time
-                result["runs"].append(r)
-                done = (r["error"] if "error" in r else f"{r['wall_ms']:.1f} ms a step"
-                        if "wall_ms" in r else f"{r['tokens_per_s']:,.0f} tokens/s")
-                print(f"{framework} {case} {precision}: {done}  ({r['run_s']:.0f} s)",
-                      flush=True)
-                for line in r.get("stderr_tail", []):
-                    print("    " + line, flush=True)
-                write_json(result, out)                 # a later run that hangs loses nothing
+                record = run_train_py(case, precision, args.train_py_steps, args.train_py_args,
+                                      args.worker_timeout)
+                record["run_s"] = time.perf_counter() - started
+                report([record], record["run_s"], result, out)
     if not args.no_parity:
         result["parity"] = parity()
+    add_ratios(result)
     print(format_table(result))
     write_json(result, out)
     print(f"wrote {out}")
+
+
+def report(records, seconds, result, out):
+    """A worker's records into the result, a line each printed, the JSON written (a later
+    run that hangs loses nothing)."""
+    for r in records:
+        result["runs"].append(r)
+        done = (r["error"] if "error" in r else f"skipped: {r['skipped']}"
+                if "skipped" in r else f"{r['wall_ms']:.1f} ms a step ({r['step_mode']})"
+                if "wall_ms" in r else f"{r['tokens_per_s']:,.0f} tokens/s")
+        print(f"{r['framework']} {r['case']} {r['precision']}: {done}", flush=True)
+        for line in r.get("stderr_tail", []):
+            print("    " + line, flush=True)
+    print(f"  ({seconds:.0f} s in all, the process's start included)", flush=True)
+    write_json(result, out)
+
+
+def select_frameworks(args):
+    """The frameworks asked for (--frameworks, else all but --no-torch's and --no-compile's)
+    that can run here: torch's need torch with CUDA and transformers (said once)."""
+    asked = args.frameworks or ["nanobert"] + ([] if args.no_torch else ["torch"]) + (
+        [] if args.no_torch or args.no_compile else ["torch.compile"])
+    torch_ok = has_torch_cuda()
+    if not torch_ok and any(f.startswith("torch") for f in asked):
+        print("torch with CUDA or transformers is missing: torch's runs left out")
+    return [f for f in asked if torch_ok or not f.startswith("torch")]
 
 
 def write_json(result, path):

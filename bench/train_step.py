@@ -124,7 +124,11 @@ def gpu_step_fn(model, batch, scaler, lr=1e-4):
                    AdamW(model.params, lr=lr, mode="torch"), scaler,
                    cuda_graph=cuda_graph_enabled(args))
     denominators = {"masked_lm": int(labelled.sum()), "next_sentence": len(labelled)}
-    return lambda: step([batch], denominators, lr)
+
+    def run():
+        return step([batch], denominators, lr)
+    run.graph = step.step.graph            # its mode: graph, eager or capture failed
+    return run
 
 
 def torch_phases(model, tensors, autocast=None, lr=1e-4):
@@ -153,12 +157,16 @@ def torch_config(config):
     return transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "extra"})
 
 
-def torch_step_fn(config, batch, device="cpu", dtype="float32"):
-    """-> (full step, forward + backward only) of a fresh transformers BertForPreTraining."""
+def torch_step_fn(config, batch, device="cpu", dtype="float32", compile=False):
+    """-> (full step, forward + backward only) of a fresh transformers BertForPreTraining;
+    compile: the model under torch.compile's default mode (as nanoGPT's train.py does; it
+    compiles at the first call)."""
     import torch
     import transformers
     target = "cuda" if device == "gpu" else "cpu"
     model = transformers.BertForPreTraining(torch_config(config)).train().to(target)
+    if compile:
+        model = torch.compile(model)
     tensors = {k: torch.from_numpy(v).to(target) for k, v in batch.items()}
     autocast = torch.autocast("cuda", dtype=torch.float16, enabled=dtype == "float16")
     forward_backward, update = torch_phases(model, tensors, autocast)
@@ -197,7 +205,8 @@ def measure(framework, name, steps, device="cpu", dtype="float32"):
         return (*seconds, torch.cuda.max_memory_allocated() / 2 ** 20)
     if device == "gpu":
         import cupy
-        return (*seconds, cupy.get_default_memory_pool().total_bytes() / 2 ** 20)
+        from nanobert.training.graph import memory_pools     # the graphs' pools too
+        return (*seconds, sum(p.total_bytes() for p in memory_pools(cupy)) / 2 ** 20)
     return (*seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # KiB on Linux
 
 

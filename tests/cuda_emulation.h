@@ -19,14 +19,25 @@
 // two orders; __shared__ memory is filled with 0xFF bytes (a NaN in float16, float and
 // double) at each block's start, so reading what no thread wrote gives NaN.
 // tests/test_fused_attention.py plants both races and checks they change the result.
+//
+// Out of bounds. tests/cuda_emulation.py places each array a launch gets between guard pages
+// (no access allowed) and registers them (emulation_guard); an access there raises SIGSEGV,
+// whose handler (installed for the launch) notes the first one's address, block and thread,
+// opens the page and lets the access go on, so the kernel ends and Python reports it
+// (emulation_fault): a test failure that names them, not a crash of the test process. A
+// fault anywhere else goes to the handler there was before (a crash, as without this).
 #include <bit>
 #include <cmath>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -272,6 +283,68 @@ static inline void nanobert_mma_m16n8k16(float* d, const unsigned int* a,
 
 static inline void __syncthreads() { emulation::wait_at(emulation::Wait::block, 0); }
 
+namespace emulation {
+struct Guard {
+    char* start;
+    size_t bytes;
+};
+static std::vector<Guard> guards;
+struct Fault {
+    uintptr_t address;
+    unsigned block;
+    int thread;
+    long long count;                         // accesses into guards (pages opened)
+};
+static Fault fault;
+static struct sigaction before;
+
+static void on_fault(int, siginfo_t* info, void*) {
+    char* at = (char*)info->si_addr;
+    for (const Guard& g : guards) {
+        if (at < g.start || at >= g.start + g.bytes) continue;
+        if (fault.count++ == 0) {
+            fault.address = (uintptr_t)at;
+            fault.block = blockIdx.x;
+            fault.thread = current;
+        }
+        const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        mprotect((void*)((uintptr_t)at & ~(page - 1)), page, PROT_READ | PROT_WRITE);
+        return;                              // the access runs again, on the opened page
+    }
+    sigaction(SIGSEGV, &before, nullptr);    // not ours: it faults again, as it would have
+}
+
+static void watch_guards(bool on) {
+    if (!on) {
+        sigaction(SIGSEGV, &before, nullptr);
+        return;
+    }
+    struct sigaction mine = {};
+    mine.sa_sigaction = on_fault;
+    mine.sa_flags = SA_SIGINFO;
+    sigemptyset(&mine.sa_mask);
+    sigaction(SIGSEGV, &mine, &before);
+}
+}  // namespace emulation
+
+// bytes from `start` that no kernel may touch (tests/cuda_emulation.py's guard pages)
+extern "C" void emulation_guard(void* start, size_t bytes) {
+    emulation::guards.push_back({(char*)start, bytes});
+}
+
+// the first access into a guard since the last call (address, block, thread) -> how many
+// pages were touched (0: none); the guards are forgotten
+extern "C" long long emulation_fault(unsigned long long* address, unsigned* block,
+                                     int* thread) {
+    const long long count = emulation::fault.count;
+    *address = emulation::fault.address;
+    *block = emulation::fault.block;
+    *thread = emulation::fault.thread;
+    emulation::fault = {};
+    emulation::guards.clear();
+    return count;
+}
+
 // the launch <<<grid, block>>> of a kernel call, block a whole number of warps
 static void emulate_launch(unsigned grid, unsigned block, std::function<void()> call) {
     if (block == 0 || block % emulation::LANES || block > 1024) {
@@ -282,8 +355,10 @@ static void emulate_launch(unsigned grid, unsigned block, std::function<void()> 
     emulation::kernel = call;
     gridDim.x = grid;
     blockDim.x = block;
+    emulation::watch_guards(true);
     for (unsigned b = 0; b < grid; b++) {
         blockIdx.x = b;
         emulation::run_block();
     }
+    emulation::watch_guards(false);
 }

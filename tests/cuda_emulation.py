@@ -14,9 +14,20 @@ launch(source, name) -> a callable (grid, block, args) taking NumPy arrays for t
 parameters and NumPy scalars of the parameter's exact type for the others, as a CuPy
 RawKernel call takes them; it refuses anything else with a message naming the kernel and
 the argument.
+
+Out of bounds: each launch copies its arrays' memory into pages of its own, 1 MiB of guard
+pages (no access allowed) on either side, the data ending within 255 bytes of the guard
+after it (as aligned modulo 256 as it was); arrays that share memory share a placement. An
+access into a guard (cuda_emulation.h catches the fault) or a write into the bytes between
+data and guard (a sentinel pattern, checked after) raises OutOfBounds, a test failure that
+names the kernel, the argument and the element index (and for a guard, the block and the
+thread), instead of a crash of the test process or a silent write into other memory. A read
+of those few bytes past the end, or of the bytes before the start within the first page,
+is not caught.
 """
 import ctypes
 import hashlib
+import mmap
 import re
 import shutil
 import subprocess
@@ -33,6 +44,13 @@ C_TYPES = {"half16": numpy.float16, "float": numpy.float32, "double": numpy.floa
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 CACHE = Path(tempfile.gettempdir()) / "nanobert-cuda-emulation"
 _LIBRARIES = {}
+GUARD_BYTES = 1 << 20                     # guard pages on either side of each placement
+ALIGN = 256                               # CuPy's allocations' alignment
+SENTINEL = 0xA5
+
+
+class OutOfBounds(AssertionError):
+    """A kernel read or wrote outside the arrays it was given."""
 
 
 def available():
@@ -100,7 +118,8 @@ def _library(source):
 def launch(source, name):
     """-> run(grid, block, args): the kernel `name` of `source` on NumPy arrays."""
     params = signatures(source)[name]
-    function = getattr(_library(source), f"launch_{name}")
+    library = _library(source)
+    function = getattr(library, f"launch_{name}")
     function.restype = None
 
     def run(grid, block, args):
@@ -117,16 +136,118 @@ def launch(source, name):
                     raise TypeError(f"{where}: a C-contiguous array (the kernel indexes it "
                                     f"as one) or a matrix of padded rows, not a view of "
                                     f"strides {value.strides}")
-                converted.append(ctypes.c_void_p(value.ctypes.data))
+                converted.append(value)
             else:
                 if not isinstance(value, numpy.generic) or value.dtype != p.dtype:
                     raise TypeError(f"{where}: a numpy.{p.dtype} scalar, not "
                                     f"{_describe(value)} (CuPy passes a Python int as 8 "
                                     f"bytes and a float as a double)")
                 converted.append(numpy.ctypeslib.as_ctypes_type(p.dtype)(value.item()))
-        function(ctypes.c_uint(grid), ctypes.c_uint(block), *converted)
+        with _Placement(library, name, params, converted) as placed:
+            function(ctypes.c_uint(grid), ctypes.c_uint(block), *placed)
 
     return run
+
+
+def _span(a):
+    """The bytes [start, end) a kernel may touch of array a: C-contiguous, its own; padded
+    rows, every row's padding too (a kernel told the row length may write it: the padded
+    vocab's zeros), as far as the array it is a view of goes."""
+    start = a.__array_interface__["data"][0]
+    if a.flags.c_contiguous:
+        return start, start + a.nbytes
+    root = a
+    while isinstance(root.base, numpy.ndarray):
+        root = root.base
+    return start, min(start + a.shape[0] * a.strides[0],
+                      root.__array_interface__["data"][0] + root.nbytes)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype, _LIBC.mmap.argtypes = ctypes.c_void_p, [
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_LIBC.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+class _Placement:
+    """The launch's arrays copied between guard pages (see the module's doc), the arguments
+    pointing there; on leaving, the memory copied back and the guards' record read:
+    OutOfBounds if an access or a write went outside."""
+
+    def __init__(self, library, kernel, params, args):
+        self.library, self.kernel, self.params, self.args = library, kernel, params, args
+
+    def __enter__(self):
+        spans = sorted((_span(a) + (i,) for i, a in enumerate(self.args)
+                        if isinstance(a, numpy.ndarray)))
+        self.regions = []                      # [start, end, [argument indices]]
+        for start, end, i in spans:            # arrays whose memory overlaps: one region
+            if self.regions and start < self.regions[-1][1]:
+                self.regions[-1][1] = max(self.regions[-1][1], end)
+                self.regions[-1][2].append(i)
+            else:
+                self.regions.append([start, end, [i]])
+        self.placed = list(self.args)
+        self.maps = [self._place(*region) for region in self.regions]
+        return [ctypes.c_void_p(a) if isinstance(a, int) else a for a in self.placed]
+
+    def _place(self, start, end, members):
+        """One region's copy: [guard][pages: sentinel, data][guard] -> its mapping."""
+        page = mmap.PAGESIZE
+        pages = -(-(end - start + 2 * ALIGN) // page) * page
+        total = 2 * GUARD_BYTES + pages
+        base = _LIBC.mmap(None, total, mmap.PROT_READ | mmap.PROT_WRITE,
+                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap for the emulation's guard pages")
+        body = base + GUARD_BYTES
+        data = body + pages - (end - start)
+        data -= (data - start) % ALIGN                 # start's alignment modulo 256 kept
+        memory = numpy.ctypeslib.as_array((ctypes.c_ubyte * pages).from_address(body))
+        memory[:] = SENTINEL
+        source = numpy.ctypeslib.as_array((ctypes.c_ubyte * (end - start)).from_address(start))
+        memory[data - body:data - body + end - start] = source
+        for guard in (base, body + pages):
+            _LIBC.mprotect(guard, GUARD_BYTES, 0)           # PROT_NONE
+            self.library.emulation_guard(ctypes.c_void_p(guard), ctypes.c_size_t(GUARD_BYTES))
+        for i in members:
+            self.placed[i] = data + (self.args[i].__array_interface__["data"][0] - start)
+        return base, total, body, pages, data, source, memory
+
+    def __exit__(self, *exc):
+        address, block, thread = ctypes.c_ulonglong(), ctypes.c_uint(), ctypes.c_int()
+        faults = self.library.emulation_fault(ctypes.byref(address), ctypes.byref(block),
+                                              ctypes.byref(thread))
+        problem = None
+        for (start, end, members), (base, total, body, pages, data, source, memory) in zip(
+                self.regions, self.maps):
+            inside = memory[data - body:data - body + end - start]
+            source[:] = inside                                 # the kernel's writes
+            if faults and base <= address.value < base + total:
+                problem = problem or (f"block {block.value}, thread {thread.value}: an access "
+                                      + self._where(address.value, data, start, members))
+            outside = numpy.flatnonzero(numpy.concatenate(
+                [memory[:data - body], memory[data - body + end - start:]]) != SENTINEL)
+            if problem is None and outside.size:
+                at = body + outside[0] + (end - start if outside[0] >= data - body else 0)
+                problem = "a write (its thread unknown: within 256 bytes of an end) " + \
+                    self._where(at, data, start, members)
+        self.maps = [_LIBC.munmap(base, total) for base, total, *_ in self.maps]
+        if problem and exc[0] is None:
+            raise OutOfBounds(f"kernel {self.kernel}: {problem}")
+        return False
+
+    def _where(self, at, data, start, members):
+        """'at element I of argument N (name), of E elements' for the region's nearest array."""
+        def distance(i):
+            a_start, a_end = (data + _span(self.args[i])[k] - start for k in (0, 1))
+            return max(a_start - at, at - a_end + 1, 0)
+        i = min(members, key=distance)
+        a = self.args[i]
+        first = data + a.__array_interface__["data"][0] - start
+        return (f"at element {(at - first) // a.itemsize} of argument {i} "
+                f"({self.params[i].name}, {a.dtype} {a.shape}, {a.size} elements)")
 
 
 def _padded_rows(a):

@@ -1,6 +1,7 @@
 """A strict stand-in for CuPy that runs on the CPU: the real cupy package's namespace
-(names, function keywords, ufunc methods, ndarray and Generator methods), computing with
-NumPy, counting kernel launches and device-to-host syncs.
+(names, function keywords, ufunc methods, ndarray and Generator methods, as CuPy 14.2 gives
+them: tests/cupy_namespace.json, so CuPy need not be installed), computing with NumPy,
+counting kernel launches and device-to-host syncs.
 
 It proves what a CPU can prove about the CuPy path: that nanobert calls only what CuPy has,
 with keywords CuPy accepts, never hands a NumPy array to a device op or a device array to
@@ -43,7 +44,6 @@ checked here, its compilation is not (nor CUDA's own rounding: fma contraction, 
 import collections
 import contextlib
 import ctypes
-import inspect
 import math
 import re
 import sys
@@ -53,10 +53,8 @@ import weakref
 
 import numpy
 
-import cupy as real_cupy
-import cupyx as real_cupyx
-import cupyx.scipy.special as real_special
-
+import cupy_namespace
+from cupy_namespace import signature as _signature
 from nanobert.model import cublas as nanobert_cublas
 from nanobert.model import special as nanobert_special
 
@@ -96,6 +94,7 @@ class Counts:
         (ufuncs, ElementwiseKernels, vdot)."""
         if _state.fusing:
             return
+        _check_stream(name)
         self.kernel_launches += 1
         self.kernels[name] += 1
         self.sizes.append(elements)
@@ -106,11 +105,13 @@ class Counts:
         return sum(size >= elements for size in self.sizes)
 
     def memset(self, name):
+        _check_stream(name)
         self.memsets += 1
         self.kernels[f"memset: {name}"] += 1
 
     def copy(self, name):
         """One cudaMemcpyAsync (not a copy kernel: those are kernels, cupy_copy)."""
+        _check_stream(name)
         self.copies += 1
         self.kernels[f"memcpy: {name}"] += 1
 
@@ -208,31 +209,41 @@ class StandinError(TypeError):
     """What real CuPy would refuse (or what the stand-in refuses to let pass silently)."""
 
 
+class CUDARuntimeError(RuntimeError):
+    """An error CUDA returns (CuPy raises cupy_backends' CUDARuntimeError for it)."""
+
+
+def _check_stream(what):
+    """During a capture, work on the legacy default stream (stream 0): CUDA refuses it
+    (cudaErrorStreamCaptureImplicit) and invalidates the capture, when the capturing stream
+    is a blocking one (the legacy stream waits for every blocking stream: that would wait on
+    work not yet launched). Work on any other stream than the capturing one is not modelled."""
+    capture = _state.capture
+    if capture is None:
+        return
+    stream = get_current_stream()
+    if stream.ptr == 0:
+        _legacy_stream_use(f"{what} on the legacy default stream")
+    elif stream is not capture.stream:
+        raise StandinError(f"{what} on another stream than the one captured (not modelled)")
+
+
+def _legacy_stream_use(what):
+    """Something used the legacy stream (or synchronised the device) during a capture."""
+    capture = _state.capture
+    if capture.stream.non_blocking:
+        raise StandinError(f"{what} during a capture on a non-blocking stream: legal on a "
+                           f"GPU, not modelled here")
+    capture.invalid = capture.invalid or what
+    raise CUDARuntimeError(f"cudaErrorStreamCaptureImplicit: {what} during stream capture "
+                           f"on a blocking stream; the capture is invalidated")
+
+
 # ------------------------------------------------------------------------- signatures
+# The real CuPy's names and parameters (tests/cupy_namespace.py); _signature(parameters) ->
+# an inspect.Signature that binds as CuPy's does
 
-def _docstring_signature(fn):
-    """The signature in the first line of a Cython docstring: 'name(self, a, b=1) -> x'."""
-    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
-    if not doc:
-        return None
-    m = re.match(r"[\w.]+\((.*)\)", doc[0])
-    if not m:
-        return None
-    params = m.group(1).replace("\\*", "*")
-    params = re.sub(r"=<[^>]*>", "=None", params)
-    try:
-        namespace = {}
-        exec(f"def f({params}): pass", {"numpy": numpy}, namespace)
-        return inspect.signature(namespace["f"])
-    except SyntaxError:
-        return None
-
-
-def _signature(fn):
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return _docstring_signature(fn)
+NAMESPACE = cupy_namespace.load()
 
 
 def _check_call(what, signature, args, kwargs):
@@ -395,7 +406,7 @@ class _Data:
         self.ptr = a.__array_interface__["data"][0]
 
 
-REAL_NDARRAY_NAMES = set(dir(real_cupy.ndarray))
+REAL_NDARRAY_NAMES = set(NAMESPACE["ndarray"])
 SYNC_METHODS = {"get", "item", "tolist", "tobytes", "__float__", "__int__", "__bool__",
                 "__index__", "__complex__", "__repr__", "__str__", "__format__"}
 
@@ -514,8 +525,7 @@ class ndarray:
             raise AttributeError(name)
         if name not in REAL_NDARRAY_NAMES:
             raise AttributeError(f"cupy.ndarray has no attribute {name!r} (NumPy-only)")
-        real = getattr(real_cupy.ndarray, name)
-        signature = _signature(real)
+        signature = _signature(NAMESPACE["ndarray"][name])
         method = getattr(self._a, name)
 
         def call(*args, **kwargs):
@@ -609,11 +619,13 @@ ndarray.__module__ = "cupy"        # what nanobert.backend.array_module looks at
 
 
 class Ufunc:
-    """A cupy ufunc: keywords out / dtype / casting, and the methods the real one has."""
+    """A cupy ufunc: keywords out / dtype / casting, and the methods the real one has (real:
+    its type table and methods, from cupy_namespace.json)."""
 
     def __init__(self, name, numpy_ufunc, real, type_table=False):
         self.__name__ = self.name = name
-        self._np, self._real, self._type_table = numpy_ufunc, real, type_table
+        self._np, self._type_table = numpy_ufunc, type_table
+        self._types, self._methods = real["types"], set(real["methods"])
 
     def __call__(self, *args, out=None, dtype=None, casting=None):
         if len(args) != self._np.nin:
@@ -642,14 +654,14 @@ class Ufunc:
         """The output dtype of the real ufunc's first loop that takes the input (cupyx's erf
         turns float16 into float64, for one: its table has no 'e->e')."""
         array_chars = [numpy.asarray(x).dtype.char for x in inputs]
-        for loop in self._real.types:
+        for loop in self._types:
             ins, outs = loop.split("->")
             if all(numpy.can_cast(c, i, "safe") for c, i in zip(array_chars, ins)):
                 return numpy.dtype(outs[0])
-        raise StandinError(f"{self.name} has no loop for {array_chars} (types {self._real.types})")
+        raise StandinError(f"{self.name} has no loop for {array_chars} (types {self._types})")
 
     def __getattr__(self, method):
-        if method.startswith("_") or not hasattr(self._real, method):
+        if method.startswith("_") or method not in self._methods:
             raise AttributeError(f"cupy.{self.name} has no method {method!r}")
         np_method = getattr(self._np, method)
 
@@ -676,8 +688,7 @@ _UFUNCS = {}
 
 def _ufunc(name):
     if name not in _UFUNCS:
-        real = getattr(real_cupy, name)
-        _UFUNCS[name] = Ufunc(name, getattr(numpy, name), real)
+        _UFUNCS[name] = Ufunc(name, getattr(numpy, name), NAMESPACE["cupy"][name])
     return _UFUNCS[name]
 
 
@@ -856,8 +867,7 @@ FUNCTION_RULES = {"zeros": _memset_rule, "zeros_like": _memset_rule, "ones": _fi
 
 
 def _function(name):
-    real = getattr(real_cupy, name)
-    signature = _signature(real)
+    signature = _signature(NAMESPACE["cupy"][name]["parameters"])
     np_fn = getattr(numpy, name, None)
 
     def call(*args, **kwargs):
@@ -908,7 +918,7 @@ def _function(name):
 # ----------------------------------------------------------------------- random
 
 
-REAL_GENERATOR = real_cupy.random.Generator
+GENERATOR_METHODS = NAMESPACE["Generator"]          # name -> parameters
 
 
 # cupy/random/_generator_api.pyx: each distribution is one kernel (_launch_dist ->
@@ -926,9 +936,9 @@ class Generator:
         counts.launch("Generator init")
 
     def __getattr__(self, name):
-        if name.startswith("_") or not hasattr(REAL_GENERATOR, name):
+        if name.startswith("_") or name not in GENERATOR_METHODS:
             raise AttributeError(f"cupy.random.Generator has no method {name!r}")
-        signature = _signature(getattr(REAL_GENERATOR, name))
+        signature = _signature(GENERATOR_METHODS[name])
         method = getattr(self._g, name)
 
         def call(*args, **kwargs):
@@ -1189,17 +1199,20 @@ class _CupyModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        if name not in dir(real_cupy):
+        if name not in NAMESPACE["cupy"]:
             raise AttributeError(f"module 'cupy' has no attribute {name!r} (a NumPy-only name)")
         if name in OWN:
             return OWN[name]
-        real = getattr(real_cupy, name)
-        if isinstance(real, real_cupy.ufunc):
+        kind = NAMESPACE["cupy"][name]["kind"]
+        if kind == "ufunc":
             return _ufunc(name)
-        if callable(real) and not isinstance(real, type):
+        if kind == "function":
             return _function(name)
-        if isinstance(real, (type, numpy.dtype, float, int, type(None))):
-            return real                                # dtypes, constants: NumPy's own
+        value = getattr(numpy, name, None)          # dtypes, constants: NumPy's own in CuPy
+        if value is not None and isinstance(value, (type, numpy.dtype, float, int)):
+            return value
+        if name == "newaxis":
+            return None
         raise NotImplementedError(f"the stand-in does not emulate cupy.{name}")
 
     def asnumpy(self, a, stream=None, order="C", out=None, blocking=True):
@@ -1208,17 +1221,18 @@ class _CupyModule(types.ModuleType):
 
 cupy = _CupyModule("cupy")
 cupy.__file__ = __file__
-cupy.__version__ = f"stand-in of {real_cupy.__version__}"
+cupy.__version__ = f"stand-in of {NAMESPACE['version']}"
 
 cupyx = types.ModuleType("cupyx")
 cupyx_scipy = types.ModuleType("cupyx.scipy")
 cupyx_special = types.ModuleType("cupyx.scipy.special")
 cupyx.scipy, cupyx_scipy.special = cupyx_scipy, cupyx_special
-cupyx_special.erf = Ufunc("erf", _ErfUfunc(), real_special.erf, type_table=True)
+cupyx_special.erf = Ufunc("erf", _ErfUfunc(), NAMESPACE["erf"], type_table=True)
 
 
 def scatter_add(a, slices, value):
-    _check_call("cupyx.scatter_add", _signature(real_cupyx.scatter_add), (a, slices, value), {})
+    _check_call("cupyx.scatter_add", _signature(NAMESPACE["scatter_add"]), (a, slices, value),
+                {})
     idx = _unwrap(slices, "scatter_add")
     parts = idx if isinstance(idx, tuple) else (idx,)
     if _index_arrays(idx):                      # _scatter_op(op='add'), as setitem
@@ -1389,6 +1403,7 @@ class Stream:
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         self.ptr = 0 if null else Stream._next_ptr
+        self.non_blocking = non_blocking
         Stream._next_ptr += 0x10
 
     def begin_capture(self, mode=None):
@@ -1409,6 +1424,9 @@ class Stream:
         if capture is None or capture.stream is not self:
             raise StandinError("end_capture without a capture begun on this stream")
         _state.capture = None
+        if capture.invalid:
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureInvalidated: the capture was "
+                                   f"invalidated by {capture.invalid}")
         return capture.end()
 
     def is_capturing(self):
@@ -1459,7 +1477,17 @@ def get_current_stream(device_id=-1):
 
 cuda.Stream, cuda.Event, cuda.get_current_stream = Stream, Event, get_current_stream
 cuda.get_elapsed_time = get_elapsed_time
-cuda.memory = types.SimpleNamespace(OutOfMemoryError=real_cupy.cuda.memory.OutOfMemoryError)
+class OutOfMemoryError(MemoryError):
+    """cupy.cuda.memory.OutOfMemoryError: its fields and message, as CuPy 14 writes them."""
+
+    def __init__(self, size, total, limit=0):
+        self._size, self._total, self._limit = size, total, limit
+        held = f"allocated so far: {total:,} bytes" + (
+            f", limit set to: {limit:,} bytes" if limit else "")
+        super().__init__(f"Out of memory allocating {size:,} bytes ({held}).")
+
+
+cuda.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
 cupyx.empty_pinned, cupyx.zeros_pinned = _empty_pinned, _zeros_pinned
 cupyx.empty_like_pinned, cupyx.zeros_like_pinned = _empty_like_pinned, _zeros_like_pinned
 
@@ -1483,6 +1511,7 @@ class _Capture:
     def __init__(self, stream):
         self.stream = stream
         self.ops = []                             # (compute, result, on_replay)
+        self.invalid = None                       # what invalidated it (CUDA's error)
         self.before = {key: (root, root.copy()) for key, root in list(_LIVE.items())}
 
     def end(self):
@@ -1513,20 +1542,44 @@ class Graph:
 
 
 class _MemoryPool:
-    """cupy.cuda.MemoryPool / get_default_memory_pool(): memory is NumPy's here; a pool is a
-    name for using_allocator and the counters the benchmarks read."""
+    """cupy.cuda.MemoryPool / get_default_memory_pool(): memory is NumPy's here; a pool
+    counts the bytes of the device arrays allocated under it (using_allocator(pool.malloc),
+    else the default pool) as CuPy's counts them: used_bytes while an array lives,
+    total_bytes what it holds (freed arrays stay cached, reused by later ones, until
+    free_all_blocks; CuPy's rounding to 512-byte blocks and its size bins are not modelled).
+    free_all_blocks during a capture synchronises the device (cudaFree): CUDA invalidates the
+    capture."""
+
+    def __init__(self):
+        self.used = self.held = 0
 
     def malloc(self, nbytes):
         raise StandinError("MemoryPool.malloc is called by CuPy, not by nanobert")
 
+    def allocate(self, root):
+        """A new device array's memory `root` (NumPy) from this pool, given back when it dies."""
+        self.used += root.nbytes
+        self.held = max(self.held, self.used)
+        weakref.finalize(root, self._give_back, root.nbytes)
+
+    def _give_back(self, nbytes):
+        self.used -= nbytes
+
     def total_bytes(self):
-        return 0
+        return self.held
 
     def used_bytes(self):
-        return 0
+        return self.used
 
     def free_all_blocks(self, stream=None):
-        pass
+        if _state.capture is not None:
+            _legacy_stream_use("MemoryPool.free_all_blocks (cudaFree synchronises the device)")
+        self.held = self.used
+
+
+def _current_pool():
+    """The pool device arrays come from now: using_allocator's, else the default pool."""
+    return _DEFAULT_POOL if _state.allocator is None else _state.allocator.__self__
 
 
 _DEFAULT_POOL = _MemoryPool()
@@ -1572,8 +1625,6 @@ def installed():
 # NOT emulated). One launch per call.
 # ============================================================================================
 
-from cupy_backends.cuda.api import runtime as real_runtime  # noqa: E402
-
 _LIVE = weakref.WeakValueDictionary()          # id of a root NumPy array -> the array
 _ndarray_init = ndarray.__init__
 
@@ -1581,14 +1632,17 @@ _ndarray_init = ndarray.__init__
 def _tracked_init(self, a, base=None):
     _ndarray_init(self, a, base)
     root = _root(a)
-    _LIVE[id(root)] = root
+    if _LIVE.get(id(root)) is not root:            # new device memory: from the pool in use
+        _LIVE[id(root)] = root
+        _current_pool().allocate(root)
 
 
 ndarray.__init__ = _tracked_init
 
-CUDA_DTYPES = {real_runtime.CUDA_R_16F: numpy.dtype(numpy.float16),
-               real_runtime.CUDA_R_32F: numpy.dtype(numpy.float32),
-               real_runtime.CUDA_R_64F: numpy.dtype(numpy.float64)}
+# library_types.h's cudaDataType (CUDA_R_16F, CUDA_R_32F, CUDA_R_64F)
+CUDA_R_16F, CUDA_R_32F, CUDA_R_64F = 2, 0, 1
+CUDA_DTYPES = {CUDA_R_16F: numpy.dtype(numpy.float16), CUDA_R_32F: numpy.dtype(numpy.float32),
+               CUDA_R_64F: numpy.dtype(numpy.float64)}
 
 
 class _Cublas(types.ModuleType):
@@ -1659,14 +1713,22 @@ class _Cublas(types.ModuleType):
 class _CublasLibrary:
     """libcublas as nanobert/model/cublas.py calls it through ctypes (not refused during
     capture): the same emulation of cublasGemmStridedBatchedEx behind the names and status
-    codes of the C API, the handle's stream and its workspace checked."""
+    codes of the C API, the handle's stream and its workspace checked. As cuBLAS documents,
+    cublasSetStream resets the handle's workspace to cuBLAS's default (None here), which
+    cuBLAS would allocate itself, outside CuPy's pools, during a capture: refused. A product
+    on a handle bound to the legacy stream (0) during a capture invalidates it, as any work
+    on that stream does (_check_stream)."""
 
     def __init__(self):
         self.workspace = None
+        self.stream = 0                           # a new handle's: the legacy stream
+        self.workspaces = []                      # the workspace of each product
 
     def cublasSetStream_v2(self, handle, stream):
         if not isinstance(stream, int) or handle != _Cublas.HANDLE:
             raise StandinError(f"cublasSetStream_v2({handle!r}, {stream!r})")
+        self.stream = stream
+        self.workspace = None                     # cuBLAS's default workspace again
         return 0
 
     def cublasSetWorkspace_v2(self, handle, address, size):
@@ -1676,9 +1738,22 @@ class _CublasLibrary:
         return 0
 
     def cublasGemmStridedBatchedEx(self, handle, *args):
-        if _state.capture is not None and self.workspace is None:
-            raise StandinError("cuBLAS captured without a workspace set: it would allocate "
-                               "one during capture")
+        self.workspaces.append(self.workspace)
+        capture = _state.capture
+        if capture is not None:
+            if self.stream == 0:
+                try:
+                    _legacy_stream_use("a cuBLAS product on the legacy stream (its handle's)")
+                except CUDARuntimeError:
+                    return 13                     # CUBLAS_STATUS_EXECUTION_FAILED
+            if self.stream != capture.stream.ptr:
+                raise StandinError("a cuBLAS product on another stream than the one captured "
+                                   "(not modelled)")
+            if self.workspace is None:
+                raise StandinError("cuBLAS captured on its default workspace (no "
+                                   "cublasSetWorkspace since the last cublasSetStream, which "
+                                   "resets it): cuBLAS would allocate one during the capture, "
+                                   "outside the graph's pool")
         cublas.gemm(handle, *args)
         return 0
 
@@ -1745,7 +1820,7 @@ class RawModule:
     def __init__(self, code=None, path=None, options=(), backend="nvrtc",
                  translate_cucomplex=False, enable_cooperative_groups=False,
                  name_expressions=None, log_stream=None, jitify=False):
-        _check_call("RawModule", _signature(real_cupy.RawModule.__init__),
+        _check_call("RawModule", _signature(NAMESPACE["RawModule"]),
                     (None, code), dict(options=options, backend=backend))
         if code is None or path is not None or name_expressions:
             raise StandinError("RawModule: the stand-in compiles code= only")

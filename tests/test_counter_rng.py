@@ -20,17 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("cupy")
-
-import cuda_emulation  # noqa: E402
-import cupy_standin  # noqa: E402
-from conftest import record  # noqa: E402
-from counter_reference import (KNOWN_ANSWERS, counter_uniform, counter_words,  # noqa: E402
+import cuda_emulation
+import cupy_standin
+from conftest import record
+from counter_reference import (KNOWN_ANSWERS, counter_uniform, counter_words,
                                philox4x32_10)
-from nanobert import backend  # noqa: E402
-from nanobert.distributed import SingleProcess  # noqa: E402
-from nanobert.model import fast, fast_gpu, ops  # noqa: E402
-from nanobert.model.counter_rng import CounterGenerator  # noqa: E402
+from nanobert import backend
+from nanobert.distributed import SingleProcess
+from nanobert.model import fast, fast_gpu, ops
+from nanobert.model.counter_rng import CounterGenerator
 
 needs_gpp = pytest.mark.skipif(not cuda_emulation.available(),
                                reason="g++ is needed to run the CUDA kernels on the CPU")

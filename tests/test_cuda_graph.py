@@ -10,21 +10,19 @@ import types
 import numpy
 import pytest
 
-pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
-
-import cupy_standin  # noqa: E402
-from nanobert import backend  # noqa: E402
-from nanobert.data.tasks import Features  # noqa: E402
-from nanobert.model import fast_gpu  # noqa: E402
-from nanobert.model.config import BertConfig, with_labels  # noqa: E402
-from nanobert.model.heads import (TASK_HEADS, BertForMultipleChoice,  # noqa: E402
+import cupy_standin
+from nanobert import backend
+from nanobert.data.tasks import Features
+from nanobert.model import fast_gpu
+from nanobert.model.config import BertConfig, with_labels
+from nanobert.model.heads import (TASK_HEADS, BertForMultipleChoice,
                                   BertForQuestionAnswering, BertForTokenClassification)
-from nanobert.model.optim import AdamW, LossScaler, learning_rate  # noqa: E402
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-from nanobert.training import tasks  # noqa: E402
-from nanobert.training.graph import GPUTrainStep, StepGraph  # noqa: E402
-from nanobert.training.pretraining import GPUStep  # noqa: E402
-from test_cupy_standin import TINY, pretraining_batch  # noqa: E402
+from nanobert.model.optim import AdamW, LossScaler, learning_rate
+from nanobert.model.pretraining import BertForPreTraining
+from nanobert.training import tasks
+from nanobert.training.graph import GPUTrainStep, StepGraph
+from nanobert.training.pretraining import GPUStep
+from test_cupy_standin import TINY, pretraining_batch
 
 
 @pytest.fixture
@@ -94,10 +92,97 @@ def test_capture_refuses_what_cuda_and_cupy_refuse(cupy):
                              (lambda: cupy.dot(x[None], x[:, None]),
                               "cuBLAS API during stream capture"),
                              (lambda: x[None] @ x[:, None], "cuBLAS API during stream capture")):
+            with stream:
+                stream.begin_capture()
+                with pytest.raises((TypeError, NotImplementedError), match=error):
+                    fault()
+                stream.end_capture()
+
+
+def test_the_legacy_stream_invalidates_a_capture_on_a_blocking_stream(cupy):
+    """CUDA's rule: while a blocking stream is captured, work on the legacy default stream (a
+    kernel, a copy, cuBLAS bound to stream 0) or a device-wide synchronisation (a pool's
+    cudaFree) fails and invalidates the capture: end_capture raises."""
+    x = cupy.ones(4, numpy.float32)
+    stream = cupy.cuda.Stream()
+    faults = {"a kernel": lambda: cupy.multiply(x, 2.0, out=x),
+              "a pool's free": lambda: cupy.get_default_memory_pool().free_all_blocks()}
+    with cupy.cuda.using_allocator(cupy.cuda.MemoryPool().malloc):
+        for what, fault in faults.items():
             stream.begin_capture()
-            with pytest.raises((TypeError, NotImplementedError), match=error):
-                fault()
+            with pytest.raises(cupy_standin.CUDARuntimeError, match="StreamCaptureImplicit"):
+                if what == "a kernel":
+                    fault()                        # no `with stream`: the legacy stream
+                else:
+                    with stream:
+                        fault()
+            with pytest.raises(cupy_standin.CUDARuntimeError, match="Invalidated"):
+                stream.end_capture()
+
+
+def test_cublas_bound_to_the_legacy_stream_invalidates_a_capture(cupy, monkeypatch):
+    """cuBLAS's handle bound to stream 0 during a capture (the fault: cublas.py passing 0, not
+    the current stream): its product fails (a status, here 13) and the capture is invalid."""
+    library = cupy_standin.nanobert_cublas.library(cupy)
+    bind = library.cublasSetStream_v2
+    monkeypatch.setattr(library, "cublasSetStream_v2", lambda handle, stream: bind(handle, 0))
+    w = cupy.ones((4, 4), numpy.float32)
+    out = cupy.zeros((4, 4), numpy.float32)
+    stream = cupy.cuda.Stream()
+    with cupy.cuda.using_allocator(cupy.cuda.MemoryPool().malloc), stream:
+        stream.begin_capture()
+        with pytest.raises(RuntimeError, match="status 13"):
+            fast_gpu.gemm(w, w, out)
+        with pytest.raises(cupy_standin.CUDARuntimeError, match="cuBLAS product on the legacy"):
             stream.end_capture()
+
+
+def gemm_graph(cupy, capture=True):
+    """A StepGraph whose step is one cuBLAS product and a kernel, called three times."""
+    w = cupy.ones((4, 4), numpy.float32)
+
+    def step(buffers):
+        out = cupy.empty((3, 4), numpy.float32)
+        fast_gpu.gemm(buffers["x"], w, out)
+        return cupy.multiply(out, 2.0)
+    graph = StepGraph(cupy, step, capture=capture)
+    for i in range(3):
+        result = graph({"x": numpy.full((3, 4), i, numpy.float32)})
+    return graph, result
+
+
+def test_a_step_with_cublas_is_captured_and_says_so(cupy):
+    """The step's products go through cuBLAS on the capturing stream with our workspace: the
+    graph is captured (mode "graph", not the eager fallback) and replays the right product.
+    Catches cuBLAS bound to stream 0 and the workspace not set again after SetStream (the
+    stand-in resets it there, as cuBLAS does), each of which makes the capture fail."""
+    graph, result = gemm_graph(cupy)
+    assert graph.mode == "graph" and graph.graphs == 1, graph.mode
+    assert (result.get() == 2 * 2 * 4).all()
+    assert cupy.counts.graph_launches == 2           # the second call and the third
+    assert gemm_graph(cupy, capture=False)[0].mode == "eager"
+
+
+def test_cublas_runs_every_product_on_our_workspace(cupy):
+    """cublasSetStream resets cuBLAS's workspace (the stand-in models it): every product, eager
+    or captured, must find ours set again after it."""
+    library = cupy_standin.nanobert_cublas.library(cupy)
+    library.workspaces.clear()
+    gemm_graph(cupy)
+    _, workspace = cupy_standin.nanobert_cublas._BOUND[cupy]
+    assert library.workspaces == [(workspace.data.ptr, workspace.nbytes)] * 2, \
+        library.workspaces                        # the warm-up's and the capture's
+
+
+def test_a_capture_that_fails_says_why(cupy, monkeypatch):
+    """A step CUDA refuses to capture runs eagerly, and mode says so with the reason."""
+    library = cupy_standin.nanobert_cublas.library(cupy)
+    bind = library.cublasSetStream_v2
+    monkeypatch.setattr(library, "cublasSetStream_v2", lambda handle, stream: bind(handle, 0))
+    graph, result = gemm_graph(cupy)
+    assert graph.mode.startswith("capture failed: RuntimeError: cuBLAS returned status 13"), \
+        graph.mode
+    assert graph.graphs == 0 and (result.get() == 2 * 2 * 4).all()
 
 # --------------------------------------------------------------- the training step
 

@@ -10,6 +10,8 @@ within one float16 rounding of the float32 reference; every call with its arrays
 guard bytes, which no kernel may write. CUDA's own rounding (fma contraction) and speed are
 not shown here; nvcc compiles the source in tests/test_kernels_compile.py.
 """
+import re
+
 import numpy
 import pytest
 from hypothesis import example, given, settings
@@ -47,12 +49,14 @@ def run_map(name, dtype, n, *args):
 GUARD = 64                   # elements of a sentinel on either side of each array
 
 
-def guarded(name, dtype, grid, block, args):
+def guarded(name, dtype, grid, block, args, tile=None):
     """The kernel called with each C-contiguous array moved into the middle of a buffer
     whose GUARD elements on either side hold a sentinel byte pattern; then each array is
     copied back, and every sentinel must be intact: a kernel that writes past an end of one
-    of its arrays (a bounds check off by one, a wrong row length) fails here."""
-    run = cuda_emulation.launch(kernels.cuda_source(numpy.dtype(dtype).char), "nanobert_" + name)
+    of its arrays (a bounds check off by one, a wrong row length) fails here (or in the
+    emulation's own guard pages: OutOfBounds). tile: the tensor-core attention's."""
+    run = cuda_emulation.launch(kernels.cuda_source(numpy.dtype(dtype).char, tile),
+                                "nanobert_" + name)
     placed, call = [], []
     for i, a in enumerate(args):
         if isinstance(a, numpy.ndarray) and a.flags.c_contiguous:
@@ -354,3 +358,34 @@ def test_a_label_out_of_range_gives_a_nan_loss_not_a_read_past_the_row():
     run("cross_entropy_forward", numpy.float64, 2, logits, labels, numpy.int64(2),
         numpy.int32(5), numpy.int64(5), row_max, sum_exp, nll)
     assert nll[0] == numpy.log(5) and numpy.isnan(nll[1])
+
+
+OUT_OF_BOUNDS = """typedef float T;
+extern "C" __global__ void nanobert_past_the_end(const T* x, int n, int reach, T* y) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n + reach) y[i] = x[i < n ? i : 0] * 2;
+}
+"""
+
+
+def test_an_access_out_of_bounds_fails_the_test_naming_kernel_thread_and_index():
+    """A kernel that writes past its output's end (by one element: into the bytes before the
+    guard pages, caught by their sentinel; by 2,048: into the guard pages, caught as it
+    happens, with its block and thread) raises OutOfBounds naming the kernel, the argument
+    and the element, and the process goes on; the arrays keep what the kernel wrote inside."""
+    run = cuda_emulation.launch(OUT_OF_BOUNDS, "nanobert_past_the_end")
+    x, y = numpy.arange(100, dtype=numpy.float32), numpy.zeros(100, numpy.float32)
+    where = "of argument 3 (y, float32 (100,), 100 elements)"
+    with pytest.raises(cuda_emulation.OutOfBounds, match=re.escape(
+            f"kernel nanobert_past_the_end: a write (its thread unknown: within 256 bytes of "
+            f"an end) at element 100 {where}")):
+        run(1, 128, (x, numpy.int32(100), numpy.int32(1), y))
+    with pytest.raises(cuda_emulation.OutOfBounds) as caught:
+        run(5, 512, (x, numpy.int32(100), numpy.int32(2048), y))
+    found = re.fullmatch(rf"kernel nanobert_past_the_end: block (\d+), thread (\d+): an access "
+                         rf"at element (\d+) {re.escape(where)}", str(caught.value))
+    assert found, caught.value
+    block, thread, element = map(int, found.groups())
+    assert block * 512 + thread == element > 100, caught.value     # thread i writes y[i]
+    assert (y == 2 * x).all()
+    run(1, 128, (x, numpy.int32(100), numpy.int32(0), y))       # in bounds: no complaint

@@ -8,18 +8,32 @@ import os
 import numpy
 import pytest
 
-pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
-
-import cupy_standin  # noqa: E402
-from conftest import assert_close, record, vanishes  # noqa: E402
-from counter_reference import dropout_generator, numpy_draws_like_the_gpu  # noqa: E402
-from nanobert import backend  # noqa: E402
-from nanobert.model import fast  # noqa: E402
-from nanobert.model.config import BertConfig, with_labels  # noqa: E402
-from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice  # noqa: E402
-from nanobert.model.optim import (AdamW, LossScaler, clip_and_step,  # noqa: E402
+import cupy_standin
+from conftest import assert_close, record, vanishes
+from counter_reference import dropout_generator, numpy_draws_like_the_gpu
+from nanobert import backend
+from nanobert.model import fast
+from nanobert.model.config import BertConfig, with_labels
+from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice
+from nanobert.model.optim import (AdamW, LossScaler, clip_and_step,
                                   clip_by_global_norm)
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
+from nanobert.model.pretraining import BertForPreTraining
+
+
+def test_the_namespace_file_is_the_installed_cupys():
+    """The stand-in's copy of CuPy's namespace (tests/cupy_namespace.json: names, parameters,
+    type tables), which lets it run without CuPy, is what the installed CuPy of that version
+    gives (rewrite it with `python tests/cupy_namespace.py` for another version)."""
+    import cupy_namespace
+    try:
+        snapshot = cupy_namespace.snapshot()
+    except ImportError as e:
+        pytest.skip(f"CuPy is not installed ({e}): nothing to compare the file with")
+    saved = cupy_namespace.load()
+    if snapshot["version"] != saved["version"]:
+        pytest.skip(f"CuPy {snapshot['version']} is installed, the file is {saved['version']}'s")
+    assert snapshot == saved, "tests/cupy_namespace.json differs from the installed CuPy's"
+
 
 BERT_BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072)
@@ -231,6 +245,11 @@ def test_standin_reduction_kernel_is_one_launch_of_a_sum(cupy):
 def test_get_xp_gpu_without_a_driver_is_a_clear_runtime_error():
     if backend.gpu_available():
         pytest.skip("a GPU is present")
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pytest.skip("needs the real CuPy, not installed (without it get_xp says so: "
+                    "test_gpu_refusals)")
     with pytest.raises(RuntimeError, match="CuPy cannot reach a GPU") as e:
         backend.get_xp("gpu")
     assert type(e.value) is RuntimeError       # not cupy's CUDARuntimeError

@@ -221,7 +221,9 @@ def draw_arguments(draw, dtype, p):
 
 def fused(q, k, v, bias, masked, draw, p, dcontext, twin=""):
     """The three kernels in turn, as fast_gpu launches them -> (context, lse, dqkv); twin
-    "_mma": their tensor-core twins."""
+    "_mma": their tensor-core twins (tiles of 32 rows), "_mma64": the same compiled with
+    tiles of 64."""
+    twin, tile = ("_mma", 64) if twin == "_mma64" else (twin, None)
     B, A, T, D = q.shape
     dtype, S = q.dtype.type, stats(q.dtype.type)
     (grid,), (block,) = fast_gpu._attention_grid(B * A, T)
@@ -229,13 +231,14 @@ def fused(q, k, v, bias, masked, draw, p, dcontext, twin=""):
              numpy.int32(D))
     dropout = draw_arguments(draw, dtype, p)
     context, lse = numpy.empty((B, T, A * D), dtype), numpy.empty((B, A, T), S)
-    guarded("attention_forward" + twin, dtype, grid, block, (*heads, *dropout, context, lse))
+    guarded("attention_forward" + twin, dtype, grid, block, (*heads, *dropout, context, lse),
+            tile)
     delta, dqkv = numpy.empty((B, A, T), S), numpy.empty((B, T, 3 * A * D), dtype)
     q_scale = S(dtype(1.0 / numpy.sqrt(D)))
     guarded("attention_backward_queries" + twin, dtype, grid, block,
-            (*heads, context, dcontext, lse, *dropout, q_scale, delta, dqkv))
+            (*heads, context, dcontext, lse, *dropout, q_scale, delta, dqkv), tile)
     guarded("attention_backward_keys" + twin, dtype, grid, block,
-            (*heads, dcontext, lse, delta, *dropout, dqkv))
+            (*heads, dcontext, lse, delta, *dropout, dqkv), tile)
     return context, lse, dqkv
 
 
@@ -260,7 +263,7 @@ draws = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1),
                   st.integers(0, 2**32 - 1))
 
 
-KINDS = [(dtype, "") for dtype in DTYPES] + [(numpy.float16, "_mma")]
+KINDS = [(dtype, "") for dtype in DTYPES] + [(numpy.float16, "_mma"), (numpy.float16, "_mma64")]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: numpy.dtype(k[0]).name + k[1])
@@ -309,7 +312,8 @@ def test_fused_kernels_equal_the_reference(shape, seed, kind, p, padding, draw):
 
 @settings(max_examples=12, deadline=None)
 @given(T=st.integers(1, 64), seed=st.integers(0, 2**16),
-       kind=st.sampled_from([(numpy.float32, ""), (numpy.float16, ""), (numpy.float16, "_mma")]),
+       kind=st.sampled_from([(numpy.float32, ""), (numpy.float16, ""), (numpy.float16, "_mma"),
+                             (numpy.float16, "_mma64")]),
        p=st.sampled_from([0.1, 0.5, 0.9]), draw=draws)
 def test_the_fused_forward_drops_what_the_softmax_kernel_drops(T, seed, kind, p, draw):
     """With v the identity (D = T) the context rows are the dropped probabilities: zero
@@ -357,7 +361,6 @@ def switch(monkeypatch, value):
 @pytest.fixture
 def cupy(monkeypatch):
     """The CPU stand-in of CuPy (an sm_90 GPU), fast_gpu's fused attention switched on."""
-    pytest.importorskip("cupy")
     import cupy_standin
     switch(monkeypatch, "1")
     with cupy_standin.installed() as module:
@@ -482,6 +485,22 @@ def test_the_switch_names_the_fused_dtypes(monkeypatch):
     with pytest.raises(ValueError, match="NANOBERT_FUSED_ATTENTION must be one of 0, "
                                          "float16, 1, got 'yes'"):
         fast_gpu._read_fused_attention()
+
+
+def test_the_tile_switch_picks_the_tensor_core_kernels_tile(monkeypatch):
+    """$NANOBERT_ATTENTION_TILE: unset 32, 32 or 64 (the source then defines
+    NANOBERT_MMA_TILE, which kernels.cu's MMA_TILE takes); anything else a ValueError."""
+    monkeypatch.delenv("NANOBERT_ATTENTION_TILE", raising=False)
+    assert kernels._read_attention_tile() == 32
+    for value in ("32", "64"):
+        monkeypatch.setenv("NANOBERT_ATTENTION_TILE", value)
+        assert kernels._read_attention_tile() == int(value)
+    monkeypatch.setenv("NANOBERT_ATTENTION_TILE", "48")
+    with pytest.raises(ValueError, match="NANOBERT_ATTENTION_TILE must be 32 or 64, got '48'"):
+        kernels._read_attention_tile()
+    assert "#define NANOBERT_MMA_TILE 64\n" in kernels.cuda_source("e", 64)
+    assert f"#define NANOBERT_MMA_TILE {kernels.ATTENTION_TILE}\n" in kernels.cuda_source("e")
+    assert "constexpr int MMA_TILE = NANOBERT_MMA_TILE;" in kernels.CUDA_SOURCE.read_text()
 
 
 def model_gradients(cupy, monkeypatch, device, dtype, fused):

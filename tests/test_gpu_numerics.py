@@ -20,17 +20,15 @@ import os
 import numpy
 import pytest
 
-pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
-
-import cupy_standin  # noqa: E402
-from conftest import record  # noqa: E402
-from counter_reference import (dropout_generator, keep_mask,  # noqa: E402
+import cupy_standin
+from conftest import record
+from counter_reference import (dropout_generator, keep_mask,
                                numpy_draws_like_the_gpu)
-from nanobert import backend  # noqa: E402
-from nanobert.model import fast, fast_cpu, fast_gpu, ops  # noqa: E402
-from nanobert.model.config import BertConfig  # noqa: E402
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-from nanobert.testing import rel_error  # noqa: E402
+from nanobert import backend
+from nanobert.model import fast, fast_cpu, fast_gpu, ops
+from nanobert.model.config import BertConfig
+from nanobert.model.pretraining import BertForPreTraining
+from nanobert.testing import rel_error
 
 EPS = {numpy.dtype(d): float(numpy.finfo(d).eps)
        for d in (numpy.float16, numpy.float32, numpy.float64)}

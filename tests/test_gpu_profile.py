@@ -112,9 +112,13 @@ def test_table_and_json_from_recorded_events():
     precision, tokens/s, MFU, peak and held memory; the kernel table below; a failed run and
     a train.py case (no step time: its tokens/s and MFU) in their own words."""
     ours = step_run("nanobert", "base:32x128", "tf32", 40.7, host_ms=32.4, mfu=0.115,
-                    peak_gib=5.0, held_gib=5.0, **gpu_profile.summarize(recorded_events(), 2))
+                    peak_gib=5.0, held_gib=5.0, step_mode="graph",
+                    **gpu_profile.summarize(recorded_events(), 2))
     theirs = step_run("torch", "base:32x128", "tf32", 50.875, host_ms=30.0, mfu=0.09,
-                      peak_gib=4.2, held_gib=4.75)
+                      peak_gib=4.2, held_gib=4.75, step_mode="eager")
+    compiled = step_run("torch.compile", "base:32x128", "tf32", 37.0, host_ms=10.0, mfu=0.127,
+                        peak_gib=4.0, held_gib=4.5, step_mode="compiled (default mode)",
+                        first_step_s=41.0)
     train_py = {**gpu_profile.describe("nanobert", gpu_profile.parse_case("train.py"), "tf32"),
                 "seq_len": 40, "tokens_per_s": 1.23e6, "tokens_per_s_lines": [4e5, 1.23e6],
                 "mfu": 0.009, "command": "train.py --device gpu"}
@@ -122,36 +126,97 @@ def test_table_and_json_from_recorded_events():
                                      "float16"), "error": "CUDA out of memory"}
     result = {"gpu": "NVIDIA H200", "cupy": "14.2.0", "torch": "2.11", "date": "2026-11-26",
               "cases": ["base:32x128", "train.py", "base:32x512"], "steps": 2,
-              "train_py_steps": 200, "runs": [ours, theirs, train_py, failed],
+              "train_py_steps": 200, "runs": [ours, theirs, compiled, train_py, failed],
               "parity": {"config": "L2 H128 B4 T32 float64", "loss_rel": 0.0,
                          "grad_worst_rel": 4.2e-15, "grad_worst_name": "cls.bias"}}
     table = gpu_profile.format_table(result).splitlines()
     rows = [line.split() for line in table if line.startswith(("nanobert", "torch"))]
-    assert rows[0] == ["nanobert", "base:32x128", "tf32", "40.7", "32.4", "0.80", "0.10",
-                       "11.5", "5.00", "5.00"], table
-    assert rows[1] == ["torch", "base:32x128", "tf32", "50.9", "30.0", "-", "0.08", "9.0",
-                       "4.20", "4.75"], table
-    assert rows[2] == ["nanobert", "train.py", "tf32", "-", "-", "-", "1.23", "0.9", "-",
-                       "-"], table
-    assert rows[3] == ["torch", "base:32x512", "float16", "failed:", "CUDA", "out", "of",
+    assert rows[0] == ["nanobert", "base:32x128", "tf32", "40.7", "32.4", "0.80", "1.10",
+                       "0.10", "11.5", "5.00", "5.00", "graph"], table
+    assert rows[1] == ["torch", "base:32x128", "tf32", "50.9", "30.0", "-", "-", "0.08", "9.0",
+                       "4.20", "4.75", "eager"], table
+    assert rows[2] == ["torch.compile", "base:32x128", "tf32", "37.0", "10.0", "-", "-",
+                       "0.11", "12.7", "4.00", "4.50", "compiled", "(default", "mode)"], table
+    assert rows[3] == ["nanobert", "train.py", "tf32", "-", "-", "-", "-", "1.23", "0.9",
+                       "-", "-", "-"], table
+    assert rows[4] == ["torch", "base:32x512", "float16", "failed:", "CUDA", "out", "of",
                        "memory"], table
-    assert rows[4][:9] == ["nanobert", "base:32x128", "tf32", "0.8", "3", "1", "1", "4",
+    assert rows[5][:9] == ["nanobert", "base:32x128", "tf32", "0.8", "3", "1", "1", "4",
                            "0.4"], table                 # the kernel table: profiled runs
-    assert len(rows) == 5 and any("worst gradient 4.2e-15" in line for line in table), table
+    assert len(rows) == 6 and any("worst gradient 4.2e-15" in line for line in table), table
+    gpu_profile.add_ratios(result)                       # the JSON holds the ratios too
+    assert (ours["over_torch"], ours["over_torch_compile"]) == \
+        (pytest.approx(0.8), pytest.approx(1.1)), ours
     assert json.loads(json.dumps(result)) == result
 
 
-def test_peak_memory_reads_cupys_pool_and_torchs_peaks(monkeypatch):
-    """nanobert: what CuPy's pool holds (peak and held alike); torch: its max allocated and
-    max reserved, GiB."""
+def test_torch_memory_reads_its_allocators_peaks(monkeypatch):
+    """torch: its max allocated and max reserved, GiB."""
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
         max_memory_allocated=lambda: 3 * 2 ** 29, max_memory_reserved=lambda: 2 ** 31))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    assert gpu_profile.peak_memory_gib("torch") == {"peak_gib": 1.5, "held_gib": 2.0}
-    pool = types.SimpleNamespace(total_bytes=lambda: 5 * 2 ** 30)
-    monkeypatch.setitem(sys.modules, "cupy",
-                        types.SimpleNamespace(get_default_memory_pool=lambda: pool))
-    assert gpu_profile.peak_memory_gib("nanobert") == {"peak_gib": 5.0, "held_gib": 5.0}
+    assert gpu_profile.TorchMemory().gib() == {"peak_gib": 1.5, "held_gib": 2.0}
+
+
+@pytest.fixture
+def standin():
+    cupy_standin = pytest.importorskip("cupy_standin")
+    with cupy_standin.installed() as module:
+        yield module
+
+
+def test_nanobert_memory_counts_its_graphs_pools(standin):
+    """After steps replayed from a CUDA graph, what nanobert's pools hold (the default pool and
+    the graph's private one, training/graph.py) is at least every device array alive: the
+    parameters, AdamW's state and the graph's activations. Reading CuPy's default pool alone
+    (the fault) leaves the activations out: the capture emptied it and allocated under the
+    graph's pool."""
+    import cupy_standin
+    record = gpu_profile.measure("nanobert", "tiny", 2, 16, "tf32", steps=2)
+    assert record["step_mode"] == "graph", record
+    alive = sum(root.nbytes for root in list(cupy_standin._LIVE.values()))
+    graphs = sum(p.total_bytes() for p in graph_memory_pools(standin)[1:])
+    assert graphs > 0 and record["held_gib"] * gpu_profile.GIB >= alive, (record, alive)
+    assert record["peak_gib"] == record["held_gib"] >= record["used_gib"] > 0, record
+
+
+def graph_memory_pools(xp):
+    from nanobert.training.graph import memory_pools
+    return memory_pools(xp)
+
+
+def test_a_graph_that_failed_to_capture_is_reported_as_such(standin, monkeypatch):
+    """cuBLAS bound to the legacy stream makes the capture fail: the record says "capture
+    failed" with CUDA's reason, and the table shows it, never "graph"."""
+    import cupy_standin
+    library = cupy_standin.nanobert_cublas.library(standin)
+    bind = library.cublasSetStream_v2
+    monkeypatch.setattr(library, "cublasSetStream_v2", lambda handle, stream: bind(handle, 0))
+    record = gpu_profile.measure("nanobert", "tiny", 2, 16, "tf32", steps=1)
+    assert record["step_mode"].startswith("capture failed: RuntimeError: cuBLAS returned "
+                                          "status 13"), record["step_mode"]
+    table = gpu_profile.format_table({"gpu": "-", "cupy": "-", "torch": None, "date": "-",
+                                      "runs": [record]})
+    assert "capture failed" in table, table
+
+
+def test_torch_compile_that_cannot_compile_is_skipped_with_its_reason(monkeypatch):
+    """torch.compile raising at its first call (no compiler, an unsupported op) gives a
+    record that says skipped and why, in one line, and no figure."""
+    pytest.importorskip("torch")
+
+    def step():
+        raise RuntimeError("Compiler: cc is not found.\n  (a second line)")
+    monkeypatch.setattr(gpu_profile.train_step, "torch_step_fn",
+                        lambda *args, **kwargs: (step, None))
+    record = gpu_profile.measure("torch.compile", "tiny", 2, 16, "tf32", steps=1)
+    assert record["skipped"] == ("torch.compile cannot compile here: RuntimeError: Compiler: "
+                                 "cc is not found. (a second line)"), record
+    assert "wall_ms" not in record
+    table = gpu_profile.format_table({"gpu": "-", "cupy": "-", "torch": "2", "date": "-",
+                                      "runs": [record]})
+    assert "torch.compile tiny:2x16       tf32      skipped: torch.compile cannot" in table, \
+        table
 
 
 def progress_lines(capsys, ranks=1, peak=None):
@@ -177,6 +242,12 @@ def test_read_progress_takes_train_pys_last_progress_line(capsys, ranks, peak):
     assert record["tokens_per_s_lines"] == [4e5, 1.25e6], out
     assert record["tokens_per_s"] == 1.25e6 and record["seq_len"] == 40
     assert record["mfu"] == (None if peak is None else pytest.approx(0.002, rel=0.01)), out
+    assert record["step_mode"] == "graph"
+    assert gpu_profile.read_progress(out, eager=True)["step_mode"] == "eager"
+    failed = ("note: the CUDA graph capture of the training step failed (CUDARuntimeError: "
+              "cudaErrorStreamCaptureImplicit); every step runs eagerly from here\n")
+    assert gpu_profile.read_progress(failed + out)["step_mode"] == \
+        "capture failed: CUDARuntimeError: cudaErrorStreamCaptureImplicit"
     with pytest.raises(ValueError, match="no progress line"):
         gpu_profile.read_progress("data: 10 instances of length 40\n")
 
@@ -204,7 +275,7 @@ def test_a_train_py_case_that_fails_is_recorded_with_its_line():
     assert (record["framework"], record["case"]) == ("nanobert", "train.py")
     table = gpu_profile.format_table({"gpu": "-", "cupy": "-", "torch": None, "date": "-",
                                       "runs": [record]})
-    assert "nanobert  train.py        tf32      failed: error: --device gpu" in table, table
+    assert "nanobert      train.py        tf32      failed: error: --device gpu" in table, table
 
 
 def test_profiler_events_read_torch_profiler_fields():
@@ -236,26 +307,28 @@ def test_help():
 
 
 def test_nanobert_part_runs_on_the_standin(tmp_path):
-    """A step case and a train.py case (on a small corpus, 4 steps, each logged), end to end:
-    records, their memory fields, train.py's tokens/s and length read from its output."""
-    pytest.importorskip("cupy")
+    """Two step cases (one worker process a precision) and a train.py case (on a small
+    corpus, 4 steps, each logged), end to end: records, their memory fields, how each step
+    ran, train.py's tokens/s and length read from its output."""
     from test_cupy_standin import run_on_standin
     out = tmp_path / "profile.json"
     counts, stdout = run_on_standin(tmp_path, [
-        "-m", "bench.gpu_profile", "--cases", "tiny:2x16,train.py", "--precisions",
+        "-m", "bench.gpu_profile", "--cases", "tiny:2x16,tiny:1x8,train.py", "--precisions",
         "tf32,float16", "--steps", "1", "--no-torch", "--out", str(out), "--train-py-steps",
         "4", "--train-py-args", "--data data/brown/heldout.txt.gz --vocab "
         "data/brown/vocab-uncased-8192.txt --batch-size 4 --max-seq-length 24"])
     result = json.loads(out.read_text())
     assert [(r["framework"], r["case"], r["precision"]) for r in result["runs"]] == \
-        [("nanobert", "tiny:2x16", "tf32"), ("nanobert", "tiny:2x16", "float16"),
-         ("nanobert", "train.py", "tf32"), ("nanobert", "train.py", "float16")], result
+        [("nanobert", case, precision) for precision in ("tf32", "float16")
+         for case in ("tiny:2x16", "tiny:1x8", "train.py")], result
     assert all("error" not in r and r["tokens_per_s"] > 0 and r["run_s"] > 0
                for r in result["runs"]), result
     assert result["environment"]["NANOBERT_CUPY_STANDIN"] == "1", result["environment"]
-    steps, train_py = result["runs"][:2], result["runs"][2:]
-    assert all(r["wall_ms"] > 0 and r["peak_gib"] == r["held_gib"] == 0 for r in steps)
+    steps = [r for r in result["runs"] if r["case"] != "train.py"]
+    train_py = [r for r in result["runs"] if r["case"] == "train.py"]
+    assert all(r["wall_ms"] > 0 and r["peak_gib"] == r["held_gib"] > 0 for r in steps)
     assert all(r["seq_len"] == 24 and len(r["tokens_per_s_lines"]) == 4 for r in train_py)
+    assert [r["step_mode"] for r in result["runs"]] == ["graph"] * 6, result["runs"]
     assert "--dtype float16" in train_py[1]["command"], train_py
     assert result["parity"]["grad_worst_rel"] <= 1e-12, result["parity"]
     assert "parity, GPU vs NumPy" in stdout

@@ -93,7 +93,6 @@ def test_setup_device_checks_the_gpu_and_only_the_gpu(monkeypatch):
 def standin(monkeypatch):
     """The CuPy stand-in as `cupy` (it compiles RawModule code with g++), and a monkeypatch
     context undone before the stand-in leaves sys.modules."""
-    pytest.importorskip("cupy")
     import cuda_emulation
     import cupy_standin
     if not cuda_emulation.available():

@@ -236,13 +236,14 @@ def test_kernel_compiles_for_sm90(compiled, name):
 
 
 @pytest.mark.parametrize("arch", CUDA_ARCHS)
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_cuda_kernels_compile_for_sm80_and_sm90(cupy, nvcc, dtype, arch):
-    """kernels.cuda_source for each activation dtype, as cupy.RawModule compiles it, for the
-    H100/H200 and the A100; the emulated runs (tests/test_cuda_kernels.py,
-    tests/test_fused_attention.py) do not show that nvcc accepts the PTX conversions,
-    CUDA's shuffles, shared memory and barriers."""
-    errors = _nvcc_errors(cupy, kernels.cuda_source(numpy.dtype(dtype).char), raw=True,
+@pytest.mark.parametrize("dtype, tile", [("float16", 32), ("float16", 64), ("float32", 32),
+                                         ("float64", 32)])
+def test_cuda_kernels_compile_for_sm80_and_sm90(cupy, nvcc, dtype, tile, arch):
+    """kernels.cuda_source for each activation dtype (float16 with each tile of the
+    tensor-core attention), as cupy.RawModule compiles it, for the H100/H200 and the A100;
+    the emulated runs (tests/test_cuda_kernels.py, tests/test_fused_attention.py) do not show
+    that nvcc accepts the PTX conversions, CUDA's shuffles, shared memory and barriers."""
+    errors = _nvcc_errors(cupy, kernels.cuda_source(numpy.dtype(dtype).char, tile), raw=True,
                           arch=arch)
     assert errors is None, f"the CUDA kernels cannot be built for sm_{arch} ({dtype}):\n{errors}"
 

@@ -14,14 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
-
-import cupy_standin  # noqa: E402
-from conftest import assert_close, record  # noqa: E402
-from nanobert.model import fast, fast_gpu  # noqa: E402
-from nanobert.model.config import BertConfig  # noqa: E402
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-from test_cupy_standin import TINY, pretraining_batch  # noqa: E402
+import cupy_standin
+from conftest import assert_close, record
+from nanobert.model import fast, fast_gpu
+from nanobert.model.config import BertConfig
+from nanobert.model.pretraining import BertForPreTraining
+from test_cupy_standin import TINY, pretraining_batch
 
 HALF = numpy.float16
 # relative to each result's largest element: a split product's kernels may sum each element

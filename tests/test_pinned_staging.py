@@ -6,15 +6,13 @@ and when the host may wait; nothing about the speed of a real GPU."""
 import numpy
 import pytest
 
-pytest.importorskip("cupy")   # the stand-in is built from the real package's namespace
-
-import cupy_standin  # noqa: E402
-from conftest import assert_close  # noqa: E402
-from counter_reference import dropout_generator, numpy_draws_like_the_gpu  # noqa: E402
-from nanobert.backend import PinnedStaging  # noqa: E402
-from nanobert.model.config import BertConfig  # noqa: E402
-from nanobert.model.pretraining import BertForPreTraining  # noqa: E402
-from test_cupy_standin import TINY, pretraining_batch  # noqa: E402
+import cupy_standin
+from conftest import assert_close
+from counter_reference import dropout_generator, numpy_draws_like_the_gpu
+from nanobert.backend import PinnedStaging
+from nanobert.model.config import BertConfig
+from nanobert.model.pretraining import BertForPreTraining
+from test_cupy_standin import TINY, pretraining_batch
 
 
 @pytest.fixture

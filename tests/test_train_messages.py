@@ -50,7 +50,6 @@ def test_a_batch_too_large_for_the_gpu_is_one_line(tmp_path, monkeypatch):
     """--device gpu (the stand-in): CuPy's OutOfMemoryError, which knows the size it failed
     to allocate and what was allocated before -> the batch, the shape of its micro-batches
     and the memory needed."""
-    pytest.importorskip("cupy")
     import cupy_standin
     with cupy_standin.installed() as cupy:
         error = cupy.cuda.memory.OutOfMemoryError(3 * 2 ** 30, 76 * 2 ** 30)

@@ -9,8 +9,10 @@ currently unsupported"), and a training step replayed as one graph is the point
 20 elementwise kernels captured through ctypes replay equal to the eager run
 (bench.gpu_host --graph). Two conditions, both met here: the handle's stream is the
 capturing stream (set before every call: CuPy sets it before its own calls on the same
-handle), and cuBLAS allocates nothing during capture (a workspace given once, as cuBLAS's
-documentation asks of graph capture).
+handle), and cuBLAS allocates nothing during capture: a workspace of our own, from CuPy's pool,
+set again after every cublasSetStream, which (cuBLAS's documentation) resets the handle to
+cuBLAS's default workspace, one that cuBLAS 12.2+ allocates itself, outside CuPy's pool, even
+under capture. PyTorch sets its workspace after every SetStream for the same reason.
 
 The library must be the very one CuPy loaded (its handle means nothing to another copy): CuPy
 loads it first (asked for its handle), then ctypes opens it by its soname, which the dynamic
@@ -32,7 +34,7 @@ _GEMM_ARGS = [_p, _i, _i, _i, _i, _i, _p, _p, _i, _i, _ll, _p, _i, _i, _ll, _p, 
               _i, _i, _i]
 
 _LIBRARIES = {}          # array namespace -> its libcublas (ctypes) or the stand-in's emulation
-_BOUND = {}              # array namespace -> (handle, workspace): set once per process
+_BOUND = {}              # array namespace -> (handle, workspace): made once per process
 
 
 def library(xp):
@@ -72,22 +74,23 @@ def gemm_strided_batched(xp, *args):
     leading dimension and stride, count, compute type, algorithm). A status other than
     CUBLAS_STATUS_SUCCESS raises."""
     lib = library(xp)
-    handle = _handle(xp, lib)
-    status = lib.cublasSetStream_v2(handle, xp.cuda.get_current_stream().ptr) or \
-        lib.cublasGemmStridedBatchedEx(handle, *args)
+    handle, workspace = _bound(xp)
+    status = (lib.cublasSetStream_v2(handle, xp.cuda.get_current_stream().ptr)
+              # SetStream reset the workspace to cuBLAS's own: ours again
+              or lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES)
+              or lib.cublasGemmStridedBatchedEx(handle, *args))
     if status:
-        raise RuntimeError(f"cublasGemmStridedBatchedEx returned status {status}")
+        raise RuntimeError(f"cuBLAS returned status {status} (stream, workspace or "
+                           f"cublasGemmStridedBatchedEx)")
 
 
-def _handle(xp, lib):
-    """CuPy's cuBLAS handle for this device, given our workspace the first time (so that
-    a captured product allocates nothing)."""
+def _bound(xp):
+    """CuPy's cuBLAS handle for this device and our workspace for it, made the first time
+    from CuPy's default pool (not a graph's: it outlives every graph) and kept as long as the
+    handle (the process)."""
     bound = _BOUND.get(xp)
     if bound is None:
-        handle = xp.cuda.device.get_cublas_handle()
-        workspace = xp.empty(WORKSPACE_BYTES, dtype=xp.uint8)
-        status = lib.cublasSetWorkspace_v2(handle, workspace.data.ptr, WORKSPACE_BYTES)
-        if status:
-            raise RuntimeError(f"cublasSetWorkspace_v2 returned status {status}")
-        bound = _BOUND[xp] = (handle, workspace)          # the workspace lives as long
-    return bound[0]
+        with xp.cuda.using_allocator(xp.get_default_memory_pool().malloc):
+            workspace = xp.empty(WORKSPACE_BYTES, dtype=xp.uint8)
+        bound = _BOUND[xp] = (xp.cuda.device.get_cublas_handle(), workspace)
+    return bound

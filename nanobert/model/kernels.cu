@@ -931,12 +931,13 @@ __device__ __forceinline__ S keep_factor(const Draw& draw, int dropout, unsigned
     return dropout ? (bits >> j & 1u ? draw.scale : (S)0) : (S)1;
 }
 
-// keys first .. first + ATTENTION_TILE - 1's mask bias (0 unmasked), -infinity past the last
-// key (no probability), by the block's first threads
+// keys first .. first + TILE - 1's mask bias (0 unmasked), -infinity past the last key (no
+// probability), by the block's first threads
+template <int TILE = ATTENTION_TILE>
 __device__ __forceinline__ void load_key_bias(const T* bias, int masked, long long b,
                                               int first, int seq, S* tile) {
     const int key = first + (int)threadIdx.x;
-    if (threadIdx.x < ATTENTION_TILE)
+    if (threadIdx.x < TILE)
         tile[threadIdx.x] = key >= seq ? minus_infinity(S(0))
                           : masked ? widen(bias[b * seq + key]) : (S)0;
 }
@@ -957,14 +958,14 @@ __device__ __forceinline__ unsigned int next_key_tile(
     return dropout ? keep_bits<2>(draw, row * seq + first, at.part) : ~0u;
 }
 
-// The backward keys kernels' next tile of queries from `first`, between two barriers: q's
-// rows of the head and dO's (the context's layout, H apart) into tiles (E: S for the SIMT
+// The backward keys kernels' next tile of TILE queries from `first`, between two barriers:
+// q's rows of the head and dO's (the context's layout, H apart) into tiles (E: S for the SIMT
 // kernels, float16 for the tensor-core ones); each query's lse and D_i (+infinity and 0 past
 // the last query: P = 0 there); with dropout the keep words of the tile's queries over the
-// block's keys from block_key (a pair of threads draws a (query, word))
+// block's keys from block_key (a pair of threads draws a (query, word), in turns)
 __device__ __forceinline__ void load_tile(const T* rows, long long stride, int first, int seq,
                                           int D, half16* tile);     // the tensor cores' below
-template <typename E>
+template <int TILE, typename E>
 __device__ __forceinline__ void next_query_tile(
         const T* q, const T* dcontext, long long H, const S* lse, const S* delta,
         const Draw& draw, int dropout, long long head, int seq, int D, int first,
@@ -973,13 +974,14 @@ __device__ __forceinline__ void next_query_tile(
     __syncthreads();
     load_tile(q, D, first, seq, D, q_tile);
     load_tile(dcontext, H, first, seq, D, g_tile);
-    if (threadIdx.x < ATTENTION_TILE) {
+    if (threadIdx.x < TILE) {
         const int query = first + (int)threadIdx.x;
         query_lse[threadIdx.x] = query < seq ? lse[head * seq + query] : -minus_infinity(S(0));
         query_delta[threadIdx.x] = query < seq ? delta[head * seq + query] : (S)0;
     }
-    if (dropout) {
-        const int pair = (int)threadIdx.x / 2, part = threadIdx.x % 2;
+    for (int pair = (int)threadIdx.x / 2; dropout && pair < TILE * KEEP_WORDS;
+         pair += (int)blockDim.x / 2) {
+        const int part = threadIdx.x % 2;
         const int query = first + pair / KEEP_WORDS, word = pair % KEEP_WORDS;
         const unsigned int bits = keep_bits<2>(
             draw, (head * seq + query) * seq + block_key + 32 * word, part);
@@ -1093,8 +1095,9 @@ extern "C" __global__ void nanobert_attention_backward_keys(
     const S bias_of_key = masked && at.row < seq ? widen(bias[at.b * seq + at.row]) : (S)0;
     const int pair = (int)threadIdx.x / 2, block_key = at.row - pair;   // the block's first
     for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        next_query_tile(q + own, dcontext + rows, H, lse, delta, draw, dropout, at.head, seq,
-                        D, first, block_key, q_tile, g_tile, query_lse, query_delta, kept);
+        next_query_tile<ATTENTION_TILE>(q + own, dcontext + rows, H, lse, delta, draw,
+                                        dropout, at.head, seq, D, first, block_key, q_tile,
+                                        g_tile, query_lse, query_delta, kept);
         const int word = pair / 32, bit = pair % 32;   // this key's, in a query's words
         for (int i = 0; i < ATTENTION_TILE; i++) {
             const S prob = exp_(pair_dot(kx, q_tile, i, at.part) + bias_of_key - query_lse[i]);
@@ -1113,8 +1116,9 @@ extern "C" __global__ void nanobert_attention_backward_keys(
 // The same three kernels for float16 activations with their products on the tensor cores
 // (PTX's mma.sync m16n8k16: float16 operands, float32 sums; sm_80 and later, fast_gpu checks),
 // as FlashAttention-2 computes them: a warp owns 16 rows (4 warps, ATTENTION_ROWS = 64 rows a
-// block, as the SIMT kernels), the other side's tiles of ATTENTION_TILE = 32 rows are float16
-// in shared memory, and each 16 x 32 block of scores is 4 x 4 mma's (the head's D <= 64 in
+// block, as the SIMT kernels), the other side's tiles of MMA_TILE = 32 rows (or 64: compiled
+// with NANOBERT_MMA_TILE defined, kernels.py's $NANOBERT_ATTENTION_TILE) are float16 in
+// shared memory, and each 16 x 32 block of scores is 4 x 4 mma's (the head's D <= 64 in
 // steps of 16) that leave it in the accumulators' layout: a lane holds 2 rows (g and g + 8)
 // of 8 columns apart, a row's values spread over a quad of 4 lanes (row maxima and sums are
 // two shuffles). The probabilities (times dropout's factor) go from the accumulators straight
@@ -1135,6 +1139,16 @@ extern "C" __global__ void nanobert_attention_backward_keys(
 // from shared memory with 32-bit loads (no ldmatrix) and the transposed ones (v, k, q and dO
 // as a product's second operand along their rows) 16 bits at a time: a first version,
 // correct before fast.
+
+// rows (keys, or queries in the keys kernel) a tile: 32 by default; 64 halves the tiles'
+// barriers and loads of the bias and keep words, at twice the registers of the scores.
+// Which is faster is for a GPU to say (bench/gpu_session.sh times both)
+#ifndef NANOBERT_MMA_TILE
+#define NANOBERT_MMA_TILE 32
+#endif
+constexpr int MMA_TILE = NANOBERT_MMA_TILE;
+constexpr int MMA_KEEP_WORDS = MMA_TILE / 32;     // keep words of a tile's keys, a row
+static_assert(MMA_TILE == 32 || MMA_TILE == 64, "a tile of 32 or 64 rows");
 
 // whether this module's activations take the tensor-core kernels: float16 only
 template <typename X> struct TensorCores { static constexpr bool on = false; };
@@ -1218,7 +1232,7 @@ __device__ __forceinline__ void load_a(const T* rows, long long stride, int firs
 // load_tile of a float16 tile (HALF_TILE_ROW a row)
 __device__ __forceinline__ void load_tile(const T* rows, long long stride, int first,
                                                int seq, int D, half16* tile) {
-    for (int at = threadIdx.x; at < ATTENTION_TILE * ATTENTION_HEAD_MAX; at += blockDim.x) {
+    for (int at = threadIdx.x; at < MMA_TILE * ATTENTION_HEAD_MAX; at += blockDim.x) {
         const int r = at / ATTENTION_HEAD_MAX, column = at % ATTENTION_HEAD_MAX;
         tile[r * HALF_TILE_ROW + column] = half_at(rows, stride, first + r, column, seq, D);
     }
@@ -1252,13 +1266,13 @@ __device__ __forceinline__ void accumulators_as_a(const float (*c)[4], int step,
     a[3] = pack(c[2 * step + 1][2], c[2 * step + 1][3]);
 }
 
-// s [16 x 32] = rows (the a operands of the head, in registers) times the tile's 32 rows
+// s [16 x MMA_TILE] = rows (the a operands of the head, in registers) times the tile's rows
 // (float16 in shared memory), transposed: q k^T, dO v^T, k q^T, v dO^T
 __device__ __forceinline__ void scores_with_tile(const unsigned int (*a)[4],
                                                  const half16* tile, int D,
                                                  const MmaLane& at, float (*s)[4]) {
     #pragma unroll
-    for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+    for (int block = 0; block < MMA_TILE / 8; block++) {
         #pragma unroll
         for (int i = 0; i < 4; i++) s[block][i] = 0;
         #pragma unroll
@@ -1271,13 +1285,14 @@ __device__ __forceinline__ void scores_with_tile(const unsigned int (*a)[4],
     }
 }
 
-// out [16 x 64] += p [16 x 32] (accumulators, rounded to float16) times the tile [32 x 64]:
+// out [16 x 64] += p [16 x MMA_TILE] (accumulators, rounded to float16) times the tile
+// [MMA_TILE x 64]:
 // P v, dS k, P^T dO, dS^T q
 __device__ __forceinline__ void accumulate_times_tile(const float (*p)[4], const half16* tile,
                                                       int D, const MmaLane& at,
                                                       float (*out)[4]) {
     #pragma unroll
-    for (int step = 0; step < ATTENTION_TILE / 16; step++) {
+    for (int step = 0; step < MMA_TILE / 16; step++) {
         unsigned int a[4];
         accumulators_as_a(p, step, a);
         #pragma unroll
@@ -1318,20 +1333,23 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // next_key_tile of the tensor-core kernels: k and v as float16, and the keep words of this
-// lane's two rows (g, g + 8) over the keys (a quad draws each; all kept without dropout)
+// lane's two rows (g, g + 8) over the keys, 32 a word (a quad draws each; all kept without
+// dropout)
 __device__ __forceinline__ void next_key_tile(
         const T* k, const T* v, const T* bias, int masked, int first, int seq, int D,
         const MmaLane& at, const Draw& draw, int dropout, half16* k_tile, half16* v_tile,
-        S* key_bias, unsigned int* kept) {
+        S* key_bias, unsigned int (*kept)[MMA_KEEP_WORDS]) {
     __syncthreads();
     load_tile(k, D, first, seq, D, k_tile);
     load_tile(v, D, first, seq, D, v_tile);
-    load_key_bias(bias, masked, at.b, first, seq, key_bias);
+    load_key_bias<MMA_TILE>(bias, masked, at.b, first, seq, key_bias);
     __syncthreads();
     #pragma unroll
     for (int h = 0; h < 2; h++) {
         const long long row = at.head * seq + at.first + at.g + 8 * h;
-        kept[h] = dropout ? keep_bits<4>(draw, row * seq + first, at.t) : ~0u;
+        #pragma unroll
+        for (int w = 0; w < MMA_KEEP_WORDS; w++)
+            kept[h][w] = dropout ? keep_bits<4>(draw, row * seq + first + 32 * w, at.t) : ~0u;
     }
 }
 
@@ -1341,9 +1359,9 @@ extern "C" __global__ void nanobert_attention_forward_mma(
         int D, const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
         unsigned int call, S p, S scale, int dropout, T* context, S* lse) {
     if (!TensorCores<T>::on) return;
-    __shared__ half16 k_tile[ATTENTION_TILE * HALF_TILE_ROW];
-    __shared__ half16 v_tile[ATTENTION_TILE * HALF_TILE_ROW];
-    __shared__ S key_bias[ATTENTION_TILE];
+    __shared__ half16 k_tile[MMA_TILE * HALF_TILE_ROW];
+    __shared__ half16 v_tile[MMA_TILE * HALF_TILE_ROW];
+    __shared__ S key_bias[MMA_TILE];
     const MmaLane at(heads, seq);
     const long long own = at.head * seq * D, H = (long long)heads * D;
     const Draw draw(step, seed_lo, seed_hi, call, p, scale, dropout);
@@ -1353,15 +1371,15 @@ extern "C" __global__ void nanobert_attention_forward_mma(
         load_a(q + own, D, at.first, s, seq, D, at, qa[s]);
     float o[ATTENTION_HEAD_MAX / 8][4] = {}, m[2], l[2] = {0, 0};
     m[0] = m[1] = minus_infinity(0.0f);
-    for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        unsigned int kept[2];
+    for (int first = 0; first < seq; first += MMA_TILE) {
+        unsigned int kept[2][MMA_KEEP_WORDS];
         next_key_tile(k + own, v + own, bias, masked, first, seq, D, at, draw, dropout,
                       k_tile, v_tile, key_bias, kept);
-        float s[ATTENTION_TILE / 8][4];
+        float s[MMA_TILE / 8][4];
         scores_with_tile(qa, k_tile, D, at, s);
         float top[2] = {minus_infinity(0.0f), minus_infinity(0.0f)};
         #pragma unroll
-        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+        for (int block = 0; block < MMA_TILE / 8; block++) {
             #pragma unroll
             for (int i = 0; i < 4; i++) {
                 s[block][i] += key_bias[8 * block + 2 * at.t + i % 2];
@@ -1382,13 +1400,13 @@ extern "C" __global__ void nanobert_attention_forward_mma(
             for (int i = 0; i < 4; i++) o[block][i] *= rescale[i / 2];
         }
         #pragma unroll
-        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+        for (int block = 0; block < MMA_TILE / 8; block++) {
             #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float e = exp_(s[block][i] - m[i / 2]);
                 l[i / 2] += e;                         // this lane's part of the row's sum
                 const int key = 8 * block + 2 * at.t + i % 2;
-                s[block][i] = e * keep_factor(draw, dropout, kept[i / 2], key);
+                s[block][i] = e * keep_factor(draw, dropout, kept[i / 2][key / 32], key % 32);
             }
         }
         accumulate_times_tile(s, v_tile, D, at, o);
@@ -1412,9 +1430,9 @@ extern "C" __global__ void nanobert_attention_backward_queries_mma(
         const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
         unsigned int call, S p, S scale, int dropout, S q_scale, S* delta, T* dqkv) {
     if (!TensorCores<T>::on) return;
-    __shared__ half16 k_tile[ATTENTION_TILE * HALF_TILE_ROW];
-    __shared__ half16 v_tile[ATTENTION_TILE * HALF_TILE_ROW];
-    __shared__ S key_bias[ATTENTION_TILE];
+    __shared__ half16 k_tile[MMA_TILE * HALF_TILE_ROW];
+    __shared__ half16 v_tile[MMA_TILE * HALF_TILE_ROW];
+    __shared__ S key_bias[MMA_TILE];
     const MmaLane at(heads, seq);
     const long long own = at.head * seq * D, H = (long long)heads * D;
     const long long rows = at.b * seq * H + at.a * D;      // this head in [B, T, H]
@@ -1442,20 +1460,21 @@ extern "C" __global__ void nanobert_attention_backward_queries_mma(
         load_a(dcontext + rows, H, at.first, s, seq, D, at, ga[s]);
     }
     float dq[ATTENTION_HEAD_MAX / 8][4] = {};
-    for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        unsigned int kept[2];
+    for (int first = 0; first < seq; first += MMA_TILE) {
+        unsigned int kept[2][MMA_KEEP_WORDS];
         next_key_tile(k + own, v + own, bias, masked, first, seq, D, at, draw, dropout,
                       k_tile, v_tile, key_bias, kept);
-        float s[ATTENTION_TILE / 8][4], dp[ATTENTION_TILE / 8][4];
+        float s[MMA_TILE / 8][4], dp[MMA_TILE / 8][4];
         scores_with_tile(qa, k_tile, D, at, s);
         scores_with_tile(ga, v_tile, D, at, dp);
         #pragma unroll
-        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+        for (int block = 0; block < MMA_TILE / 8; block++) {
             #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int key = 8 * block + 2 * at.t + i % 2;
                 const float prob = exp_(s[block][i] + key_bias[key] - row_lse[i / 2]);
-                const float factor = keep_factor(draw, dropout, kept[i / 2], key);
+                const float factor = keep_factor(draw, dropout, kept[i / 2][key / 32],
+                                                 key % 32);
                 s[block][i] = prob * (dp[block][i] * factor - row_delta[i / 2]);   // dS
             }
         }
@@ -1473,10 +1492,10 @@ extern "C" __global__ void nanobert_attention_backward_keys_mma(
         const unsigned long long* step, unsigned int seed_lo, unsigned int seed_hi,
         unsigned int call, S p, S scale, int dropout, T* dqkv) {
     if (!TensorCores<T>::on) return;
-    __shared__ half16 q_tile[ATTENTION_TILE * HALF_TILE_ROW];
-    __shared__ half16 g_tile[ATTENTION_TILE * HALF_TILE_ROW];
-    __shared__ S query_lse[ATTENTION_TILE], query_delta[ATTENTION_TILE];
-    __shared__ unsigned int kept[ATTENTION_TILE * KEEP_WORDS];    // [query][word of keys]
+    __shared__ half16 q_tile[MMA_TILE * HALF_TILE_ROW];
+    __shared__ half16 g_tile[MMA_TILE * HALF_TILE_ROW];
+    __shared__ S query_lse[MMA_TILE], query_delta[MMA_TILE];
+    __shared__ unsigned int kept[MMA_TILE * KEEP_WORDS];          // [query][word of keys]
     const MmaLane at(heads, seq);
     const long long own = at.head * seq * D, H = (long long)heads * D;
     const long long rows = at.b * seq * H + at.a * D;
@@ -1495,14 +1514,15 @@ extern "C" __global__ void nanobert_attention_backward_keys_mma(
     }
     const int block_key = at.first - (int)threadIdx.x / 32 * 16;     // the block's first key
     float dk[ATTENTION_HEAD_MAX / 8][4] = {}, dv[ATTENTION_HEAD_MAX / 8][4] = {};
-    for (int first = 0; first < seq; first += ATTENTION_TILE) {
-        next_query_tile(q + own, dcontext + rows, H, lse, delta, draw, dropout, at.head, seq,
-                        D, first, block_key, q_tile, g_tile, query_lse, query_delta, kept);
-        float s[ATTENTION_TILE / 8][4], dp[ATTENTION_TILE / 8][4];
+    for (int first = 0; first < seq; first += MMA_TILE) {
+        next_query_tile<MMA_TILE>(q + own, dcontext + rows, H, lse, delta, draw, dropout,
+                                  at.head, seq, D, first, block_key, q_tile, g_tile, query_lse,
+                                  query_delta, kept);
+        float s[MMA_TILE / 8][4], dp[MMA_TILE / 8][4];
         scores_with_tile(ka, q_tile, D, at, s);                 // S^T: keys x queries
         scores_with_tile(va, g_tile, D, at, dp);                // dP^T
         #pragma unroll
-        for (int block = 0; block < ATTENTION_TILE / 8; block++) {
+        for (int block = 0; block < MMA_TILE / 8; block++) {
             #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int query = 8 * block + 2 * at.t + i % 2;

@@ -23,6 +23,7 @@ the NumPy path's numbers. nvcc compiles all of them
 (tests/test_kernels_compile.py). CUDA's own rounding (fma contraction) and speed are verified
 only on a lent GPU (tests/test_gpu_numerics.py, bench.gpu_profile).
 """
+import os
 from pathlib import Path
 
 # -------------------------------------------------------------------- CUDA kernels
@@ -53,13 +54,27 @@ ATTENTION_KERNEL_NAMES = ("attention_forward", "attention_backward_queries",
 ATTENTION_MMA = "_mma"       # a name's suffix: its float16 tensor-core twin (sm_80 and later)
 ATTENTION_ROWS = 64
 ATTENTION_HEAD_MAX = 64
+MMA_TILES = (32, 64)         # the tensor-core kernels' rows a tile (kernels.cu's MMA_TILE)
 
 
-def cuda_source(dtype_char):
-    """kernels.cu for activations of this NumPy dtype character: its types, then the file."""
+def _read_attention_tile():
+    """$NANOBERT_ATTENTION_TILE: the rows a tile of the tensor-core attention kernels, 32 (the
+    default, until a GPU measures 64) or 64; read at import, as fast_gpu's switches."""
+    told = os.environ.get("NANOBERT_ATTENTION_TILE", "32")
+    if told not in map(str, MMA_TILES):
+        raise ValueError(f"NANOBERT_ATTENTION_TILE must be 32 or 64, got {told!r}")
+    return int(told)
+
+
+ATTENTION_TILE = _read_attention_tile()
+
+
+def cuda_source(dtype_char, tile=None):
+    """kernels.cu for activations of this NumPy dtype character: its types, the tensor-core
+    attention's tile (default ATTENTION_TILE; a compile-time constant), then the file."""
     T, S = CUDA_TYPES[dtype_char]
     return (f"typedef unsigned short half16;\ntypedef {T} T;\ntypedef {S} S;\n"
-            + CUDA_SOURCE.read_text())
+            f"#define NANOBERT_MMA_TILE {tile or ATTENTION_TILE}\n" + CUDA_SOURCE.read_text())
 
 
 _MODULES = {}                # (namespace, dtype char) -> the compiled module

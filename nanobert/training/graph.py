@@ -25,7 +25,8 @@ How it works, and what a step captured this way must respect:
   graph still writes it (PyTorch's graph-private pools do the same). CuPy's cached blocks
   (the warm-up's) go back to the GPU first, so a capture needs the step's memory once. The
   outputs are arrays of that pool: each replay rewrites them, so read them before the next
-  call.
+  call. memory_pools(xp) lists every pool the GPU path holds memory in (CuPy's default pool
+  and each live graph's): what a figure of nanobert's memory must add up.
 - Streams. Everything runs on one blocking stream of this object (capture needs one that is
   not the legacy default; blocking, so work on the default stream, e.g. an evaluation, stays
   ordered with it).
@@ -35,9 +36,12 @@ How it works, and what a step captured this way must respect:
 capture=False runs device_step eagerly every time on the same fixed buffers (--no-cuda-graph):
 the same arithmetic in the same order, which is what the tests compare a replay with. A step
 that cannot be captured (CUDA refuses something in it) is said in one line and runs eagerly
-from then on, its host state (host_state: AdamW's step count) put back first.
+from then on, its host state (host_state: AdamW's step count) put back first. `mode` says
+how the steps ran ("graph", "eager", or "capture failed: <reason>"), for a benchmark to
+report instead of timing an eager step under a graph's name.
 """
 import collections
+import weakref
 
 import numpy
 
@@ -45,6 +49,16 @@ from nanobert.backend import PinnedStaging
 from nanobert.model.optim import average_gradients
 
 from .step import update
+
+_GRAPHS = weakref.WeakSet()        # every live StepGraph: their pools hold device memory
+
+
+def memory_pools(xp):
+    """Every memory pool the GPU path holds memory in: CuPy's default pool, then the private
+    pool of each layout captured by a live StepGraph."""
+    return [xp.get_default_memory_pool()] + [
+        layout.pool for graph in list(_GRAPHS) if graph.xp is xp
+        for layout in graph.layouts.values() if layout.pool is not None]
 
 
 class _Layout:
@@ -66,6 +80,8 @@ class StepGraph:
         self.stream = xp.cuda.Stream()
         self.staging = PinnedStaging(xp)
         self.layouts = collections.OrderedDict()      # layout key -> _Layout, oldest first
+        self.failure = None                           # why a capture failed, if one did
+        _GRAPHS.add(self)
 
     def __call__(self, inputs):
         """inputs: name -> host (NumPy) array. -> device_step's outputs for them."""
@@ -134,9 +150,10 @@ class StepGraph:
     def _give_up(self, layout, error):
         """A step that cannot be captured runs eagerly from now on, said once: the training
         goes on at the eager step's speed."""
-        print(f"note: the CUDA graph capture of the training step failed "
-              f"({type(error).__name__}: {str(error)[:200]}); every step runs eagerly from "
-              f"here (--no-cuda-graph skips the attempt)", flush=True)
+        self.failure = f"{type(error).__name__}: {str(error)[:200]}"
+        print(f"note: the CUDA graph capture of the training step failed ({self.failure}); "
+              f"every step runs eagerly from here (--no-cuda-graph skips the attempt)",
+              flush=True)
         self.capture = False
         layout.pool = None
         return self.device_step(layout.buffers)
@@ -145,6 +162,14 @@ class StepGraph:
     def graphs(self):
         """How many layouts have a captured graph."""
         return sum(layout.graph is not None for layout in self.layouts.values())
+
+    @property
+    def mode(self):
+        """How the steps so far ran: "graph" (a layout's graph replayed), "eager" (capture
+        off, or no layout called twice yet), or "capture failed: <reason>"."""
+        if self.failure:
+            return f"capture failed: {self.failure}"
+        return "graph" if self.graphs else "eager"
 
 
 class GPUTrainStep:
