@@ -26,11 +26,11 @@ from typing import NamedTuple
 import numpy
 
 from nanobert import BertConfig, BertForPreTraining, average_gradients, flags, learning_rate
-from nanobert.backend import default_rng
 from nanobert.data.pretraining_data import sha256_file
 from nanobert.data.pretraining_instances import input_files
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
+from nanobert.model.counter_rng import default_rng
 from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
 from nanobert.model.ops import IGNORE_INDEX

@@ -152,7 +152,7 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
     """GPU time of the step's adds, row means and row kernels at BERT-base B=128 sizes, each
     beside the alternatives (an experiment: the adds took 7.7 ms a step in float32 and in
     float16 alike on an H200, so they look bound by something other than bytes)."""
-    from nanobert.model import fast_gpu
+    from nanobert.model import counter_rng, fast_gpu
     add_bias, add_mask = indexed_add_kernels(cupy)
     print(f"\nGPU us per call, B={B} T={T} (median of 20 between events; GB/s: bytes read + "
           f"written over that time)")
@@ -188,7 +188,7 @@ def add_kernels(cupy, B=128, T=128, H=768, A=12):
         scores, mask = cupy.ones((B, A, T, T), dtype), cupy.ones((B, 1, 1, T), dtype)
         # reads the scores, writes probs and probs after dropout (the mask drawn in the kernel)
         show(f"{name} mask + softmax + dropout [B, A, T, T] (row kernel)",
-             lambda: fast_gpu._softmax(scores, mask, 0.1, backend.default_rng(cupy, 0)),
+             lambda: fast_gpu._softmax(scores, mask, 0.1, counter_rng.default_rng(cupy, 0)),
              3 * scores.nbytes)
         show(f"{name} scores += mask [B, A, T, T] (CuPy)", lambda: scores.__iadd__(mask),
              2 * scores.nbytes)

@@ -230,16 +230,6 @@ def to_host(x):
     return numpy.asarray(x)
 
 
-def default_rng(xp, seed):
-    """A seeded random generator for dropout on the device of `xp` arrays: numpy's Generator
-    on NumPy; on CuPy the counter-based one whose numbers the CUDA kernels draw themselves
-    (model/counter_rng.py: a CUDA graph can replay it, a backward regenerates its masks)."""
-    if xp is numpy:
-        return numpy.random.default_rng(seed)
-    from .model.counter_rng import CounterGenerator      # the one upward import: a GPU draw
-    return CounterGenerator(xp, seed)                     # needs the model's kernels
-
-
 def scatter_add(table, ids, values):
     """table[ids[i]] += values[i] with repeated ids accumulating (embedding backward).
 

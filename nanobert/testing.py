@@ -313,7 +313,7 @@ def check_model_gradients(model, batch, *, seed=0, entries=6, tol=DEFAULT_TOL, h
     largest gradient, 1% of the largest gradient of all)).
     -> {parameter name: worst error}; AssertionError naming every parameter over tol.
     """
-    from .backend import default_rng       # a model lives on model.xp (NumPy here)
+    from .model.counter_rng import default_rng    # a model lives on model.xp (NumPy here)
 
     bad = sorted(k for k, p in model.params.items() if p.dtype != numpy.float64)
     if bad:

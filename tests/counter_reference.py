@@ -94,17 +94,17 @@ class HostCounterGenerator:
 
 def dropout_generator(xp, seed):
     """The dropout generator of a run on xp that the other side can match: on CuPy
-    backend.default_rng's (the CounterGenerator); on NumPy its host twin (draw with it inside
+    counter_rng.default_rng's (the CounterGenerator); on NumPy its host twin (draw with it inside
     numpy_draws_like_the_gpu)."""
-    from nanobert import backend
-    return HostCounterGenerator(seed) if xp is numpy else backend.default_rng(xp, seed)
+    from nanobert.model import counter_rng
+    return HostCounterGenerator(seed) if xp is numpy else counter_rng.default_rng(xp, seed)
 
 
 @contextlib.contextmanager
 def numpy_draws_like_the_gpu():
     """While active, fast_cpu's dropout takes its keep mask from a HostCounterGenerator's
     random() (the reference's rule, u >= p), so that a NumPy run given one draws the masks a
-    GPU run draws from backend.default_rng(cupy, the same seed). fast_cpu otherwise cuts its
+    GPU run draws from counter_rng.default_rng(cupy, the same seed). fast_cpu otherwise cuts its
     masks from a numpy Generator's raw words."""
     from nanobert.model import fast_cpu
     keep_mask = fast_cpu._keep_mask

@@ -25,7 +25,7 @@ from hypothesis import given, settings, strategies as st
 import cuda_emulation
 from conftest import assert_close, record
 from nanobert import backend
-from nanobert.model import fast, fast_cpu, fast_gpu, kernels, ops
+from nanobert.model import counter_rng, fast, fast_cpu, fast_gpu, kernels, ops
 from test_cuda_kernels import draw_arguments, draws, guarded, run, run_map, stats
 from test_fast import LAYERNORM_BOUND, gelu_within_float32_bound, layernorm_errors, normal, same
 
@@ -258,12 +258,12 @@ def test_gpu_dropout_add_layernorm_is_the_chain_of_its_gpu_ops(dtype, p):
         for _ in range(2):             # the first call fills the cached ones vectors: once
             cupy.counts.reset()
             out, cache = fast.dropout_add_layernorm_forward(*device[:4], 1e-12, p,
-                                                            backend.default_rng(cupy, 7), True)
+                                                            counter_rng.default_rng(cupy, 7), True)
             fused_forward = cupy.counts.kernel_launches
             grads = fast.dropout_add_layernorm_backward(device[4], cache)
             fused_backward = cupy.counts.kernel_launches - fused_forward
         cupy.counts.reset()
-        y, mask = fast.dropout_add_forward(*device[:2], p, backend.default_rng(cupy, 7), True)
+        y, mask = fast.dropout_add_forward(*device[:2], p, counter_rng.default_rng(cupy, 7), True)
         chain_out, layernorm = fast.layernorm_forward(y, *device[2:4], 1e-12)
         chain_forward = cupy.counts.kernel_launches
         dsum, dgamma, dbeta = fast.layernorm_backward(device[4], layernorm)

@@ -25,9 +25,8 @@ import cupy_standin
 from conftest import record
 from counter_reference import (KNOWN_ANSWERS, counter_uniform, counter_words,
                                philox4x32_10)
-from nanobert import backend
 from nanobert.distributed import SingleProcess
-from nanobert.model import fast, fast_gpu, ops
+from nanobert.model import counter_rng, fast, fast_gpu, ops
 from nanobert.model.counter_rng import CounterGenerator
 
 needs_gpp = pytest.mark.skipif(not cuda_emulation.available(),
@@ -48,7 +47,7 @@ def stats(dtype):
 
 def generator_at(cupy, seed, step, calls=0):
     """A CounterGenerator on the stand-in whose device step and call count are given."""
-    rng = backend.default_rng(cupy, seed)
+    rng = counter_rng.default_rng(cupy, seed)
     rng.load_state_dict({"seed": seed, "step": step, "calls": calls})
     return rng
 
@@ -70,7 +69,7 @@ def test_the_kernel_draws_the_known_answer_of_an_all_zero_counter(cupy):
     """seed 0, step 0, call 0: elements 0-3 are the words of counter 0 under key 0, the
     first known answer, their top 24 bits (u = (word >> 8) 2^-24)."""
     for dtype in (numpy.float32, numpy.float64):
-        u = backend.default_rng(cupy, 0).random(4, dtype=dtype).get()
+        u = counter_rng.default_rng(cupy, 0).random(4, dtype=dtype).get()
         assert [int(v * 2**24) for v in u] == [w >> 8 for w in KNOWN_ANSWERS[0][2]], dtype
 
 
@@ -120,7 +119,7 @@ def test_the_keep_rate_is_one_minus_p_within_four_standard_errors(cupy, p):
     """The kernel's masks (fast_gpu.dropout_forward of ones on the stand-in), 2^16 elements
     over 4 steps and calls: the fraction kept within 4 standard errors of 1 - p."""
     n = 2**14
-    rng = backend.default_rng(cupy, 12345)
+    rng = counter_rng.default_rng(cupy, 12345)
     ones = cupy.ones(n, numpy.float32)
     kept = []
     for _ in range(2):
@@ -253,7 +252,7 @@ def test_the_same_seed_step_and_call_give_the_same_numbers_and_begin_step_new_on
     """Two generators of one seed draw the same; begin_step adds 1 to the device step in
     place (one launch, no host read: its address unchanged) and restarts the call index,
     so the first draw of the next step is new; a call index fixes the draw within a step."""
-    a, b = backend.default_rng(cupy, 3), backend.default_rng(cupy, 3)
+    a, b = counter_rng.default_rng(cupy, 3), counter_rng.default_rng(cupy, 3)
     first = a.random((5, 7), dtype=numpy.float32).get()
     assert numpy.array_equal(b.random((5, 7), dtype=numpy.float32).get(), first)
     assert not numpy.array_equal(a.random((5, 7), dtype=numpy.float32).get(), first)
@@ -266,22 +265,22 @@ def test_the_same_seed_step_and_call_give_the_same_numbers_and_begin_step_new_on
     assert not numpy.array_equal(next_step, first)
     b.begin_step()
     assert numpy.array_equal(b.random((5, 7), dtype=numpy.float32).get(), next_step)
-    assert backend.default_rng(cupy, 4).random(8).dtype == numpy.float64
-    assert isinstance(backend.default_rng(numpy, 4), numpy.random.Generator)   # CPU: as ever
+    assert counter_rng.default_rng(cupy, 4).random(8).dtype == numpy.float64
+    assert isinstance(counter_rng.default_rng(numpy, 4), numpy.random.Generator)   # CPU: as ever
 
 
 def test_state_dict_resumes_the_draws_in_the_same_device_array(cupy):
     """state_dict gives host ints (JSON-able); load_state_dict into a generator of another
     seed writes the step into its own device array and the next draws are the saved
     generator's."""
-    rng = backend.default_rng(cupy, 2**63 + 5)
+    rng = counter_rng.default_rng(cupy, 2**63 + 5)
     for _ in range(3):
         rng.begin_step()
     rng.random(10)
     state = json.loads(json.dumps(rng.state_dict()))
     assert state == {"seed": 2**63 + 5, "step": 3, "calls": 1}
     expected = rng.random((4, 9), dtype=numpy.float32).get()
-    other = backend.default_rng(cupy, 1)
+    other = counter_rng.default_rng(cupy, 1)
     address = other.step.data.ptr
     other.load_state_dict(state)
     assert other.step.data.ptr == address
@@ -321,8 +320,8 @@ def test_a_gpu_run_resumed_from_its_checkpoint_state_draws_the_same_masks(cupy, 
 
 def test_what_the_generator_cannot_take_is_a_clear_value_error(cupy):
     with pytest.raises(ValueError, match="seed -1 is not a 64-bit unsigned int"):
-        backend.default_rng(cupy, -1)
-    rng = backend.default_rng(cupy, 0)
+        counter_rng.default_rng(cupy, -1)
+    rng = counter_rng.default_rng(cupy, 0)
     with pytest.raises(ValueError, match="float32 or float64"):
         rng.random(4, dtype=numpy.float16)
     with pytest.raises(ValueError, match=r"no \['calls'\]"):

@@ -12,7 +12,7 @@ import cupy_standin
 from conftest import assert_close, record, vanishes
 from counter_reference import dropout_generator, numpy_draws_like_the_gpu
 from nanobert import backend
-from nanobert.model import fast
+from nanobert.model import counter_rng, fast
 from nanobert.model.config import BertConfig, with_labels
 from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice
 from nanobert.model.optim import (AdamW, LossScaler, clip_and_step,
@@ -227,7 +227,7 @@ def test_standin_refuses_a_python_float_that_cupy13_promotes(cupy):
         keep(x, 0.7)
     assert keep(x, numpy.float32(0.7)).dtype == numpy.bool_
     assert keep(x.astype(numpy.float64), 0.7).dtype == numpy.bool_
-    fast.dropout_forward(x.reshape(2, 2), 0.7, backend.default_rng(cupy, 0), True)
+    fast.dropout_forward(x.reshape(2, 2), 0.7, counter_rng.default_rng(cupy, 0), True)
     gamma, beta = cupy.ones(4, dtype=numpy.float32), cupy.zeros(4, dtype=numpy.float32)
     out, (_, _, rstd) = fast.layernorm_forward(x.reshape(2, 2), gamma[:2], beta[:2], 1e-12)
     assert rstd.dtype == numpy.float32

@@ -25,7 +25,7 @@ from conftest import record
 from counter_reference import (dropout_generator, keep_mask,
                                numpy_draws_like_the_gpu)
 from nanobert import backend
-from nanobert.model import fast, fast_cpu, fast_gpu, ops
+from nanobert.model import counter_rng, fast, fast_cpu, fast_gpu, ops
 from nanobert.model.config import BertConfig
 from nanobert.model.pretraining import BertForPreTraining
 from nanobert.testing import rel_error
@@ -259,7 +259,7 @@ def test_dropout_add_and_dropout_backward(xp, dtype):
     into an fma)."""
     x, residual, dout = (draw((3, 7, 33), dtype, seed) for seed in (19, 20, 21))
     out, dropout = fast.dropout_add_forward(xp.asarray(x), xp.asarray(residual), 0.25,
-                                            backend.default_rng(xp, 3), True)
+                                            counter_rng.default_rng(xp, 3), True)
     dx = fast.dropout_backward(xp.asarray(dout), dropout)
     mask = keep_mask(3, 0, 0, x.shape, dtype, 0.25)
     assert 0.6 < (mask != 0).mean() < 0.9, (mask != 0).mean()
@@ -329,7 +329,7 @@ def test_self_attention_backward_with_the_forwards_dropout_mask(xp, dtype):
     draw makes (tests/counter_reference.py: probs as the dropout-0 forward's, probs_dropped =
     probs * mask, context = probs_dropped v), and the backward, which regenerates the mask,
     against fast_cpu's backward given the same cache with that mask on the host."""
-    context, cache, grads = attention_run(xp.asarray, dtype, 0.25, backend.default_rng(xp, 5))
+    context, cache, grads = attention_run(xp.asarray, dtype, 0.25, counter_rng.default_rng(xp, 5))
     mask = keep_mask(5, 0, 0, cache.probs.shape, dtype, 0.25)
     cache = host(cache._replace(dropout_mask=None))._replace(dropout_mask=mask)
     assert 0 < (cache.dropout_mask == 0).mean() < 0.5

@@ -39,8 +39,6 @@ LAYERS = {
 # Single names a layer may take from a module of a layer it may not import otherwise.
 ALSO_ALLOWED = {
     ("data/", "nanobert.model.ops"): {"IGNORE_INDEX"},   # -100, the label the losses skip
-    # default_rng's GPU generator, whose draws are the model's CUDA kernels
-    ("backend.py", "nanobert.model.counter_rng"): {"CounterGenerator"},
     # require_gpu's NVRTC check: a CuPy kernel, so kernels.py's
     ("backend.py", "nanobert.model.kernels"): {"nvrtc_probe"},
 }

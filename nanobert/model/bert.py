@@ -31,7 +31,8 @@ import numpy
 # layer's (active.py, the one switch). The inference twins below are the fast layer's alone.
 from . import active, fast
 from .ops import IGNORE_INDEX
-from ..backend import PinnedStaging, array_module, default_rng, get_xp, to_device
+from ..backend import PinnedStaging, array_module, get_xp, to_device
+from .counter_rng import default_rng
 from .pretrained import check_state_dict, load_pretrained, save_pretrained
 from ..formats.hub import resolve_model
 from .config import BertConfig

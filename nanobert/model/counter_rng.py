@@ -1,5 +1,6 @@
-"""The GPU's dropout generator: counter-based (Philox4x32-10, kernels.cu), so that each CUDA
-kernel draws its elements' numbers itself and a backward regenerates its forward's mask.
+"""The model's dropout generators (default_rng): NumPy's Generator on the CPU, and on the GPU
+a counter-based one (Philox4x32-10, kernels.cu), so that each CUDA kernel draws its elements'
+numbers itself and a backward regenerates its forward's mask.
 
 A counter-based generator has no stream to advance: a number is a pure function of a key and
 a counter (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011). The layout
@@ -22,6 +23,15 @@ import numpy
 from . import fast_gpu
 
 WORD = 2 ** 32
+
+
+def default_rng(xp, seed):
+    """A seeded random generator for dropout on the device of `xp` arrays: numpy's Generator
+    on NumPy; on CuPy the CounterGenerator below, whose numbers the CUDA kernels draw
+    themselves (a CUDA graph can replay it, a backward regenerates its masks)."""
+    if xp is numpy:
+        return numpy.random.default_rng(seed)
+    return CounterGenerator(xp, seed)
 
 
 class CounterGenerator:

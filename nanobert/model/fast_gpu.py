@@ -579,12 +579,12 @@ class DropoutDraw(NamedTuple):
 
 
 def _draw(rng, p, shape):
-    """The next dropout draw of rng, a counter_rng.CounterGenerator (backend.default_rng on
+    """The next dropout draw of rng, a counter_rng.CounterGenerator (counter_rng.default_rng on
     CuPy) -> a DropoutDraw. The step is the device array itself: a backward must run before
     the generator's next begin_step."""
     if not hasattr(rng, "next_call"):
         raise ValueError(f"GPU dropout draws in its kernels from a CounterGenerator "
-                         f"(nanobert.backend.default_rng(cupy, seed)), not a "
+                         f"(nanobert.model.counter_rng.default_rng(cupy, seed)), not a "
                          f"{type(rng).__name__}")
     if math.prod(shape) > 2 ** 34:
         raise ValueError(f"dropout of {shape}: more than 2^34 elements, the counter's range")

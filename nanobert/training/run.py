@@ -9,11 +9,12 @@ import sys
 
 import numpy
 
-from nanobert.backend import (default_rng, require_gpu, resolve_device, reuse_freed_memory,
+from nanobert.backend import (require_gpu, resolve_device, reuse_freed_memory,
                                set_tf32)
 from nanobert.distributed import end_job, process_group
 from nanobert.formats.fileio import atomic_open, output_folder
 from nanobert.model import active
+from nanobert.model.counter_rng import default_rng
 from nanobert.model.flat import flat_buffer
 from nanobert.model.optim import AdamW, LossScaler, layer_decay_scales
 from nanobert.model.params import decays
@@ -69,7 +70,7 @@ def broadcast_weights(group, model):
 
 def seed_dropout(model, seed, rank, step=0):
     """One dropout generator for the run, a stream of its own on each rank (on the GPU the
-    counter-based one, backend.default_rng, at `step`: its masks are a function of (seed,
+    counter-based one, counter_rng.default_rng, at `step`: its masks are a function of (seed,
     step), so a run resumed at a step draws those of an uninterrupted one)."""
     model.rng = default_rng(model.xp, seed + 1_000_003 * rank)
     if step and model.xp is not numpy:
