@@ -300,14 +300,14 @@ def encoder_layer_inference(params, prefix, x, attend, config, output_attentions
     else:
         context, probs = fast.self_attention_inference(x, w_qkv, b_qkv, attend, A,
                                                       output_attentions)
-    y, _ = active.linear_forward(context, P("attention.output.dense.weight"),
-                                 P("attention.output.dense.bias"))
+    y, _ = fast.linear_forward(context, P("attention.output.dense.weight"),
+                               P("attention.output.dense.bias"))
     h = fast.layernorm_inference(y, P("attention.output.LayerNorm.weight"),      # LN(y + x)
                                 P("attention.output.LayerNorm.bias"), config.layer_norm_eps,
                                 residual=x)
     inter = fast.linear_gelu_inference(h, P("intermediate.dense.weight"),
                                       P("intermediate.dense.bias"), config.hidden_act)  # [B, T, I]
-    y, _ = active.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
+    y, _ = fast.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
     out = fast.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
                                   config.layer_norm_eps, residual=h)   # LN(y + h)
     return out, probs
@@ -340,9 +340,9 @@ def bert_inference(params, prefix, input_ids, token_type_ids, attention_mask, co
     x = hidden_states[-1]
     pooled = None
     if prefix + "pooler.dense.weight" in params:
-        pooled, _ = active.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
-                                          params[prefix + "pooler.dense.bias"])
-        pooled, _ = active.tanh_forward(pooled)
+        pooled, _ = fast.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
+                                        params[prefix + "pooler.dense.bias"])
+        pooled, _ = fast.tanh_forward(pooled)
     return x, pooled, hidden_states, tuple(attentions) if output_attentions else None
 
 # ---------------------------------------------------------------------------- the models
@@ -512,8 +512,13 @@ class BertPreTrainedModel:
                             self.rng, self.training, self._packing(host, output_attentions))
 
     def _infer(self, host, output_attentions=False):
-        """The encoder at inference (bert_inference: no caches, no dropout) on checked inputs
-        -> sequence_output, pooled_output, hidden_states, attentions (None unless asked)."""
+        """The encoder at inference on checked inputs -> sequence_output, pooled_output,
+        hidden_states, attentions (None unless asked): the fast layer's bert_inference (no
+        caches, no dropout); in reference mode the one forward (bert_forward), cache dropped."""
+        if active.reference_ops():
+            sequence, pooled, hidden_states, cache = self._encode(host, output_attentions)
+            attentions = attention_probabilities(cache) if output_attentions else None
+            return sequence, pooled, hidden_states, attentions
         self._refresh_weights()
         ids, types, mask = (self._device(host, k) for k in INPUT_KEYS)
         return bert_inference(self.weights, self.base_prefix, ids, types, mask, self.config,
@@ -542,10 +547,10 @@ class BertPreTrainedModel:
 
     def _forward(self, host, for_backward=True, output_attentions=False):
         """Encoder + head -> Forward (with output_attentions each layer's attention maps).
-        for_backward=False in eval mode: the fast layer's inference path, no encoder cache
-        (Forward.cache[0] is None); in training and in reference mode the one forward."""
+        for_backward=False in eval mode: the inference path (_infer), no encoder cache
+        (Forward.cache[0] is None); in training mode the forward with dropout either way."""
         attentions = None
-        if for_backward or self.training or active.reference_ops():
+        if for_backward or self.training:
             sequence, pooled, hidden_states, encoder = self._encode(host, output_attentions)
             if output_attentions:
                 attentions = attention_probabilities(encoder)
@@ -716,7 +721,7 @@ class BertModel(BertPreTrainedModel):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                  output_attentions=False):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
-        if self.training or active.reference_ops():
+        if self.training:
             sequence, pooled, hidden_states, cache = self._encode(host, output_attentions)
             attentions = attention_probabilities(cache) if output_attentions else None
         else:

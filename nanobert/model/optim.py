@@ -452,8 +452,9 @@ class ReferenceAdamW(AdamW):
                  weight_decay=0.01, no_decay=NO_DECAY, lr_scale=None, decay=None):
         self._hyperparameters(params, lr, mode, betas, eps, weight_decay, no_decay, lr_scale,
                               decay)
-        self.m = {name: p * 0 for name, p in params.items()}      # first moment, zeros
-        self.v = {name: p * 0 for name, p in params.items()}      # second moment, zeros
+        xp = array_module(next(iter(params.values())))
+        self.m = {name: xp.zeros_like(p) for name, p in params.items()}   # first moment
+        self.v = {name: xp.zeros_like(p) for name, p in params.items()}   # second moment
         self.buffer = None                                        # no flat buffer
         self.step_count = 0
 

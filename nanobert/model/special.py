@@ -135,7 +135,7 @@ def _gather(xp, a, indices, out):
 def erf(x, xp=None, out=None):
     """The error function, elementwise: float32 or float64 array of any shape -> same dtype
     and shape. The fast layer's: ops.erf is the same two formulas written plainly (each
-    evaluated everywhere), bitwise equal to this (tests/test_special.py). `xp` is the array
+    evaluated everywhere), bitwise equal to this (tests/test_reference_mode.py). `xp` is the array
     namespace (numpy by default, or cupy). `out`, if given, a
     C-contiguous array of the same shape and dtype, receives the result (it may be `x`)."""
     xp = numpy if xp is None else xp
