@@ -38,17 +38,16 @@ from nanobert.training.grid import default_rates, rate_name
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
-    dataset: str         # finetune.py --dataset
+class Task:                  # a key of TASKS is the task's finetune.py --dataset
     metric: str          # results.json's score (conlleval's F1 is a percent already)
     about: str           # the table's name for it
     minutes: float       # CPU minutes of one run of README's nano model (the estimate)
 
 
 TASKS = {       # minutes: the records' cpu_minutes of 2026-11-29's check (docs/finetuning.md)
-    "movie-sentiment": Task("movie-sentiment", "accuracy", "movie sentiment (accuracy %)", 1.5),
-    "trec": Task("trec", "accuracy", "TREC (accuracy %)", 0.5),
-    "conll2003": Task("conll2003", "f1", "CoNLL-2003 NER (F1)", 2.5),
+    "movie-sentiment": Task("accuracy", "movie sentiment (accuracy %)", 1.5),
+    "trec": Task("accuracy", "TREC (accuracy %)", 0.5),
+    "conll2003": Task("f1", "CoNLL-2003 NER (F1)", 2.5),
 }
 STARTS = {"pretrained": (), "from-scratch": ("--from-scratch",)}   # finetune.py's flags
 FINETUNE = [sys.executable, os.path.join(compare.REPOSITORY, "finetune.py")]
@@ -95,8 +94,8 @@ def jobs(args):
                     if os.path.isfile(record_path(args, task, start, seed, lr)):
                         continue
                     job = compare.Job(
-                        [*FINETUNE, "--model", args.model, *extra, "--dataset",
-                         TASKS[task].dataset, "--lr", f"{lr:g}", "--seed", str(seed), "--out",
+                        [*FINETUNE, "--model", args.model, *extra, "--dataset", task,
+                         "--lr", f"{lr:g}", "--seed", str(seed), "--out",
                          out, *(["--resume"] if os.path.isdir(out) else [])], out,
                         done=lambda job, key=(task, start, seed, lr): record_run(args, *key, job))
                     if os.path.isfile(os.path.join(out, "results.json")):

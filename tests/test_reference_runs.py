@@ -60,7 +60,8 @@ def test_a_run_is_placed_against_the_reference_at_the_same_step(references):
 def test_a_run_without_a_reference_says_so(references):
     line = place(0.2, 2000, config="my_config.json")
     assert line == ("no reference run for a run with --config, --data or --init-from (there is "
-                    "one for: pretrain-nano-brown): loss_curve.png shows your run alone")
+                    "one for --preset nano on --corpus brown): loss_curve.png shows your run "
+                    "alone")
     assert "no reference run for --preset tiny on --corpus brown" in place(0.2, 2000,
                                                                            preset="tiny")
     assert "no reference run for a run with" in place(0.2, 2000, data=["my_corpus.txt"])

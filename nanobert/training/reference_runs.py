@@ -72,8 +72,11 @@ def load(kind, args):
 
 
 def known():
-    return sorted(f[:-len(".json")] for f in os.listdir(FOLDER) if f.endswith(".json")) \
-        if os.path.isdir(FOLDER) else []
+    """The presets and corpora with a pretraining reference, as flags."""
+    names = sorted(os.listdir(FOLDER)) if os.path.isdir(FOLDER) else []
+    return [f"--preset {preset} on --corpus {corpus[:-len('.json')]}"
+            for _, preset, corpus in (n.split("-", 2) for n in names
+                                      if n.startswith("pretrain-") and n.endswith(".json"))]
 
 
 def differences(kind, args, reference):
@@ -119,7 +122,7 @@ def place_pretraining(args, summary):
     at the same step, and against its end; or why there is nothing to place it against."""
     reference, what = load("pretrain", args)
     if reference is None:
-        return (f"no reference run for {what} (there is one for: {', '.join(known())}): "
+        return (f"no reference run for {what} (there is one for {', '.join(known())}): "
                 "loss_curve.png shows your run alone")
     if "heldout" not in summary:
         return "no held-out evaluation (--heldout none): nothing to place against the reference run"
