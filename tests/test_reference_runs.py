@@ -7,6 +7,7 @@ import os
 import pytest
 
 from nanobert.training import reference_runs
+from nanobert.training.compare import write_json
 
 BROWN = os.path.join("somewhere", "data", "brown", "train.txt.gz")   # the corpus's own text
 
@@ -25,7 +26,7 @@ def references(tmp_path, monkeypatch):
     curve = [{"kind": "train", "step": s, "mlm_loss": 8.0 - s / 1000} for s in (100, 1000)] + \
         [{"kind": "eval", "step": s, "mlm_accuracy": a} for s, a in
          ((500, 0.10), (1000, 0.14), (2000, 0.20))]
-    reference_runs.write_json(str(tmp_path / "references" / "pretrain-nano-brown.json"), {
+    write_json(str(tmp_path / "references" / "pretrain-nano-brown.json"), {
         "command": "`python train.py`", "machine": "quiet 2-core machine", "steps": 2000,
         "args": {"lr": 1.5e-3, "batch_size": 52}, "heldout": {"mlm_accuracy": 0.20},
         "curve": curve})
@@ -88,7 +89,7 @@ def test_a_reference_is_written_from_a_runs_folder(references):
     with open(run / "metrics.jsonl", "w") as f:
         for step in range(20, 1020, 20):
             f.write(json.dumps({"kind": "train", "step": step, "mlm_loss": 9.123456789 - step
-                                / 500, "lr": 1e-3}) + "\n")
+                                / 500, "lr": 1e-3, "tokens_per_second": 5e4}) + "\n")
             if step % 500 == 0:
                 f.write(json.dumps({"kind": "eval", "step": step, "mlm_accuracy": step / 5000,
                                     "mlm_loss": 7.0, "nsp_accuracy": 0.6, "nsp_loss": 0.6,
@@ -101,9 +102,9 @@ def test_a_reference_is_written_from_a_runs_folder(references):
     assert path == os.path.join(reference_runs.FOLDER, "pretrain-nano-brown.json")
     written = json.loads(open(path).read())
     train = [r["step"] for r in written["curve"] if r["kind"] == "train"]
-    assert train == list(range(100, 1100, 100))                  # every 100th step
+    assert train == list(range(200, 1200, 200))                  # every 200th step
     assert [r["step"] for r in written["curve"] if r["kind"] == "eval"] == [500, 1000]
-    assert written["curve"][0] == {"kind": "train", "step": 20 * 5, "mlm_loss": 8.923,
+    assert written["curve"][0] == {"kind": "train", "step": 200, "mlm_loss": 8.723,
                                    "lr": 0.001}                  # 4 significant digits
     assert written["steps"] == 1000 and written["args"]["lr"] == 1.5e-3
     assert place(0.2, 1000).endswith("had 0.200 at its end (step 1,000): on track")
@@ -114,7 +115,7 @@ def test_a_reference_is_written_from_a_runs_folder(references):
 
 
 def test_fine_tuning_is_placed_against_the_default_runs_reference(references):
-    reference_runs.write_json(os.path.join(reference_runs.FOLDER, "finetune-default.json"), {
+    write_json(os.path.join(reference_runs.FOLDER, "finetune-default.json"), {
         "command": "`python finetune.py`", "machine": "quiet 2-core machine",
         "args": {"lr": 3e-5, "epochs": 1.0}, "best": {"score": 0.83, "metric": "accuracy",
                                                      "epoch": 1.0}, "curve": []})
