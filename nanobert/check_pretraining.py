@@ -82,9 +82,9 @@ def record_run(args, task, start, seed, lr, job):
 
 def jobs(args):
     """Every (task, seed, start, rate) fine-tuning whose record is missing, in that order (the
-    first task's cells finish first). A folder a killed run left goes on (--resume: from its
-    last epoch's checkpoint, or afresh if it had none); a run that finished but was not yet
-    recorded is recorded, not repeated."""
+    first task's cells finish first). A run killed after an epoch goes on from its checkpoint
+    (--resume: exactly as if never stopped), one killed before starts afresh; a run that
+    finished but was not yet recorded is recorded, not repeated."""
     found = []
     for task in args.tasks:
         for seed in args.seeds:
@@ -95,14 +95,18 @@ def jobs(args):
                         continue
                     job = compare.Job(
                         [*FINETUNE, "--model", args.model, *extra, "--dataset", task,
-                         "--lr", f"{lr:g}", "--seed", str(seed), "--out",
-                         out, *(["--resume"] if os.path.isdir(out) else [])], out,
+                         "--lr", f"{lr:g}", "--seed", str(seed), "--out", out,
+                         *(["--resume"] if resumable(out) else [])], out,
                         done=lambda job, key=(task, start, seed, lr): record_run(args, *key, job))
                     if os.path.isfile(os.path.join(out, "results.json")):
                         job.done(job)
                     else:
                         found.append(job)
     return found
+
+
+def resumable(out):
+    return os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
 
 
 def estimate(args, config, todo):

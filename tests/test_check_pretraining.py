@@ -16,7 +16,8 @@ from nanobert import check_pretraining as check
 # choices pretraining pays on trec (+10 points, +10 stds), is level on movie-sentiment and
 # hurts on conll2003; on test's choices it would be the other way round.
 # It writes what finetune.py writes (results.json, metrics.jsonl) and one line per call to
-# $FAKE_CALLS; the run named by $FAKE_KILL ("task start seed lr") dies mid-way (SIGKILL).
+# $FAKE_CALLS; the run named by $FAKE_KILL ("task start seed lr") dies (SIGKILL) after its
+# first epoch's checkpoint, the one named by $FAKE_KILL_EARLY before it.
 FAKE_FINETUNE = textwrap.dedent("""
     import json, os, signal, sys
     argv = sys.argv[1:]
@@ -27,7 +28,11 @@ FAKE_FINETUNE = textwrap.dedent("""
     with open(os.environ["FAKE_CALLS"], "a") as f:
         f.write(" ".join(argv) + "\\n")
     os.makedirs(out, exist_ok=True)
-    if os.environ.get("FAKE_KILL") == f"{task} {start} {seed} {lr:g}":
+    if os.environ.get("FAKE_KILL") == f"{task} {start} {seed} {lr:g}":   # after an epoch
+        os.makedirs(os.path.join(out, "checkpoint"))
+        open(os.path.join(out, "checkpoint", "trainer_state.json"), "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("FAKE_KILL_EARLY") == f"{task} {start} {seed} {lr:g}":  # before one
         open(os.path.join(out, "metrics.jsonl"), "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
     TEST = {"trec": {"pretrained": (0.80, 0.60), "from-scratch": (0.70, 0.90)},
@@ -102,25 +107,29 @@ def test_the_verdict_reads_the_test_scores_of_the_rates_dev_chose(fake, capsys):
 def test_a_killed_check_goes_on_without_repeating_a_finished_run(fake, monkeypatch):
     tmp_path = fake
     monkeypatch.setenv("FAKE_KILL", "trec from-scratch 1 0.001")
+    monkeypatch.setenv("FAKE_KILL_EARLY", "trec pretrained 1 0.001")
     with pytest.raises(SystemExit, match="some runs failed"):
         check_main(tmp_path, "--tasks", "trec", "--seeds", "0", "1")
     assert len(calls(tmp_path)) == 2 * 2 * 2
     records = tmp_path / "check" / "records" / "trec"
-    assert len(os.listdir(records)) == 7                  # all but the killed run
+    assert len(os.listdir(records)) == 6                  # all but the two killed runs
     # a run that finished but whose record was never written (killed between the two)
     os.remove(records / "pretrained-seed0-lr3e-04.json")
     assert check_main(tmp_path, "--tasks", "trec", "--table") == 0     # runs nothing
     assert len(calls(tmp_path)) == 8
     text = (tmp_path / "check" / "table.md").read_text()
-    assert "| 1 / 1 (more pending) |" in text, text       # seed 1 of one side, 0 of the other
+    assert "| 0 / 1 (more pending) |" in text, text       # no seed of one side, 1 of the other
     monkeypatch.delenv("FAKE_KILL")
+    monkeypatch.delenv("FAKE_KILL_EARLY")
     assert check_main(tmp_path, "--tasks", "trec", "--seeds", "0", "1") == 0
-    again = calls(tmp_path)[8:]
-    assert len(again) == 1 and "--resume" in again[0].split()     # the killed run alone, resumed
-    assert "--seed 1" in again[0] and "--from-scratch" in again[0]
+    again = sorted(calls(tmp_path)[8:], key=lambda c: "--from-scratch" in c)
+    assert len(again) == 2, again                         # the killed runs alone
+    assert "--from-scratch" not in again[0] and "--resume" not in again[0]   # afresh
+    assert "--from-scratch" in again[1] and "--resume" in again[1].split()    # from its epoch
+    assert all("--seed 1" in c and "--lr 0.001" in c for c in again)
     assert len(os.listdir(records)) == 8
     table = (tmp_path / "check" / "table.md").read_text()
-    assert "| +10.0 | +10.0 | 2 / 2 |" in table, table
+    assert "| +10.0 | +14.1 | 2 / 2 |" in table, table      # two seeds: std 0.71
 
 
 def test_the_verdict_in_words():
