@@ -128,7 +128,12 @@ def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss"), behind=None):
             draw(ax, behind, key, "reference ", color="0.7")
         draw(ax, rows, key, "")
         ax.set_xlabel("step")
-        ax.set_title(key.replace("_", " ").upper().replace("LOSS", "loss"))
+        ax.set_title(key.replace("_", " ").replace("mlm", "MLM").replace("nsp", "NSP"))
+        ax.ticklabel_format(axis="y", useOffset=False)
+        low, high = ax.get_ylim()
+        middle = (low + high) / 2         # one dev point (a 1-epoch run): a readable scale
+        if high - low < 0.1 * abs(middle):
+            ax.set_ylim(0.95 * middle, 1.05 * middle)
         ax.legend()
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)

@@ -41,7 +41,9 @@ RECIPE = {"pretrain": ("max_seq_length", "batch_size", "grad_accum", "lr", "warm
           "finetune": ("lr", "epochs", "batch_size", "grad_accum", "max_train_examples",
                        "max_seq_length", "dropout", "warmup", "layer_decay", "seed", "dtype",
                        "optimizer", "weight_decay", "from_scratch")}
-TRAIN_EVERY = 200        # a reference keeps the train rows of every this many steps
+# A reference keeps the train rows of every this many steps: train.py logs every 20 of ~18,000,
+# finetune.py every 10 of its default run's 125.
+TRAIN_EVERY = {"pretrain": 200, "finetune": 10}
 LEFT_OUT = ("mfu", "ranks", "sequences", "masked_tokens", "nsp_majority_accuracy")
 
 
@@ -179,14 +181,14 @@ def plot_with_reference(kind, args, metrics_path, png_path, keys, alone=True):
 # --------------------------------------------------------------------- writing a reference
 
 
-def curve(metrics_path):
-    """The rows of metrics.jsonl a reference keeps: the train rows of every TRAIN_EVERY steps
+def curve(metrics_path, every):
+    """The rows of metrics.jsonl a reference keeps: the train rows of every `every` steps
     (and the last), every evaluation; their losses and scores, the step, rate and time, rounded
     to 4 significant digits (the pace and counts left out)."""
     with open(metrics_path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     last = max(r["step"] for r in rows if r["kind"] == "train")
-    kept = [r for r in rows if r["kind"] == "eval" or r["step"] % TRAIN_EVERY == 0
+    kept = [r for r in rows if r["kind"] == "eval" or r["step"] % every == 0
             or r["step"] == last]
     return [{k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in r.items()
              if isinstance(v, (int, float, str)) and k not in LEFT_OUT
@@ -230,7 +232,7 @@ def write_reference(folder, machine, command=None):
         "machine": machine, "date": time.strftime("%Y-%m-%d"),
         "args": {k: args.get(k) for k in ("preset", "corpus", "model", *RECIPE[kind])
                  if k in args},
-        **facts, "curve": curve(os.path.join(folder, "metrics.jsonl"))}))
+        **facts, "curve": curve(os.path.join(folder, "metrics.jsonl"), TRAIN_EVERY[kind])}))
     return path
 
 
