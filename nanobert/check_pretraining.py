@@ -44,10 +44,10 @@ class Task:                  # a key of TASKS is the task's finetune.py --datase
     minutes: float       # CPU minutes of one run of README's nano model (the estimate)
 
 
-TASKS = {       # minutes: the records' cpu_minutes of 2026-11-29's check (docs/finetuning.md)
-    "movie-sentiment": Task("accuracy", "movie sentiment (accuracy %)", 1.5),
-    "trec": Task("accuracy", "TREC (accuracy %)", 0.5),
-    "conll2003": Task("f1", "CoNLL-2003 NER (F1)", 2.5),
+TASKS = {       # minutes: the mean cpu_minutes of 2026-11-29's records (docs/finetuning.md)
+    "movie-sentiment": Task("accuracy", "movie sentiment (accuracy %)", 0.23),
+    "trec": Task("accuracy", "TREC (accuracy %)", 0.08),
+    "conll2003": Task("f1", "CoNLL-2003 NER (F1)", 0.40),
 }
 STARTS = {"pretrained": (), "from-scratch": ("--from-scratch",)}   # finetune.py's flags
 FINETUNE = [sys.executable, os.path.join(compare.REPOSITORY, "finetune.py")]

@@ -15,7 +15,8 @@ BROWN = os.path.join("somewhere", "data", "brown", "train.txt.gz")   # the corpu
 def user_args(**changes):
     """vars() of a train.py run on the nano preset and Brown's own text, 10 minutes."""
     return {"preset": "nano", "corpus": "brown", "data": [BROWN], "config": None,
-            "init_from": None, "minutes": 10.0, "lr": 1.5e-3, "batch_size": 52, **changes}
+            "init_from": None, "minutes": 10.0, "steps": 750, "lr": 1.5e-3, "batch_size": 52,
+            **changes}
 
 
 @pytest.fixture
@@ -23,7 +24,8 @@ def references(tmp_path, monkeypatch):
     """A pretraining reference in a folder of its own: held-out MLM accuracy 0.10 at step
     500, 0.14 at 1,000, 0.20 at its end, step 2,000."""
     monkeypatch.setattr(reference_runs, "FOLDER", str(tmp_path / "references"))
-    curve = [{"kind": "train", "step": s, "mlm_loss": 8.0 - s / 1000} for s in (100, 1000)] + \
+    curve = [{"kind": "train", "step": s, "mlm_loss": 8.0 - s / 1000, "lr": 2e-3 - s * 1e-6}
+             for s in (100, 1000)] + \
         [{"kind": "eval", "step": s, "mlm_accuracy": a} for s, a in
          ((500, 0.10), (1000, 0.14), (2000, 0.20))]
     write_json(str(tmp_path / "references" / "pretrain-nano-brown.json"), {
@@ -40,20 +42,21 @@ def place(accuracy, step, **changes):
 
 def test_a_run_is_placed_against_the_reference_at_the_same_step(references):
     line = place(0.118, 750)                          # the reference: 0.12 at step 750
-    assert line.startswith("held-out MLM accuracy 0.118 at step 750; the reference run "
-                           "(`python train.py`, quiet 2-core machine) had 0.120 at this step: "
-                           "on track; it went on to step 2,000 (0.200): fewer steps in the "
-                           "same minutes here (a busier or slower machine)"), line
-    assert place(0.105, 750).endswith(": behind (fewer steps? a different corpus? a changed "
-                                      "model or data?); it went on to step 2,000 (0.200): "
-                                      "fewer steps in the same minutes here (a busier or slower "
-                                      "machine)")
-    assert "behind (your run differs in --batch-size, --lr)" in place(0.105, 750, lr=1e-3,
-                                                                        batch_size=32)
-    assert place(0.118, 750, minutes=None).endswith(  # --steps: a run cut short, no budget
+    assert line == ("held-out MLM accuracy 0.118 at step 750; the reference run (`python "
+                    "train.py`, quiet 2-core machine) had 0.120 at this step: on track; it went "
+                    "on to step 2,000 (0.200): fewer steps in the same 10 minutes here (a "
+                    "busier or slower machine)"), line
+    assert ": behind (a shorter schedule: your rate fell to 0 by step 750, the reference's " \
+        "was 1.3e-03 at this step); it went on" in place(0.105, 750)
+    assert ": behind (a different corpus? a changed model or data?); it went on to step 2,000 " \
+        "(0.200)" in place(0.105, 750, steps=2000)    # its schedule as long: no other suspect
+    assert "behind (your run differs in --batch-size, --lr); it went" in place(
+        0.105, 750, lr=1e-3, batch_size=32)
+    assert place(0.118, 750, minutes=None).endswith(  # --steps 750: a run cut short
         "0.120 at this step: on track; it went on to step 2,000 (0.200)")
-    assert ": ahead of it" in place(0.135, 750)
-    assert place(0.199, 2400).endswith("had 0.200 at its end (step 2,000): on track")
+    assert ": ahead of it;" in place(0.135, 750)
+    assert place(0.199, 2400, steps=2400).endswith("had 0.200 at its end (step 2,000): on "
+                                                   "track")
     assert place(0.05, 300).endswith("had its first held-out point at step 500: too early to "
                                      "place")
 
@@ -79,7 +82,7 @@ def test_the_reference_curve_is_drawn_behind_the_run(references, monkeypatch):
     reference_runs.plot_with_reference("pretrain", user_args(preset="tiny"), "m.jsonl", "p.png",
                                        ("mlm_loss",), alone=False)      # finetune.py's: none
     assert len(drawn) == 2 and drawn[0][-1] == {"kind": "eval", "step": 2000,
-                                                "mlm_accuracy": 0.20}
+                                                "mlm_accuracy": 0.20}     # the curve, whole
     assert drawn[1] is None                            # the run alone
 
 

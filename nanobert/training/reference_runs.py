@@ -94,11 +94,11 @@ def differences(kind, args, reference):
 # ------------------------------------------------------------------------ placing a run
 
 
-def at_step(reference, key, step):
-    """The reference's held-out (or dev) `key` at `step`, linear between its evaluations;
-    None before its first."""
+def at_step(reference, key, step, kind="eval"):
+    """The reference's held-out (or dev) `key` at `step` (kind "train": its train rows', as
+    the rate), linear between its rows; None before its first."""
     points = [(r["step"], r[key]) for r in reference["curve"]
-              if r["kind"] == "eval" and r.get("split", "dev") == "dev" and key in r]
+              if r["kind"] == kind and r.get("split", "dev") == "dev" and key in r]
     if not points or step < points[0][0]:
         return None
     return float(numpy.interp(step, *zip(*points)))
@@ -116,7 +116,7 @@ def hint(kind, args, reference, verdict):
         return ""
     changed = differences(kind, args, reference)
     return (f" (your run differs in {', '.join(changed)})" if changed else
-            " (fewer steps? a different corpus? a changed model or data?)")
+            " (a different corpus? a changed model or data?)")
 
 
 def place_pretraining(args, summary):
@@ -141,11 +141,15 @@ def place_pretraining(args, summary):
         return line + f"{end:.3f} at its end (step {reference['steps']:,}): {verdict}" + \
             hint("pretrain", args, reference, verdict)
     verdict = standing(accuracy, expected, "pretrain")
-    busy = (": fewer steps in the same minutes here (a busier or slower machine)"
-            if args.get("minutes") else "")
-    return line + f"{expected:.3f} at this step: {verdict}" + \
-        hint("pretrain", args, reference, verdict) + \
-        f"; it went on to step {reference['steps']:,} ({end:.3f}){busy}"
+    shorter = args.get("steps") and args["steps"] < reference["steps"]
+    why = hint("pretrain", args, reference, verdict)
+    if verdict == "behind" and shorter and not differences("pretrain", args, reference):
+        why = (f" (a shorter schedule: your rate fell to 0 by step {args['steps']:,}, the "
+               f"reference's was {at_step(reference, 'lr', step, 'train'):.1e} at this step)")
+    busy = (f": fewer steps in the same {args['minutes']:g} minutes here (a busier or slower "
+            "machine)" if shorter and args.get("minutes") else "")
+    return line + f"{expected:.3f} at this step: {verdict}{why}; it went on to step " \
+        f"{reference['steps']:,} ({end:.3f}){busy}"
 
 
 def place_finetuning(args, summary):
