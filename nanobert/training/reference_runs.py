@@ -30,7 +30,7 @@ FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 # How far below the reference a run may be and still be "on track". Pretraining: 0.01 of
 # held-out MLM accuracy, about 2.3 standard errors of train.py's held-out estimate on Brown
 # (10,853 masked tokens at ~0.27). Fine-tuning: 0.02 of dev accuracy, about 2
-# standard errors on movie-sentiment's 1,061 dev sentences.
+# standard errors on movie-sentiment's 1,060 dev sentences.
 TOLERANCE = {"pretrain": 0.01, "finetune": 0.02}
 # The flags that shape a run's curve besides the preset / model and the data: a difference is
 # named when a run is behind ("your run differs in --lr").
