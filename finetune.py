@@ -9,6 +9,7 @@
         --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
     python finetune.py --task classify --train a.tsv --dev b.tsv --text-columns 1 --label-column 0
     python finetune.py --task regress --glue-task sts-b --train STS-B/train.tsv --dev STS-B/dev.tsv
+    python finetune.py --task multilabel --train topics.tsv --dev topics_dev.tsv  # sports,politics
     python finetune.py --task ner --train conll/train.txt --dev conll/valid.txt \\
         --test conll/test.txt
     python finetune.py --task squad --train train-v2.0.json --dev dev-v2.0.json --batch-size 12
@@ -21,11 +22,13 @@
     python finetune.py --dataset trec --resume   # continue a stopped run (or grid) exactly
 
 Tasks: classify (one sentence -> label), pair (A [SEP] B -> label), regress (-> a number),
-ner (a tag per word, CoNLL columns), squad (an answer span, SQuAD v1.1 / v2.0 JSON), choice
-(SWAG CSV). Text files: TSV one example per line (--glue-task NAME picks a GLUE layout, or
---text-columns / --label-column), CoNLL "word ... tag" with blank lines between sentences,
-SQuAD JSON, SWAG CSV. Errors name the file and line. Over-long inputs are truncated (rules
-in nanobert/data/tasks.py and nanobert/data/squad.py) and counted.
+multilabel (one sentence -> a set of labels, comma-separated in the label column; each label
+whose probability is above 0.5 predicted), ner (a tag per word, CoNLL columns), squad (an
+answer span, SQuAD v1.1 / v2.0 JSON), choice (SWAG CSV). Text files: TSV one example per line
+(--glue-task NAME picks a GLUE layout, or --text-columns / --label-column), CoNLL "word ...
+tag" with blank lines between sentences, SQuAD JSON, SWAG CSV. Errors name the file and line.
+Over-long inputs are truncated (rules in nanobert/data/tasks.py and nanobert/data/squad.py)
+and counted.
 
 Reads like a recipe: arguments, model and tokenizer, data, model with a fresh head,
 optimizer, loop (progress line, evaluation on dev after each epoch, best checkpoint), then
@@ -147,8 +150,9 @@ def add_data_arguments(g):
     g.add_argument("--header", action="store_true",
                    help="the TSV's first line is a header (implied when columns are given by name)")
     g.add_argument("--labels", metavar="A,B,..",
-                   help="the label set, comma-separated (default: the sorted labels of --train; "
-                        "a dev/test label outside it is an error)")
+                   help="the label set, comma-separated (default: the sorted labels of --train, "
+                        "for multilabel every name there; a dev/test label outside it is an "
+                        "error)")
     g.add_argument("--tag-scheme", choices=("as-is", "bio"), default="as-is",
                    help="ner: keep the file's tags, or convert IOB1 to BIO before training "
                         "(scores are equal)")
@@ -213,7 +217,7 @@ def add_run_arguments(g):
     g.add_argument("--metric",
                    help="dev score that picks the best checkpoint: the highest, or the lowest "
                         "for loss (default: accuracy; f1 for ner, squad, MRPC, QQP; matthews "
-                        "for CoLA; spearman for regress)")
+                        "for CoLA; spearman for regress; micro_f1 for multilabel)")
     flags.add(g, "--seed", help="head init, shuffling, dropout, subsampling")
     flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph", "--reference-ops")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)

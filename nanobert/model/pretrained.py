@@ -86,14 +86,16 @@ def load_pretrained(cls, path):
 # ------------------------------------------------------------- a task head from any BERT
 
 
-def load_for_task(cls, path, num_labels=None, id2label=None, reinit_head=False, seed=0):
+def load_for_task(cls, path, num_labels=None, id2label=None, reinit_head=False, seed=0,
+                  problem_type=None):
     """-> (config with the task's labels, params) for a task head class `cls` from any BERT
     checkpoint: the encoder must fit; other heads' tensors and an unused pooler are dropped;
     a missing pooler or head starts fresh (init from `seed`); a head of another shape is an
     error unless reinit_head. What was dropped or started fresh is printed, as transformers
-    warns."""
+    warns. problem_type, when given, replaces the checkpoint's."""
     config, tensors = read_checkpoint(path)
-    config = with_labels(config, num_labels=num_labels, id2label=id2label)
+    config = with_labels(config, num_labels=num_labels, id2label=id2label,
+                         problem_type=problem_type)
     expected, head = cls.param_shapes(config), cls.head_shapes(config)
     tensors = adapt_state_dict(tensors, "bert.", expected)
     unused = _drop_other_heads(tensors, expected)

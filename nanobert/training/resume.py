@@ -87,8 +87,8 @@ def refuse_changed_model(wanted, config, flag, doing="resuming with"):
     than the checkpoint's `config` (the checkpoint's would be used, silently). `doing` names
     what uses the checkpoint: "resuming with", or --init-from's start."""
     for field in dataclasses.fields(config):     # the model's settings, not config.json's extras
-        k = field.name
-        if k != "extra" and getattr(wanted, k) != getattr(config, k):
+        k = field.name                           # nor the task's (problem_type: its head's)
+        if k not in ("extra", "problem_type") and getattr(wanted, k) != getattr(config, k):
             raise SystemExit(f"error: {doing} {flag} ({k} {getattr(wanted, k)}), but the "
                              f"checkpoint's model has {k} {getattr(config, k)}")
 
