@@ -21,6 +21,7 @@ INTEGER_RANGES = {
     "max_position_embeddings": (1, 2**20),
     "type_vocab_size": (1, 2**16),
     "pad_token_id": (0, 2**22 - 1),
+    "num_labels": (1, 2**20),          # a head's width: LABEL_0.. are made for each
 }
 PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 POSITIVE_REALS = ("layer_norm_eps", "initializer_range")

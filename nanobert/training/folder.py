@@ -109,8 +109,9 @@ def check_output_folder(out, sources=(), resume=False, overwrite=False):
         raise ValueError("--resume continues the run in --out, --overwrite replaces it: give one")
     for source in sources:
         if source and os.path.isdir(source) and _inside(source, out):
-            raise ValueError(f"--out {out} holds the model this run reads ({source}): its "
-                             "checkpoint/ and best/ would replace it; give another --out")
+            raise ValueError(f"--out {out} holds the model this run reads ({source}), which "
+                             "the run's own checkpoint/ or best/ would replace; give another "
+                             "--out")
     found = run_outputs(out)
     if found and not (resume or overwrite):
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
