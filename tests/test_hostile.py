@@ -22,6 +22,8 @@ from nanobert.model.limits import check_config_values
 from nanobert.model.pretrained import check_state_dict
 from nanobert.training import folder as out_folder
 from nanobert.training.grid import rate_name, run_grid, run_name
+from nanobert.training.resume import check_state_types
+from nanobert.training.run import restore_dropout, seed_dropout
 
 MEMORY_BOUND = 100e6       # bytes over the process's baseline (its --help)
 SECONDS_BOUND = 3.0        # over the baseline: the target is 1 s, a shared machine is slower
@@ -274,3 +276,26 @@ def test_a_missing_tensor_error_names_a_few_and_the_count():
     message = str(info.value)
     assert "missing (1000): t0, t1, t10, t100, t101 and 995 more" in message, message
     assert len(message) < 200, len(message)
+
+
+@pytest.mark.parametrize("state, message", [
+    ({"step": "2"}, "step must be an integer >= 0, got '2'"),
+    ({"total_steps": 0}, "total_steps must be an integer >= 1"),
+    ({"train_seconds": float("nan")}, "train_seconds must be a number >= 0"),
+    ({"best": [1]}, "best must be null or an object"),
+    ({"best": {"score": "0.9"}}, "best.score must be a number, got '0.9'"),
+    ({"loss_scaler": {"loss_scale": None, "clean_steps": 0}}, "loss_scaler.loss_scale"),
+])
+def test_a_trainer_state_of_the_wrong_types_names_the_file_and_key(state, message):
+    with pytest.raises(ValueError, match=re.escape(f"trainer_state.json: {message}")):
+        check_state_types(state, "trainer_state.json")
+    check_state_types({"step": 2, "total_steps": 4, "best": None, "train_seconds": 1.5},
+                      "trainer_state.json")
+
+
+def test_a_dropout_state_edited_by_hand_is_one_value_error():
+    from nanobert import BertConfig, BertForPreTraining
+    model = BertForPreTraining(BertConfig(vocab_size=40, **hostile.TINY))
+    seed_dropout(model, 0, 0)
+    with pytest.raises(ValueError, match="trainer_state.json: dropout_rng is not a generator"):
+        restore_dropout(model, {"bit_generator": "PCG64", "state": "x"}, 0, 1, 0)

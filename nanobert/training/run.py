@@ -113,10 +113,14 @@ def restore_dropout(model, saved, seed, step, rank):
     device kind), else a new stream from (seed, step, rank), said so: the run then goes on
     closely, not bit for bit."""
     if saved is not None and (model.xp is numpy) == ("bit_generator" in saved):
-        if model.xp is numpy:
-            model.rng.bit_generator.state = saved
-        else:
-            model.rng.load_state_dict(saved)
+        try:
+            if model.xp is numpy:
+                model.rng.bit_generator.state = saved
+            else:
+                model.rng.load_state_dict(saved)
+        except (TypeError, ValueError, KeyError) as e:   # a trainer_state.json edited by hand
+            raise ValueError(f"trainer_state.json: dropout_rng is not a generator state this run "
+                             f"can restore ({type(e).__name__}: {e})") from None
         return
     model.rng = default_rng(model.xp, int(numpy.random.SeedSequence([seed, step, rank])
                                           .generate_state(1)[0]))
