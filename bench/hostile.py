@@ -289,6 +289,35 @@ def wait_for(condition, seconds):
         time.sleep(0.05)
 
 
+def case_sparse_file(name):
+    def case(folder, root=HERE):
+        model = tiny_model(os.path.join(folder, "m"))
+        path = os.path.join(model, name)
+        with open(path, "r+b") as f:
+            f.truncate(2**30)                 # its start kept, then 1 GiB of zeros on no disk
+        return fill_mask(model), None
+    case.__doc__ = f"{name} grown to 1 GiB by a sparse tail of zeros."
+    return case
+
+
+def case_nested_config(folder, root=HERE):
+    """config.json nested 100,000 deep."""
+    model = tiny_model(os.path.join(folder, "m"))
+    with open(os.path.join(model, "config.json"), "w", encoding="utf-8") as f:
+        f.write('{"a": ' + "[" * 100_000)
+    return fill_mask(model), None
+
+
+def case_optimizer_header(folder, root=HERE):
+    """train.py --resume on a checkpoint whose optimizer.safetensors claims a 1 GiB header."""
+    out = pretrained_run(folder, root)
+    path = os.path.join(out, "checkpoint", "optimizer.safetensors")
+    with open(path, "wb") as f:
+        f.write((2**30).to_bytes(8, "little"))
+    os.truncate(path, 2**30 + 4096)
+    return train_args(folder, out, "--resume"), None
+
+
 class Interrupted:
     """A case's command that gets Ctrl-C as soon as the path `when` exists."""
 
@@ -318,6 +347,10 @@ CASES = {
                                        num_attention_heads=2**8),
     "hidden-1e9-train": case_huge_config_train,
     "hidden-1e9-from-scratch": case_huge_config_from_scratch,
+    "config-sparse-1gib": case_sparse_file("config.json"),
+    "vocab-sparse-1gib": case_sparse_file("vocab.txt"),
+    "config-nested": case_nested_config,
+    "optimizer-header-1gib": case_optimizer_header,
     "tokenizer-config-array": case_tokenizer_config("[1, 2]"),
     "tokenizer-config-torn": case_tokenizer_config('{"do_lower_case": tr'),
     "trainer-state-step-string": case_trainer_state_step,

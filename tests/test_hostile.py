@@ -60,6 +60,9 @@ LOADER_CASES = {
     "eps-string": ("config.json", "layer_norm_eps"),
     "init-range-null": ("config.json", "initializer_range", "None"),
     "beyond-memory": ("config.json", "parameters", "available"),
+    "config-sparse-1gib": ("config.json", "1,073,741,824 bytes, more than the"),
+    "vocab-sparse-1gib": ("vocab.txt", "1,073,741,824 bytes, more than the"),
+    "config-nested": ("config.json", "nested too deeply"),
     "tokenizer-config-array": ("tokenizer_config.json", "list"),
     "tokenizer-config-torn": ("tokenizer_config.json", "not valid JSON"),
 }
@@ -84,6 +87,12 @@ def test_a_config_too_large_to_allocate_is_one_line_naming_the_key(tmp_path, cas
 def test_a_trainer_state_of_the_wrong_type_is_one_line_naming_file_and_key(tmp_path):
     result = hostile.measure("trainer-state-step-string", str(tmp_path), timeout=120)
     assert_one_line_refusal(result, "trainer_state.json", "step must be an integer", "'2'")
+
+
+def test_a_checkpoints_optimizer_state_is_bounded_by_the_config_too(tmp_path):
+    result = hostile.measure("optimizer-header-1gib", str(tmp_path), timeout=120)
+    assert_one_line_refusal(result, "optimizer.safetensors", "header length 1,073,741,824")
+    assert_bounded(result)
 
 
 @pytest.mark.parametrize("case", ["finetune-out-on-source", "init-from-out",

@@ -95,12 +95,14 @@ def available_memory():
         return None
 
 
-def check_fits_in_memory(config, bytes_per_parameter=4):
-    """MemoryError-free refusal: ValueError when the encoder's parameters alone (float32)
-    need more memory than is available, before any is allocated."""
-    needed = encoder_parameters(config) * bytes_per_parameter
-    available = available_memory()
+def check_fits_in_memory(config, bytes_per_parameter=8):
+    """ValueError, not a MemoryError half-way (or the OOM killer), when the encoder's
+    parameters need more memory than is available, before any is allocated: 8 bytes a
+    parameter, its float32 weight as read or drawn and the model's float32 copy of it (a
+    lower bound: training adds gradients and Adam's moments)."""
+    count = encoder_parameters(config)
+    needed, available = count * bytes_per_parameter, available_memory()
     if available is not None and needed > available:
-        raise ValueError(f"the model has {encoder_parameters(config):,} parameters: "
-                         f"{needed / 1e9:,.1f} GB in float32 for the weights alone, and "
+        raise ValueError(f"the model has {count:,} parameters: {needed / 1e9:,.1f} GB to load "
+                         f"or build ({bytes_per_parameter} bytes a parameter), and "
                          f"{available / 1e9:,.1f} GB of memory are available")
