@@ -76,10 +76,11 @@ from nanobert.training.guards import check_weights
 from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, resume_training, save_checkpoint)
+from nanobert.training.folder import releases_output_folder
 from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
-                                   dropout_state, epoch_order, make_optimizer, remove_stale,
-                                   restore_dropout, run_command, seed_dropout, setup_device,
-                                   start_ranks, write_summary)
+                                   dropout_state, epoch_order, make_optimizer, preparing_data,
+                                   remove_stale, restore_dropout, run_command, seed_dropout,
+                                   setup_device, start_ranks, write_summary)
 from nanobert.training.finetuning import (check_dataset, check_no_training, evaluate_test,
                                           model_name, resolve_columns, save_best, size_defaults,
                                           with_dropout)
@@ -219,7 +220,8 @@ def add_run_arguments(g):
                         "for loss (default: accuracy; f1 for ner, squad, MRPC, QQP; matthews "
                         "for CoLA; spearman for regress; micro_f1 for multilabel)")
     flags.add(g, "--seed", help="head init, shuffling, dropout, subsampling")
-    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph", "--reference-ops")
+    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph", "--reference-ops",
+              "--overwrite")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
     g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")
@@ -450,7 +452,10 @@ def fine_tune(args, group, task, folder, tokenizer, data):
     if group.world_size > 1:
         print(f"data parallel: {group.describe()}")
 
+    written = []                  # the steps this run saved: the checkpoint/ it may remove
+
     def save(step, seconds):      # <out>/checkpoint, written by rank 0, checked by every rank
+        written.append(step)
         if scaler:
             state["loss_scaler"] = scaler.state_dict()
         state.update(step=step, train_seconds=seconds, dropout_rng=dropout_state(model, group),
@@ -468,7 +473,8 @@ def fine_tune(args, group, task, folder, tokenizer, data):
         return None
     if not group.is_main:
         return {}
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)   # the run is complete: nothing to resume
+    if written or args.resume:      # complete: nothing to resume, and the checkpoint its own
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if state["best"].get("collapsed"):
         print(state["best"]["collapsed"])
     summary = {"task": args.task, "model": args.model, "best": state["best"],
@@ -481,6 +487,7 @@ def fine_tune(args, group, task, folder, tokenizer, data):
 # ---------------------------------------------------------------------------------- main
 
 
+@releases_output_folder             # --out's lock, taken by start_ranks
 def main(argv=None):
     args = resolve_task(parse_args(argv))
     setup_device(args)
@@ -502,7 +509,8 @@ def main(argv=None):
                      folder)
     tokenizer = BertTokenizer.from_pretrained(folder)
     print(f"task {args.task}: model {args.model} ({folder})")
-    data = load_data(args, tokenizer)
+    with preparing_data("nothing was written (the data is read again)"):
+        data = load_data(args, tokenizer)
 
     # one run into --out, or every run of the grid into <out>/<run>/ and the dev-best kept
     def one_run(run, out):

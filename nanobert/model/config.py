@@ -5,6 +5,7 @@ import dataclasses
 import os
 
 from ..formats.fileio import read_json
+from .limits import check_config_values, check_fits_in_memory
 from .ops import GELU_KINDS
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -58,6 +59,7 @@ class BertConfig:
     def from_dict(cls, d):
         if d.get("model_type", "bert") != "bert":
             raise ValueError(f"model_type {d['model_type']!r} is not a BERT (expected 'bert')")
+        check_config_values(d)                  # types and ranges, before anything is built
         d = {k: v for k, v in d.items() if k != "model_type"}       # always "bert"
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
@@ -75,11 +77,17 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path):
-        """config.json, or the config.json inside a folder."""
+        """config.json, or the config.json inside a folder; a bad value or a model too large
+        for the memory available is a ValueError naming the file (model/limits.py)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        return cls.from_dict(read_json(path, "config.json"))
+        try:
+            config = cls.from_dict(read_json(path, "config.json"))
+            check_fits_in_memory(config)
+        except ValueError as e:
+            raise ValueError(e if str(e).startswith(path) else f"{path}: {e}") from None
+        return config
 
 # ------------------------------------------------------------------------ task labels
 
