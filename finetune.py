@@ -9,6 +9,7 @@
         --train MRPC/train.tsv --dev MRPC/dev.tsv --test MRPC/test.tsv
     python finetune.py --task classify --train a.tsv --dev b.tsv --text-columns 1 --label-column 0
     python finetune.py --task regress --glue-task sts-b --train STS-B/train.tsv --dev STS-B/dev.tsv
+    python finetune.py --task multilabel --train topics.tsv --dev topics_dev.tsv  # sports,politics
     python finetune.py --task ner --train conll/train.txt --dev conll/valid.txt \\
         --test conll/test.txt
     python finetune.py --task squad --train train-v2.0.json --dev dev-v2.0.json --batch-size 12
@@ -21,11 +22,13 @@
     python finetune.py --dataset trec --resume   # continue a stopped run (or grid) exactly
 
 Tasks: classify (one sentence -> label), pair (A [SEP] B -> label), regress (-> a number),
-ner (a tag per word, CoNLL columns), squad (an answer span, SQuAD v1.1 / v2.0 JSON), choice
-(SWAG CSV). Text files: TSV one example per line (--glue-task NAME picks a GLUE layout, or
---text-columns / --label-column), CoNLL "word ... tag" with blank lines between sentences,
-SQuAD JSON, SWAG CSV. Errors name the file and line. Over-long inputs are truncated (rules
-in nanobert/data/tasks.py and nanobert/data/squad.py) and counted.
+multilabel (one sentence -> a set of labels, comma-separated in the label column; each label
+whose probability is above 0.5 predicted), ner (a tag per word, CoNLL columns), squad (an
+answer span, SQuAD v1.1 / v2.0 JSON), choice (SWAG CSV). Text files: TSV one example per line
+(--glue-task NAME picks a GLUE layout, or --text-columns / --label-column), CoNLL "word ...
+tag" with blank lines between sentences, SQuAD JSON, SWAG CSV. Errors name the file and line.
+Over-long inputs are truncated (rules in nanobert/data/tasks.py and nanobert/data/squad.py)
+and counted.
 
 Reads like a recipe: arguments, model and tokenizer, data, model with a fresh head,
 optimizer, loop (progress line, evaluation on dev after each epoch, best checkpoint), then
@@ -74,10 +77,11 @@ from nanobert.training.metrics import Clock, Window, append_metrics, time_left
 from nanobert.training.reference_runs import place_finetuning, plot_with_reference
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, resume_training, save_checkpoint)
+from nanobert.training.folder import releases_output_folder
 from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
-                                   dropout_state, epoch_order, make_optimizer, remove_stale,
-                                   restore_dropout, run_command, seed_dropout, setup_device,
-                                   start_ranks, write_summary)
+                                   dropout_state, epoch_order, make_optimizer, preparing_data,
+                                   remove_stale, restore_dropout, run_command, seed_dropout,
+                                   setup_device, start_ranks, write_summary)
 from nanobert.training.finetuning import (check_dataset, check_no_training, evaluate_test,
                                           model_name, resolve_columns, save_best, size_defaults,
                                           with_dropout)
@@ -148,8 +152,9 @@ def add_data_arguments(g):
     g.add_argument("--header", action="store_true",
                    help="the TSV's first line is a header (implied when columns are given by name)")
     g.add_argument("--labels", metavar="A,B,..",
-                   help="the label set, comma-separated (default: the sorted labels of --train; "
-                        "a dev/test label outside it is an error)")
+                   help="the label set, comma-separated (default: the sorted labels of --train, "
+                        "for multilabel every name there; a dev/test label outside it is an "
+                        "error)")
     g.add_argument("--tag-scheme", choices=("as-is", "bio"), default="as-is",
                    help="ner: keep the file's tags, or convert IOB1 to BIO before training "
                         "(scores are equal)")
@@ -214,9 +219,10 @@ def add_run_arguments(g):
     g.add_argument("--metric",
                    help="dev score that picks the best checkpoint: the highest, or the lowest "
                         "for loss (default: accuracy; f1 for ner, squad, MRPC, QQP; matthews "
-                        "for CoLA; spearman for regress)")
+                        "for CoLA; spearman for regress; micro_f1 for multilabel)")
     flags.add(g, "--seed", help="head init, shuffling, dropout, subsampling")
-    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph", "--reference-ops")
+    flags.add(g, "--device", "--dtype", "--no-tf32", "--no-cuda-graph", "--reference-ops",
+              "--overwrite")
     g.add_argument("--eval-batch-size", type=flags.positive_int, metavar="N", default=64)
     g.add_argument("--log-every", type=flags.positive_int, metavar="N", default=10,
                    help="progress line every N steps")
@@ -447,7 +453,10 @@ def fine_tune(args, group, task, folder, tokenizer, data):
     if group.world_size > 1:
         print(f"data parallel: {group.describe()}")
 
+    written = []                  # the steps this run saved: the checkpoint/ it may remove
+
     def save(step, seconds):      # <out>/checkpoint, written by rank 0, checked by every rank
+        written.append(step)
         if scaler:
             state["loss_scaler"] = scaler.state_dict()
         state.update(step=step, train_seconds=seconds, dropout_rng=dropout_state(model, group),
@@ -465,7 +474,8 @@ def fine_tune(args, group, task, folder, tokenizer, data):
         return None
     if not group.is_main:
         return {}
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)   # the run is complete: nothing to resume
+    if written or args.resume:      # complete: nothing to resume, and the checkpoint its own
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     if state["best"].get("collapsed"):
         print(state["best"]["collapsed"])
     summary = {"task": args.task, "model": args.model, "best": state["best"],
@@ -478,6 +488,7 @@ def fine_tune(args, group, task, folder, tokenizer, data):
 # ---------------------------------------------------------------------------------- main
 
 
+@releases_output_folder             # --out's lock, taken by start_ranks
 def main(argv=None):
     args = resolve_task(parse_args(argv))
     setup_device(args)
@@ -499,7 +510,8 @@ def main(argv=None):
                      folder)
     tokenizer = BertTokenizer.from_pretrained(folder)
     print(f"task {args.task}: model {args.model} ({folder})")
-    data = load_data(args, tokenizer)
+    with preparing_data("nothing was written (the data is read again)"):
+        data = load_data(args, tokenizer)
 
     # one run into --out, or every run of the grid into <out>/<run>/ and the dev-best kept
     def one_run(run, out):

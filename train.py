@@ -46,9 +46,11 @@ from nanobert.training.reference_runs import place_pretraining, plot_with_refere
 from nanobert.training.resume import (init_from_vocab, init_from_weights, read_trainer_state,
                                       refuse_changed_flags, refuse_changed_model,
                                       resume_training, save_checkpoint)
+from nanobert.training.folder import releases_output_folder
 from nanobert.training.run import (StopFlag, broadcast_weights, cuda_graph_enabled,
-                                   make_optimizer, remove_stale, run_command, seed_dropout,
-                                   setup_device, start_ranks, stream_rows, write_summary)
+                                   make_optimizer, preparing_data, remove_stale, run_command,
+                                   seed_dropout, setup_device, start_ranks, stream_rows,
+                                   write_summary)
 from nanobert.training.step import update
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -207,7 +209,7 @@ def add_run_arguments(g):
                    help="start from this checkpoint's weights and vocab (<out>/checkpoint of a "
                         "train.py run) with a new optimizer and schedule: continued pretraining, "
                         "e.g. on a task's own text; --config/--preset must describe its model")
-    flags.add(g, "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph",
+    flags.add(g, "--overwrite", "--seed", "--device", "--dtype", "--no-tf32", "--no-cuda-graph",
               "--reference-ops")
     g.add_argument("--log-every", type=flags.positive_int, default=20)
     g.add_argument("--eval-every", type=flags.non_negative_int, default=500,
@@ -229,11 +231,15 @@ def prepare(args, checkpoint_dir):
     """The resume checks, the vocab, the tokenizer and the data sets (built when missing)."""
     if args.resume:
         check_resume(args, checkpoint_dir)
-    if set(corpus_files(args.corpus, DATA).values()) & set(args.data + args.heldout):
-        prepare_corpus(args.corpus, DATA)          # converts it if it is not yet
-    vocab_file = prepare_vocab(args)
-    tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
-    return vocab_file, tokenizer, prepare_datasets(args, tokenizer, vocab_file)
+    if args.config:
+        BertConfig.from_json_file(args.config)     # its types, ranges and size: before the data
+    with preparing_data(f"the data sets finished so far stay in {args.out}/data and are "
+                        "reused"):
+        if set(corpus_files(args.corpus, DATA).values()) & set(args.data + args.heldout):
+            prepare_corpus(args.corpus, DATA)          # converts it if it is not yet
+        vocab_file = prepare_vocab(args)
+        tokenizer = BertTokenizer(vocab_file, do_lower_case=not args.cased)
+        return vocab_file, tokenizer, prepare_datasets(args, tokenizer, vocab_file)
 
 
 def model_config(args, vocab_size):
@@ -479,6 +485,7 @@ def final_evaluation(args, model, tokenizer, data, metrics_path, summary):
 # ---------------------------------------------------------------------------------- main
 
 
+@releases_output_folder             # --out's lock, taken by start_ranks
 def main(argv=None):
     args = parse_args(argv)
     setup_device(args)

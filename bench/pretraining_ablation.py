@@ -237,7 +237,7 @@ def pretraining_job(args, cmd, out, needs=None):
         record_pretraining(args, out)
         return []
     resume = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
-    return [Job([*cmd, "--out", out, *(["--resume"] if resume else [])], out, needs,
+    return [Job([*cmd, "--out", out, *(["--resume"] if resume else ["--overwrite"])], out, needs,
                 done=lambda job: record_pretraining(args, job.out))]
 
 
@@ -329,7 +329,7 @@ def finetune_jobs(args):
                     out = finetune_folder(args, task, start, seed, lr)
                     job = Job([*FINETUNE, *RECIPE, "--epochs", str(TASKS[task].epochs),
                                *TASKS[task].args, "--lr", f"{lr:g}", "--model", model, *extra,
-                               "--seed", str(seed), "--out", out], out, needs,
+                               "--seed", str(seed), "--out", out, "--overwrite"], out, needs,
                               done=lambda job, key=(task, start, seed, lr): record_run(
                                   args, *key, job))
                     if os.path.isfile(record_path(args, task, start, seed, lr)) \

@@ -21,7 +21,8 @@ from nanobert.backend import to_host
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.hub import resolve_model
 from nanobert.model.params import init_params
-from nanobert.model.pretrained import adapt_state_dict, read_checkpoint
+from nanobert.model.pretrained import (adapt_state_dict, check_state_dict, read_checkpoint,
+                                       read_weights)
 from nanobert.model.pretraining import top_k_at_masks
 from nanobert.training.run import run_command, setup_device
 
@@ -59,6 +60,10 @@ def load_masked_lm(name_or_path, device=None, dtype=numpy.float32):
                          f"with the head: {DEFAULT_MODEL} after python train.py, or a "
                          "BertForPreTraining / BertForMaskedLM folder")
     fresh = {k: s for k, s in expected.items() if k not in tensors and k.startswith(UNUSED_HERE)}
+    config_file = os.path.join(folder, "config.json")
+    check_state_dict({k: s for k, s in expected.items() if k not in fresh}, tensors,
+                     what=f"BertForPreTraining with {config_file}")    # before any is read
+    tensors = read_weights(folder, config, tensors)
     tensors.update(init_params(fresh, config, seed=0))
     model = BertForPreTraining(config, dtype=dtype, device=device, params=tensors)
     return model.eval(), folder

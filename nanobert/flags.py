@@ -73,6 +73,11 @@ SHARED = {
                                  "(tests/test_reference_mode.py), about 3x slower "
                                  "(nano pretraining and MiniLM fine-tuning: 3.1x on 2 "
                                  "cores); also $NANOBERT_REFERENCE=1"),
+    "--overwrite": dict(action="store_true",
+                        help="start a new run in an --out that holds an earlier run's model, "
+                             "checkpoint or records, replacing them as this run writes its own "
+                             "(without it such an --out is refused: --resume continues that "
+                             "run instead); never the model this run reads"),
     "--no-cuda-graph": dict(action="store_true",
                             help="GPU: issue each step's kernels one by one instead of "
                                  "replaying the step from a CUDA graph (also "

@@ -457,8 +457,10 @@ def make_batch(rng, config, task, batch_size, seq_len, num_choices=2):
                              last index always, ~30% more), -100 elsewhere;
                              next_sentence_label [B]
     sequence_classification  labels [B] in [0, num_labels), the last -100 when B > 1
-    regression               labels [B] (num_labels 1) or [B, num_labels], floats
-    multi_label              labels [B, num_labels] in {0, 0.3, 1}
+    regression               labels [B] (num_labels 1) or [B, num_labels], floats (the
+                             second for a config of problem_type "regression")
+    multi_label              labels [B, num_labels] in {0, 0.3, 1} (for a config of
+                             problem_type "multi_label_classification")
     token_classification     labels [B, T], -100 at padding and ~30% more; [0, 0] counted
     question_answering       start/end_positions [B] in [-2, T + 2) (clamped or ignored by
                              the loss), example 0 from 0 to T - 1

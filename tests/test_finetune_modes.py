@@ -107,7 +107,8 @@ def test_the_task_comes_from_the_head_without_best_json(tiny_bert, tmp_path):
      SystemExit, r"is a BertForSequenceClassification; --task ner needs a "
                  r"BertForTokenClassification"),
     (("--do", "eval", "--model", "{best}", "--task", "regress", "--dev", "stsb_dev.tsv"),
-     SystemExit, r"with 2 output\(s\); --task regress needs one output"),
+     SystemExit, r"with 2 output\(s\) of problem_type single_label_classification; --task "
+                 r"regress needs regression"),
     (("--do", "eval", "--model", "{best}", "--glue-task", "sst-2", "--dev", "bad_label.tsv"),
      ValueError, r"bad_label.tsv:3: label 'maybe' is not one of the model's labels "
                  r"\(id2label of .*best: \['0', '1'\]\)"),

@@ -94,9 +94,11 @@ def test_regression_gradients_match_central_differences(seed, case):
 
 
 @settings(max_examples=4, deadline=None)
-@given(seed=seeds, case=cases("multi_label", num_labels=(2, 3)))
+@given(seed=seeds, case=cases("multi_label", num_labels=(1, 3),
+                              problem_type="multi_label_classification"))
 def test_multi_label_gradients_match_central_differences(seed, case):
-    """Float labels [B, C] -> mean binary cross-entropy with logits."""
+    """Declared multi-label, labels [B, C] in [0, 1] -> mean binary cross-entropy with logits
+    (one label too: a task of one tag is still multi-label, not regression)."""
     check_head_gradients(BertForSequenceClassification, case, seed, "sequence multi-label (BCE)")
 
 
@@ -145,8 +147,13 @@ def task_ref(ref, task):
     return {k[len(task) + 1:]: v for k, v in ref.items() if k.startswith(task + "/")}
 
 
-def load_model(r, task, dtype):
+def load_model(r, task, dtype, declared=True):
+    """The fixture's model. Its config.json was saved before transformers' first forward, so
+    it has no problem_type; transformers then guessed multi-label from the float labels, which
+    nanobert never does: the multi-label task declares it, as a user would (declared=True)."""
     config = BertConfig.from_dict(json.loads(str(r["config_json"])))
+    if task == "multi_label" and declared:
+        config = with_labels(config, problem_type="multi_label_classification")
     params = {k[len("param/"):]: v for k, v in r.items() if k.startswith("param/")}
     return TASKS[task](config, dtype=dtype, params=params).eval()
 
@@ -184,18 +191,24 @@ def test_loss_logits_and_every_gradient_match_transformers(ref, task, dtype):
         assert_close(g, expected, tol, f"reference {tag} gradients")
 
 
-def test_inferred_problem_types_match_transformers():
-    """The fixture's config has no problem_type (saved before the first forward), so the
-    rule is nanobert's own: num_labels 1 -> regression, float labels -> multi-label."""
+def test_an_undeclared_problem_type_is_decided_when_the_model_is_built():
+    """The fixture's configs declare no problem_type. The model decides when it is built, not
+    from a batch: num_labels 1 -> regression, more -> single-label, kept in its config; the
+    multi-label fixture's float labels then do not fit and are refused, naming the type."""
     ref = reference_fixture("committed", FIXTURE, "reference.finetuning")
     for task, kind in (("seq_cls", "single_label_classification"), ("regression", "regression"),
-                       ("multi_label", "multi_label_classification")):
+                       ("multi_label", "single_label_classification")):
         r = task_ref(ref, task)
-        model = load_model(r, task, numpy.float64)
-        assert ("problem_type" not in model.config.extra
-                or model.config.extra["problem_type"] is None)
-        _, _, out = model.loss_and_grads({k: r[k] for k in BATCH_KEYS if k in r},
-                                         return_outputs=True)
+        assert BertConfig.from_dict(json.loads(str(r["config_json"]))).problem_type is None
+        model = load_model(r, task, numpy.float64, declared=False)
+        assert model.problem_type == model.config.problem_type == kind
+        batch = {k: r[k] for k in BATCH_KEYS if k in r}
+        if task == "multi_label":
+            with pytest.raises(ValueError, match=r"^batch: labels float64 \(4, 3\) do not fit the "
+                                                 r"model's problem_type 'single_label_class"):
+                model.loss(batch)
+            continue
+        _, _, out = model.loss_and_grads(batch, return_outputs=True)
         assert out["problem_type"] == kind
 
 
@@ -390,13 +403,9 @@ def bad_batch_cases():
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([0, 2, 1])},
          r"labels\[1\] = 2 is outside \[0, 2\)"),
         (BertForSequenceClassification, {**inputs, "labels": numpy.array([0, 1])},
-         r"labels has shape \(2,\), expected \(3,\)"),
+         r"labels int64 \(2,\) do not fit the model's problem_type 'single_label_classification' "
+         r"\(integer class ids, shape \(3,\) or \(3, 1\)\)"),
         (BertForSequenceClassification, {**inputs}, r"at least 'input_ids' and 'labels'"),
-        (BertForSequenceClassification,
-         {**inputs, "labels": numpy.array([[0, 1.5], [0, 1], [1, 0]])},
-         r"labels\[0, 1\] = 1.5 is outside \[0, 1\]"),
-        (BertForSequenceClassification, {**inputs, "labels": numpy.array([True, False, True])},
-         "must be a real-valued array, got dtype bool"),
         (BertForTokenClassification, {**inputs, "labels": numpy.zeros((B, T - 1), dtype=int)},
          r"labels has shape \(3, 6\), expected \(3, 7\)"),
         (BertForTokenClassification, {**inputs, "labels": numpy.full((B, T), 0.5)},
@@ -424,6 +433,65 @@ def test_bad_batches_name_the_offending_value(cls, batch, message):
     model = cls(BertConfig(**CONFIG), seed=0)
     with pytest.raises(ValueError, match=message):
         model.loss_and_grads(batch)
+
+
+DISAGREEING_LABELS = [      # (problem_type, num_labels, labels of 3 examples, what is refused)
+    ("single_label_classification", 3, [[1.0, 0, 1], [0, 0, 0], [0, 1, 1]], r"float64 \(3, 3\)"),
+    ("single_label_classification", 3, [[1, 0, 1], [0, 0, 0], [0, 1, 1]], r"int64 \(3, 3\)"),
+    ("single_label_classification", 2, [0.0, 1.0, 1.0], r"float64 \(3,\)"),
+    ("multi_label_classification", 3, [2, 0, 1], r"int64 \(3,\)"),
+    ("multi_label_classification", 1, [1.0, 0.0, 1.0], r"float64 \(3,\)"),
+    ("regression", 2, [0.5, 1.0, 2.0], r"float64 \(3,\)"),
+]
+
+
+@pytest.mark.parametrize("kind, count, labels, found", DISAGREEING_LABELS)
+def test_labels_that_disagree_with_the_problem_type_are_refused(kind, count, labels, found):
+    """The declared type decides, never the labels: a multi-hot batch given to a single-label
+    model, class ids given to a multi-label one, ... are one ValueError naming the type."""
+    model = BertForSequenceClassification(
+        with_labels(BertConfig(**CONFIG), num_labels=count, problem_type=kind), seed=0)
+    with pytest.raises(ValueError, match=rf"^batch: labels {found} do not fit the model's "
+                                         rf"problem_type '{kind}' \("):
+        model.loss_and_grads({**tiny_inputs(), "labels": numpy.array(labels)})
+
+
+@pytest.mark.parametrize("labels, message", [
+    ([[0, 1.5], [0, 1], [1, 0]], r"labels\[0, 1\] = 1.5 is outside \[0, 1\] \(multi-label"),
+    ([[True, False], [False, False], [True, True]], "must be a real-valued array, got dtype bool"),
+])
+def test_multi_label_targets_are_probabilities(labels, message):
+    config = with_labels(BertConfig(**CONFIG), problem_type="multi_label_classification")
+    model = BertForSequenceClassification(config, seed=0)
+    with pytest.raises(ValueError, match=message):
+        model.loss_and_grads({**tiny_inputs(), "labels": numpy.array(labels)})
+    ones = {**tiny_inputs(), "labels": numpy.array([[0, 1], [0, 0], [1, 1]])}   # 0/1 integers
+    assert model.check_batch(ones)["labels"].dtype == numpy.float64
+
+
+def test_one_label_per_example_stays_what_was_declared():
+    """The old guess from the labels made a multi-label task of one tag a regression (one
+    output) and an undeclared one with float labels multi-label. Declared, the type holds:
+    one tag, multi-label -> binary cross-entropy; single-label with one label per example ->
+    cross-entropy; neither changes with the batch."""
+    inputs = tiny_inputs()
+    one_tag = BertForSequenceClassification(
+        with_labels(BertConfig(**CONFIG), num_labels=1,
+                    problem_type="multi_label_classification"), seed=0, dtype=numpy.float64)
+    labels = numpy.array([[1.0], [0.0], [1.0]])
+    loss, _, out = one_tag.loss_and_grads({**inputs, "labels": labels}, return_outputs=True)
+    p = 1 / (1 + numpy.exp(-out["logits"]))
+    bce = -(labels * numpy.log(p) + (1 - labels) * numpy.log(1 - p)).mean()
+    assert out["problem_type"] == "multi_label_classification"
+    assert loss == pytest.approx(bce, rel=1e-12)
+    single = BertForSequenceClassification(BertConfig(**CONFIG), seed=0, dtype=numpy.float64)
+    assert single.problem_type == "single_label_classification"
+    _, _, out = single.loss_and_grads({**inputs, "labels": numpy.array([1, 0, 1])},
+                                      return_outputs=True)
+    assert out["problem_type"] == "single_label_classification"
+    with pytest.raises(ValueError, match="needs num_labels >= 2"):
+        BertForSequenceClassification(with_labels(BertConfig(**CONFIG), num_labels=1,
+                                                  problem_type="single_label_classification"))
 
 
 def test_regression_labels_must_be_finite():
@@ -462,10 +530,10 @@ def test_the_bare_encoder_has_no_loss_and_says_what_to_use_instead(method):
 def test_a_head_that_leaves_out_a_hook_is_told_which(hook):
     """A sequence classifier written without one hook: the first call that needs it raises
     NotImplementedError naming the class, the hook and where its contract is."""
-    parts = ("head_shapes", "problem_type", "target_keys", *HOOKS)
+    parts = ("head_shapes", "target_keys", *HOOKS)
     cls = type("HeadWithout" + hook, (heads.BertForTask,),
                {name: BertForSequenceClassification.__dict__[name] for name in parts
-                if name != hook})
+                if name != hook} | {"problem_type": "single_label_classification"})
     model = cls(BertConfig(**CONFIG), seed=0)
     inputs = tiny_inputs()
     message = (rf"^HeadWithout{hook} does not define {hook}: a model with a head supplies it "
@@ -566,3 +634,69 @@ def test_nanobert_loads_a_transformers_head_with_the_same_logits_and_loss(tmp_pa
     assert_close(comparable(cls, logits_of(call(model, inputs)), inputs),
                  comparable(cls, hf_logits(hf_out), inputs), 1e-5, "HF import float32 logits")
     assert_close(loss, hf_out.loss.item(), 1e-5, "HF import float32 loss")
+
+# ------------------------------------------------- problem_type through config.json, both ways
+
+# problem_type -> (num_labels, labels of export_inputs' 3 examples): two of them are not what
+# transformers would guess from the labels (regression over 2 outputs: float labels, guessed
+# multi-label; multi-label with 0/1 targets given as float all the same)
+DECLARED = {
+    "single_label_classification": (3, numpy.array([2, 0, 1])),
+    "multi_label_classification": (3, numpy.array([[1.0, 0, 1], [0, 0, 0], [0, 1, 1]])),
+    "regression": (2, numpy.array([[0.5, -1.0], [2.0, 0.0], [1.0, 1.0]])),
+}
+
+
+@pytest.mark.parametrize("kind", list(DECLARED))
+def test_problem_type_round_trips_through_transformers(tmp_path, kind, capsys):
+    """Declared in nanobert: config.json says it, transformers' config reads it before any
+    forward, the losses agree. Declared in transformers: nanobert reads it, the losses agree."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    count, labels = DECLARED[kind]
+    inputs = export_inputs(BertForSequenceClassification)
+    ours = perturbed(BertForSequenceClassification(
+        with_labels(BertConfig(**CONFIG), num_labels=count, problem_type=kind), seed=7))
+    ours.save_pretrained(tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["problem_type"] == kind
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
+    assert hf.config.problem_type == kind
+    loss = ours.loss({**inputs, "labels": labels})
+    assert_close(loss, hf_outputs(hf, inputs, {"labels": labels}).loss.item(), 1e-5,
+                 f"HF export {kind} loss")
+
+    torch.manual_seed(0)
+    theirs = transformers.BertForSequenceClassification(
+        transformers.BertConfig(**CONFIG, num_labels=count, problem_type=kind)).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    theirs.save_pretrained(tmp_path / "theirs")
+    loaded = BertForSequenceClassification.from_pretrained(tmp_path / "theirs")
+    assert loaded.problem_type == loaded.config.problem_type == kind
+    assert_close(loaded.loss({**inputs, "labels": labels}),
+                 hf_outputs(theirs, inputs, {"labels": labels}).loss.item(), 1e-5,
+                 f"HF import {kind} loss")
+
+
+def test_from_pretrained_declares_or_decides_the_problem_type(tmp_path):
+    """from_pretrained(problem_type=...) replaces the checkpoint's; a config.json without one
+    (a transformers checkpoint that never ran a loss) gets the decision at build, and the saved
+    folder then states it."""
+    undeclared = tmp_path / "undeclared"
+    BertForSequenceClassification(with_labels(BertConfig(**CONFIG), num_labels=3),
+                                  seed=0).save_pretrained(undeclared)
+    saved = json.loads((undeclared / "config.json").read_text())
+    saved.pop("problem_type")
+    (undeclared / "config.json").write_text(json.dumps(saved))
+    assert "problem_type" not in BertConfig.from_json_file(undeclared).to_dict()
+    model = BertForSequenceClassification.from_pretrained(undeclared)
+    assert model.problem_type == "single_label_classification"
+    multi = BertForSequenceClassification.from_pretrained(
+        undeclared, problem_type="multi_label_classification")
+    assert multi.problem_type == "multi_label_classification"
+    multi.save_pretrained(tmp_path / "multi")
+    assert BertForSequenceClassification.from_pretrained(tmp_path / "multi").problem_type == \
+        "multi_label_classification"
+    with pytest.raises(ValueError, match=r"problem_type must be one of .* got 'ranking'"):
+        BertForSequenceClassification.from_pretrained(undeclared, problem_type="ranking")

@@ -72,7 +72,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, mon
 
 
 def test_deeply_nested_header_is_the_ordinary_refusal(tmp_path):
-    header = b"[" * 200_000
+    header = b'{"a": ' + b"[" * 200_000
     path = tmp_path / "hostile.safetensors"
     path.write_bytes(len(header).to_bytes(8, "little") + header)
     with pytest.raises(ValueError, match="hostile.safetensors: header JSON is nested too deeply"):

@@ -242,7 +242,7 @@ MALFORMED = {  # id: (file bytes, or (header, data) for raw_file; expected messa
         (struct.pack("<Q", 2**64 - 1), "header length 18446744073709551615 runs past"),
     "header not UTF-8": ((b'{"\xff":1}', b""), "not valid UTF-8 JSON"),
     "header not JSON": ((b'{"a": ', b""), "not valid UTF-8 JSON"),
-    "header a JSON list": ((b"[]", b""), "JSON list, not an object"),
+    "header a JSON list": ((b"[]", b""), r"header is not a JSON object \(it starts with b'\['\)"),
     "unknown dtype": ((entry("a", 0, 1, [1], "Q7"), b"\x00"), "unsupported dtype 'Q7'"),
     "missing data_offsets":
         (({"a": {"dtype": "F32", "shape": [1]}}, bytes(4)), "needs dtype, shape and data_offsets"),

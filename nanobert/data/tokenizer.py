@@ -830,8 +830,7 @@ class BertTokenizer:
                     kwargs.setdefault(key, value)
             config_path = os.path.join(path, TOKENIZER_CONFIG_NAME)
             if os.path.isfile(config_path):
-                with open(config_path, encoding="utf-8") as f:
-                    config = json.load(f)
+                config = read_tokenizer_config(config_path)
                 for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars",
                             "never_split", "unk_token", "sep_token", "pad_token", "cls_token",
                             "mask_token", "do_basic_tokenize", "padding_side",
@@ -887,6 +886,23 @@ class BertTokenizer:
             json.dump(config, f, indent=2)
             f.write("\n")
         return vocab_path, config_path
+
+
+def read_tokenizer_config(path):
+    """tokenizer_config.json as a dict, its added_tokens_decoder checked to be what
+    transformers writes ({"id": {"content": token, "special": bool, ...}}): a torn file, a
+    JSON array or a wrong type is a ValueError naming the file and the key."""
+    config = read_json(path, TOKENIZER_CONFIG_NAME)
+    added = config.get("added_tokens_decoder") or {}
+    if not isinstance(added, dict):
+        raise ValueError(f"{path}: added_tokens_decoder must be an object, got "
+                         f"{type(added).__name__}")
+    for index, entry in added.items():
+        if not (index.isdigit() and isinstance(entry, dict)
+                and isinstance(entry.get("content"), str)):
+            raise ValueError(f"{path}: added_tokens_decoder entry {index!r} must map a token id "
+                             f"to {{\"content\": token, ...}}, got {entry!r:.80}")
+    return config
 
 
 def read_tokenizer_json(path):

@@ -105,6 +105,9 @@ _ASCII_SPACE_PUNCT = {cp: f" {chr(cp)} "
 
 # ----------------------------------------------------------------------------- vocab I/O
 
+VOCAB_MAX_BYTES = 16 * 1000 * 1000    # multilingual BERT's 119,547 tokens are 1 MB
+
+
 def load_vocab(path, required=SPECIAL_TOKENS):
     """Read a vocab.txt (one token per line; id = line number - 1) into {token: id}.
 
@@ -114,6 +117,9 @@ def load_vocab(path, required=SPECIAL_TOKENS):
     HF) reads them.
     """
     path = check_regular_file(path, "vocab file")
+    if os.path.getsize(path) > VOCAB_MAX_BYTES:       # a sparse file is never read whole
+        raise ValueError(f"vocab file {path!r} is {os.path.getsize(path):,} bytes, more than "
+                         f"the {VOCAB_MAX_BYTES:,} of any BERT vocab: not read")
     with open(path, "rb") as f:
         data = f.read()
     try:

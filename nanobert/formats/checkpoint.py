@@ -31,11 +31,30 @@ def read_config(path):
 
 def read_weights(path):
     """The model.safetensors of a checkpoint folder: {name: host array}, as stored."""
-    path = os.fspath(path)
-    weights = os.path.join(path, WEIGHTS_NAME)
+    return safetensors.load_file(weights_file(path))
+
+
+def weights_file(path):
+    """The path of a checkpoint folder's model.safetensors; FileNotFoundError without one."""
+    weights = os.path.join(os.fspath(path), WEIGHTS_NAME)
     if not os.path.exists(weights):
         raise FileNotFoundError(f"no {WEIGHTS_NAME} in {path} (nanobert reads safetensors only)")
-    return safetensors.load_file(weights)
+    return weights
+
+
+def read_weight_entries(path, max_header_bytes):
+    """{name: safetensors.Entry} of a checkpoint folder's model.safetensors: its header alone,
+    at most `max_header_bytes` of it, checked; no tensor data read."""
+    return safetensors.read_entries(weights_file(path), max_header_bytes)
+
+
+def read_chosen_weights(path, tensors, max_header_bytes):
+    """`tensors` with each safetensors.Entry replaced by its array read from the folder's
+    model.safetensors (what is not an Entry, e.g. a freshly initialised head, passes)."""
+    entries = {k: v for k, v in tensors.items() if isinstance(v, safetensors.Entry)}
+    arrays = safetensors.read_tensors(weights_file(path), entries,
+                                      max_header_bytes=max_header_bytes)
+    return {k: arrays.get(k, v) for k, v in tensors.items()}
 
 
 def first_non_finite(tensors):
@@ -129,8 +148,14 @@ def training_checkpoint_folder(folder):
     return folder
 
 
-def read_training_state(folder):
-    """-> (optimizer state {name: host array}, trainer state dict) of a resumable checkpoint."""
-    optimizer_state = safetensors.load_file(os.path.join(folder, OPTIMIZER_NAME))
+def read_training_state(folder, check=None, max_header_bytes=safetensors.MAX_HEADER_BYTES):
+    """-> (optimizer state {name: host array}, trainer state dict) of a resumable checkpoint;
+    check({name: safetensors.Entry}) may refuse the optimizer state's header before any of
+    its data is read."""
+    path = os.path.join(folder, OPTIMIZER_NAME)
+    entries = safetensors.read_entries(path, max_header_bytes)
+    if check:
+        check(entries)
+    optimizer_state = safetensors.read_tensors(path, entries, max_header_bytes=max_header_bytes)
     trainer_state = read_json(os.path.join(folder, TRAINER_STATE_NAME), TRAINER_STATE_NAME)
     return optimizer_state, trainer_state

@@ -115,19 +115,29 @@ def check_regular_file(path, what="file"):
     return path
 
 
-def read_json(path, what="JSON file"):
+JSON_MAX_BYTES = 16 * 1000 * 1000    # a config, a tokenizer, a trainer state: KBs to a few MB
+
+
+def read_json(path, what="JSON file", max_bytes=JSON_MAX_BYTES):
     """The JSON object (a dict) in the file `path`; `what` names the file in the errors
     ("config.json", "manifest.json"). FileNotFoundError if it is missing, ValueError naming
-    the file if it is not UTF-8 JSON or holds something else than an object."""
+    the file if it is not UTF-8 JSON, holds something else than an object, or is larger than
+    `max_bytes` (a sparse file of zeros must not be read whole)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {what} at {path}")
     check_regular_file(path, what)
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise ValueError(f"{path}: {size:,} bytes, more than the {max_bytes:,} a {what} may "
+                         "hold: not read")
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:            # e.g. 100,000 nested "[": hostile, never a config
+        raise ValueError(f"{path}: JSON nested too deeply to be a {what}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value

@@ -7,7 +7,12 @@ offsets counted from the start of that data buffer. The tensors tile the buffer 
 offset each begins where the previous ends and the last ends at the end of the file.
 
 `load_file` reads every tensor straight into its own freshly allocated NumPy array (aligned,
-writable, owning its memory; nothing stays tied to the file). `save_file` lays the file out as
+writable, owning its memory; nothing stays tied to the file). A file is a download from a
+stranger: only a regular file is opened, its header is capped (`max_header_bytes`, 100 MB as the
+format's own reader, or less where the caller knows better) and checked whole before anything
+else is read, and `read_entries` + `read_tensors` let a caller check what the header declares
+(names, dtypes, shapes: `Entry`) against what it expects before a byte of tensor data is read
+or allocated. `save_file` lays the file out as
 the reference writer does (tensors by descending dtype alignment, then by name; compact JSON
 padded with spaces to a multiple of 8) and replaces the target atomically.
 """
@@ -15,11 +20,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 
-from .fileio import atomic_open
+from .fileio import atomic_open, check_regular_file
+
+MAX_HEADER_BYTES = 100 * 1000 * 1000      # the format's own reader refuses a larger header
 
 # safetensors dtype -> little-endian NumPy dtype, in the reference's order of increasing
 # alignment (the writer puts the most-aligned tensors first so every tensor stays aligned).
@@ -42,8 +51,33 @@ def _is_count(value):  # JSON true/false parse as Python ints; they are not coun
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
-def _read_header(f, path):
-    """Parse and check the header of open file `f`.
+class Entry(NamedTuple):
+    """A tensor as the header declares it: `name` in the file, safetensors `kind` ("F32"),
+    `shape`, and its bytes [begin, end) of the data buffer. `dtype` is what reading it gives."""
+    name: str
+    kind: str
+    shape: tuple
+    begin: int
+    end: int
+
+    @property
+    def dtype(self):
+        return np.dtype("float32" if self.kind == "BF16" else _DTYPES[self.kind].replace("<", "="))
+
+
+def _open_regular(path):
+    """Open `path` for reading only if it is a regular file: a FIFO would block the open
+    itself, /dev/zero never end (O_NONBLOCK: the open returns, fstat then says what it is)."""
+    check_regular_file(path, "safetensors file")
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):      # replaced since the check
+        os.close(descriptor)
+        raise ValueError(f"safetensors file {os.fspath(path)!r} is not a regular file")
+    return open(descriptor, "rb")
+
+
+def _read_header(f, path, max_header_bytes=MAX_HEADER_BYTES):
+    """Parse and check the header of open file `f`, reading at most `max_header_bytes` of it.
 
     Returns ({name: (dtype, shape, begin, end)} sorted by offset, metadata, data start)."""
     size = os.fstat(f.fileno()).st_size
@@ -52,8 +86,16 @@ def _read_header(f, path):
     n = int.from_bytes(f.read(8), "little")
     if n > size - 8:
         raise ValueError(f"{path}: header length {n} runs past the end of the file ({size} bytes)")
+    if n > max_header_bytes:
+        raise ValueError(f"{path}: header length {n:,} bytes is more than the {max_header_bytes:,} "
+                         "a header of this model can need: not read")
+    head = f.read(min(n, 4096))        # a JSON object: zeros (a sparse file) stop here
+    first = head.lstrip(b" \t\n\r")[:1]
+    if first not in (b"{", b""):
+        raise ValueError(f"{path}: header is not a JSON object (it starts with {first!r})")
     try:
-        header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_no_duplicates)
+        header = json.loads((head + f.read(n - len(head))).decode("utf-8"),
+                            object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path}: header is not valid UTF-8 JSON: {error}") from None
     except RecursionError:  # e.g. 200,000 nested "[": hostile, never a real header
@@ -98,39 +140,58 @@ def _read_header(f, path):
     return entries, metadata, 8 + n
 
 
-def read_header(path) -> dict:
+def read_header(path, max_header_bytes=MAX_HEADER_BYTES) -> dict:
     """{name: (safetensors dtype string, shape tuple)} in data order, reading no tensor data."""
-    with open(path, "rb") as f:
-        entries, _, _ = _read_header(f, path)
-    return {name: (dtype, shape) for name, (dtype, shape, _, _) in entries.items()}
+    return {name: (e.kind, e.shape) for name, e in read_entries(path, max_header_bytes).items()}
+
+
+def read_entries(path, max_header_bytes=MAX_HEADER_BYTES) -> dict:
+    """{name: Entry} in data order, checked (dtypes, shapes, byte ranges that tile the file),
+    reading no tensor data: what read_tensors may then be asked for."""
+    with _open_regular(path) as f:
+        entries, _, _ = _read_header(f, path, max_header_bytes)
+    return {name: Entry(name, *entry) for name, entry in entries.items()}
 
 
 def load_metadata(path) -> dict:
     """The file's "__metadata__" (string -> string); {} when it has none."""
-    with open(path, "rb") as f:
+    with _open_regular(path) as f:
         return _read_header(f, path)[1]
 
 
-def load_file(path, dtype=None) -> dict:
-    """{name: numpy.ndarray} in data order, each a fresh writable array (BF16 becomes float32).
+def read_tensors(path, wanted, dtype=None, max_header_bytes=MAX_HEADER_BYTES) -> dict:
+    """{key: numpy.ndarray} for `wanted` {key: Entry of read_entries} (keys may rename them,
+    an entry may be wanted twice), each a fresh writable array (BF16 becomes float32); the
+    header is read again and each entry must still be in it as it was.
 
     `dtype` casts the floating-point tensors only: integer and bool tensors (token ids,
     position_ids buffers) keep their own dtype."""
     tensors = {}
-    with open(path, "rb") as f:
-        entries, _, data_start = _read_header(f, path)
-        for name, (kind, shape, begin, end) in entries.items():
-            array = np.empty(shape, dtype=_DTYPES[kind])
-            f.seek(data_start + begin)
-            if f.readinto(array.reshape(-1).view(np.uint8)) != end - begin:
-                raise ValueError(f"{path}: file ended while reading tensor {name!r}")
-            if kind == "BF16":  # bfloat16 is the top half of a float32
+    with _open_regular(path) as f:
+        entries, _, data_start = _read_header(f, path, max_header_bytes)
+        for key, entry in wanted.items():
+            if entries.get(entry.name) != tuple(entry[1:]):
+                raise ValueError(f"{path}: tensor {entry.name!r} is not in the header as it was "
+                                 "when checked (the file changed while it was read)")
+            array = np.empty(entry.shape, dtype=_DTYPES[entry.kind])
+            f.seek(data_start + entry.begin)
+            if f.readinto(array.reshape(-1).view(np.uint8)) != entry.end - entry.begin:
+                raise ValueError(f"{path}: file ended while reading tensor {entry.name!r}")
+            if entry.kind == "BF16":  # bfloat16 is the top half of a float32
                 array = (array.astype("<u4") << 16).view("<f4")
             array = array.astype(array.dtype.newbyteorder("="), copy=False)
             if dtype is not None and array.dtype.kind == "f":
                 array = array.astype(dtype, copy=False)
-            tensors[name] = array
+            tensors[key] = array
     return tensors
+
+
+def load_file(path, dtype=None, max_header_bytes=MAX_HEADER_BYTES) -> dict:
+    """{name: numpy.ndarray} in data order, each a fresh writable array (BF16 becomes float32).
+
+    `dtype` casts the floating-point tensors only: integer and bool tensors (token ids,
+    position_ids buffers) keep their own dtype."""
+    return read_tensors(path, read_entries(path, max_header_bytes), dtype, max_header_bytes)
 
 
 def save_file(tensors: dict, path, metadata: dict | None = None) -> None:

@@ -1,9 +1,11 @@
 """BertConfig: the hyper-parameters of a BERT, read from and written to HF's config.json,
-and the labels of a fine-tuning task as config.json stores them (id2label / label2id)."""
+and the labels of a fine-tuning task as config.json stores them (id2label / label2id, and
+problem_type: what a sequence classifier's labels are, declared, never guessed from them)."""
 import dataclasses
 import os
 
 from ..formats.fileio import read_json
+from .limits import check_config_values, check_fits_in_memory
 from .ops import GELU_KINDS
 
 PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
@@ -24,6 +26,10 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    # transformers' name: "regression", "single_label_classification" (one class id per
+    # example), "multi_label_classification" (a 0/1 target per label), or None (undeclared: the
+    # sequence classifier decides when it is built, heads.BertForSequenceClassification).
+    problem_type: str = None
     # Keys of a config.json nanobert does not use (architectures, id2label, ...), kept so
     # that a load + save round trip does not lose them.
     extra: dict = dataclasses.field(default_factory=dict, repr=False)
@@ -42,6 +48,9 @@ class BertConfig:
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.problem_type not in (None, *PROBLEM_TYPES):
+            raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, "
+                             f"got {self.problem_type!r}")
         kind = self.extra.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise ValueError(f"position_embedding_type {kind!r} is not supported (only 'absolute')")
@@ -50,6 +59,7 @@ class BertConfig:
     def from_dict(cls, d):
         if d.get("model_type", "bert") != "bert":
             raise ValueError(f"model_type {d['model_type']!r} is not a BERT (expected 'bert')")
+        check_config_values(d)                  # types and ranges, before anything is built
         d = {k: v for k, v in d.items() if k != "model_type"}       # always "bert"
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
@@ -60,16 +70,24 @@ class BertConfig:
         d = dict(self.extra)
         d.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                   if f.name != "extra"})
+        if d["problem_type"] is None:      # undeclared: left out, as transformers saves it
+            del d["problem_type"]
         d["model_type"] = "bert"
         return d
 
     @classmethod
     def from_json_file(cls, path):
-        """config.json, or the config.json inside a folder."""
+        """config.json, or the config.json inside a folder; a bad value or a model too large
+        for the memory available is a ValueError naming the file (model/limits.py)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
-        return cls.from_dict(read_json(path, "config.json"))
+        try:
+            config = cls.from_dict(read_json(path, "config.json"))
+            check_fits_in_memory(config)
+        except ValueError as e:
+            raise ValueError(e if str(e).startswith(path) else f"{path}: {e}") from None
+        return config
 
 # ------------------------------------------------------------------------ task labels
 
@@ -121,7 +139,7 @@ def with_labels(config, num_labels=None, id2label=None, problem_type=None):
 
     id2label (a dict {index: name} or a list of names) sets the labels; num_labels alone
     keeps the existing names when the count is unchanged, else names them LABEL_0.. as HF.
-    problem_type (one of PROBLEM_TYPES) is stored when given.
+    problem_type (one of PROBLEM_TYPES) replaces config.problem_type when given.
     """
     count = _num_labels(config)
     label2id = config.extra.get("label2id")
@@ -143,9 +161,5 @@ def with_labels(config, num_labels=None, id2label=None, problem_type=None):
     if not isinstance(label2id, dict) or len(label2id) != len(by_index):
         label2id = {name: i for i, name in by_index.items()}
     extra["label2id"] = dict(label2id)
-    if problem_type is not None:
-        extra["problem_type"] = problem_type
-    if extra.get("problem_type") not in (None, *PROBLEM_TYPES):
-        raise ValueError(f"problem_type must be one of {PROBLEM_TYPES}, "
-                         f"got {extra['problem_type']!r}")
-    return dataclasses.replace(config, extra=extra)
+    problem_type = config.problem_type if problem_type is None else problem_type
+    return dataclasses.replace(config, extra=extra, problem_type=problem_type)

@@ -2,8 +2,8 @@
 so that a fine-tuned nanobert checkpoint is a transformers checkpoint and back:
 
     BertForSequenceClassification   pooled [CLS] -> dropout -> classifier   [B, num_labels]
-                                    (single sentences and A [SEP] B pairs; regression when
-                                    num_labels == 1; multi-label with float labels)
+                                    (single sentences and A [SEP] B pairs; single-label,
+                                    multi-label or regression: config.problem_type)
     BertForTokenClassification      every position -> dropout -> classifier [B, T, num_labels]
                                     (no pooler, as HF: BertModel(add_pooling_layer=False))
     BertForQuestionAnswering        every position -> qa_outputs -> start/end logits [B, T]
@@ -95,6 +95,18 @@ def counted(host_labels):
     return int((numpy.asarray(host_labels) != IGNORE_INDEX).sum())
 
 
+def problem_type_of(config):
+    """What a sequence classifier's labels are: config.problem_type when declared, else
+    "regression" for one label and "single_label_classification" for more (transformers' rule
+    for integer labels). Single-label with one label is refused, as transformers does."""
+    count = num_labels(config)
+    kind = config.problem_type or ("regression" if count == 1 else "single_label_classification")
+    if kind == "single_label_classification" and count == 1:
+        raise ValueError("problem_type 'single_label_classification' needs num_labels >= 2 "
+                         "(one output: 'regression', or 'multi_label_classification')")
+    return kind
+
+
 class BertForTask(BertPreTrainedModel):
     """What every task head shares: num_labels and label names from config, the classifier
     dropout, and from_pretrained from any BERT checkpoint (model/pretrained.py's load_for_task
@@ -137,7 +149,7 @@ class BertForTask(BertPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, path, num_labels=None, id2label=None, reinit_head=False,
-                        dtype=numpy.float32, device=None, seed=0):
+                        dtype=numpy.float32, device=None, seed=0, problem_type=None):
         """Load the encoder from any BERT checkpoint folder (config.json + model.safetensors):
         with or without the `bert.` prefix, with or without a pooler, with or without heads.
 
@@ -146,10 +158,11 @@ class BertForTask(BertPreTrainedModel):
         missing pooler are initialised fresh (truncated normal(initializer_range), bias 0,
         from `seed`). Both are reported on stdout, as transformers warns. A head whose number
         of labels differs from num_labels is a ValueError; reinit_head=True starts a fresh head
-        instead (whether or not its shape matches).
+        instead (whether or not its shape matches). problem_type, when given, replaces the
+        checkpoint's (BertForSequenceClassification's loss).
         """
         config, params = load_for_task(cls, resolve_model(path), num_labels, id2label,
-                                       reinit_head, seed)
+                                       reinit_head, seed, problem_type)
         model = cls(config, seed=seed, dtype=dtype, device=device, params=params)
         return model.eval()
 
@@ -158,48 +171,55 @@ class BertForSequenceClassification(BertForTask):
     """Classification (or regression) of a single sentence or an A [SEP] B pair from the
     pooled [CLS]: logits = classifier(dropout(pooler_output)), [B, num_labels].
 
-    The loss follows config problem_type, or, when unset, transformers' rule:
-    num_labels == 1 -> "regression": MSE between the squeezed logits [B] and labels [B] (float);
-    integer labels -> "single_label_classification": cross-entropy, labels [B] in
-    [0, num_labels) or -100 (ignored, as torch's CrossEntropyLoss);
-    float labels [B, num_labels] -> "multi_label_classification": mean binary cross-entropy.
-    transformers stores the inferred problem_type into its config on the first call; nanobert
-    decides per batch and leaves the config alone.
+    The loss follows config.problem_type (transformers' names and loss rules):
+    "single_label_classification": cross-entropy, labels [B] class ids in [0, num_labels) or
+    -100 (ignored, as torch's CrossEntropyLoss);
+    "multi_label_classification": mean binary cross-entropy with logits, labels [B, num_labels]
+    in [0, 1] (1: the example has that label);
+    "regression": MSE between the logits and real labels, [B] when num_labels == 1 (HF
+    squeezes both), else [B, num_labels].
+    Undeclared (None: a config.json without it), the type is decided when the model is built,
+    by problem_type_of: "regression" when num_labels == 1, else "single_label_classification";
+    the config keeps it, so config.json says it. transformers decides on the first batch instead
+    (float labels -> multi-label), so one labelled example in float would change the task; here
+    a batch whose labels do not fit the type is a ValueError that names it.
     """
     target_keys = ("labels",)
+
+    def __init__(self, config, seed=0, dtype=numpy.float32, device=None, params=None):
+        if isinstance(config, BertConfig):
+            config = dataclasses.replace(config, problem_type=problem_type_of(config))
+        super().__init__(config, seed=seed, dtype=dtype, device=device, params=params)
+        self.problem_type = self.config.problem_type
 
     @classmethod
     def head_shapes(cls, config):
         return {"classifier.weight": weight(num_labels(config), config.hidden_size),
                 "classifier.bias": bias(num_labels(config))}
 
-    def problem_type(self, labels):
-        kind = self.config.extra.get("problem_type")
-        if kind is not None:
-            return kind
-        if self.num_labels == 1:
-            return "regression"
-        integer = numpy.issubdtype(numpy.asarray(labels).dtype, numpy.integer)
-        return "single_label_classification" if integer else "multi_label_classification"
-
     def _check_targets(self, batch, host):
-        B, C = host["input_ids"].shape[0], self.num_labels
-        kind = self.problem_type(to_host(batch["labels"]))
+        B, C, kind = host["input_ids"].shape[0], self.num_labels, self.problem_type
+        labels = numpy.asarray(to_host(batch["labels"]))
+        fits = {"single_label_classification": ([(B,), (B, 1)], "integer class ids"),
+                "multi_label_classification": ([(B, C)], "0/1 targets, one per label"),
+                "regression": ([(B,), (B, 1)] if C == 1 else [(B, C)], "real numbers")}
+        shapes, what = fits[kind]
+        class_ids = kind != "single_label_classification" or numpy.issubdtype(labels.dtype,
+                                                                              numpy.integer)
+        if labels.shape not in shapes or not class_ids:
+            raise ValueError(
+                f"batch: labels {labels.dtype} {labels.shape} do not fit the model's problem_type "
+                f"{kind!r} ({what}, shape {' or '.join(map(str, shapes))}); another task declares "
+                "its own: config.problem_type, or from_pretrained(..., problem_type=...)")
         if kind == "single_label_classification":
             labels = check_per_example(batch, "labels", B, 0, C, allowed=(IGNORE_INDEX,))
             return {"labels": labels, "problem_type": kind}
         labels = as_real_array(batch, "labels", "batch")
-        if kind == "regression" and C == 1:
-            if labels.shape not in ((B,), (B, 1)):   # HF squeezes logits and labels
-                raise shape_error("labels", labels.shape, [(B,)])
-            return {"labels": labels.reshape(B), "problem_type": kind}
-        if labels.shape != (B, C):
-            raise shape_error("labels", labels.shape, [(B, C)])
         if kind == "multi_label_classification" and ((labels < 0) | (labels > 1)).any():
             index = tuple(int(i) for i in numpy.argwhere((labels < 0) | (labels > 1))[0])
             raise ValueError(f"labels[{', '.join(map(str, index))}] = {labels[index]} is outside "
                              f"[0, 1] (multi-label targets are probabilities)")
-        return {"labels": labels, "problem_type": kind}
+        return {"labels": labels.reshape(shapes[0]), "problem_type": kind}
 
     def _head_forward(self, sequence, pooled, host):
         return self._classifier_forward(pooled)                        # [B, C]

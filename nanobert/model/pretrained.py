@@ -10,17 +10,24 @@ import os
 import numpy
 
 from ..backend import to_host
-from ..formats import checkpoint
+from ..formats import checkpoint, safetensors
 from ..formats.checkpoint import CONFIG_NAME
 from .config import BertConfig, num_labels, with_labels
 from .params import init_params
 
 TIED_DECODER = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+NAMES_SHOWN = 5          # an error names a few tensors and the count, not 1.6 million
+# A header entry is ~150 bytes ("encoder.layer.11.attention.output.LayerNorm.weight" with its
+# dtype, shape and offsets); a checkpoint's header may hold 4 KB per tensor the config implies
+# (other heads, metadata) and 1 MB more, never the 100 MB the format allows.
+HEADER_BYTES_PER_TENSOR, HEADER_SLACK = 4096, 2**20
 
 
 def check_state_dict(expected_shapes, tensors, what="model"):
-    """Raise one ValueError listing every missing, unexpected and mis-shaped tensor, or
-    naming a tensor that is not floating point (an I32 table would be cast silently)."""
+    """Raise one ValueError listing the missing, unexpected and mis-shaped tensors (a few of
+    each and their counts), or naming a tensor that is not floating point (an I32 table would
+    be cast silently). `tensors` may be arrays or safetensors Entries (a header: .shape and
+    .dtype), so that a checkpoint is checked before any of it is read."""
     found = {name: tuple(numpy.shape(t)) for name, t in tensors.items()}
     missing = sorted(set(expected_shapes) - set(found))
     unexpected = sorted(set(found) - set(expected_shapes))
@@ -32,10 +39,11 @@ def check_state_dict(expected_shapes, tensors, what="model"):
         for label, names in (("missing", missing), ("unexpected", unexpected),
                              ("mis-shaped", misshaped)):
             if names:
-                parts.append(f"{label} ({len(names)}): " + ", ".join(names))
+                more = f" and {len(names) - NAMES_SHOWN} more" * (len(names) > NAMES_SHOWN)
+                parts.append(f"{label} ({len(names)}): " + ", ".join(names[:NAMES_SHOWN]) + more)
         raise ValueError(f"checkpoint does not fit {what}: " + "; ".join(parts))
     for name, t in tensors.items():
-        dtype = numpy.dtype(getattr(t, "dtype", numpy.asarray(t).dtype))
+        dtype = numpy.dtype(t.dtype if hasattr(t, "dtype") else numpy.asarray(t).dtype)
         if dtype.kind != "f":
             raise ValueError(f"checkpoint does not fit {what}: {name} is stored as {dtype}, "
                              f"but every parameter is floating point")
@@ -67,33 +75,53 @@ def adapt_state_dict(tensors, base_prefix, expected):
     return tensors
 
 
+def header_bound(config):
+    """The most header bytes a checkpoint of `config` may need (HEADER_BYTES_PER_TENSOR)."""
+    tensors = 16 * config.num_hidden_layers + 64
+    return min(safetensors.MAX_HEADER_BYTES, HEADER_SLACK + HEADER_BYTES_PER_TENSOR * tensors)
+
+
 def read_checkpoint(path):
-    """-> (BertConfig, dict of host arrays as stored) from a folder with config.json and
-    model.safetensors."""
-    config = BertConfig.from_dict(checkpoint.read_config(path))
-    return config, checkpoint.read_weights(path)
+    """-> (BertConfig, {name: safetensors.Entry}) from a folder with config.json and
+    model.safetensors: the config checked (types, ranges, memory: model/limits.py), the
+    header read (at most header_bound bytes) and no tensor data. Check the entries against
+    what the model expects, then read_weights reads those."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint folder not found: {path}")
+    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    return config, checkpoint.read_weight_entries(path, header_bound(config))
+
+
+def read_weights(path, config, tensors):
+    """`tensors` (read_checkpoint's entries, renamed and checked; arrays may be among them)
+    with every entry read from the folder's model.safetensors into a host array."""
+    return checkpoint.read_chosen_weights(path, tensors, header_bound(config))
 
 
 def load_pretrained(cls, path):
-    """-> (BertConfig, dict of host arrays) for model class `cls`, checked against it."""
+    """-> (BertConfig, dict of host arrays) for model class `cls`, checked against it before
+    any tensor is read."""
     config, tensors = read_checkpoint(path)
     expected = cls.param_shapes(config)
     tensors = adapt_state_dict(tensors, cls.base_prefix, expected)
     check_state_dict(expected, tensors,
                      what=f"{cls.__name__} with {os.path.join(path, CONFIG_NAME)}")
-    return config, tensors
+    return config, read_weights(path, config, tensors)
 
 # ------------------------------------------------------------- a task head from any BERT
 
 
-def load_for_task(cls, path, num_labels=None, id2label=None, reinit_head=False, seed=0):
+def load_for_task(cls, path, num_labels=None, id2label=None, reinit_head=False, seed=0,
+                  problem_type=None):
     """-> (config with the task's labels, params) for a task head class `cls` from any BERT
     checkpoint: the encoder must fit; other heads' tensors and an unused pooler are dropped;
     a missing pooler or head starts fresh (init from `seed`); a head of another shape is an
     error unless reinit_head. What was dropped or started fresh is printed, as transformers
-    warns."""
+    warns. problem_type, when given, replaces the checkpoint's."""
     config, tensors = read_checkpoint(path)
-    config = with_labels(config, num_labels=num_labels, id2label=id2label)
+    config = with_labels(config, num_labels=num_labels, id2label=id2label,
+                         problem_type=problem_type)
     expected, head = cls.param_shapes(config), cls.head_shapes(config)
     tensors = adapt_state_dict(tensors, "bert.", expected)
     unused = _drop_other_heads(tensors, expected)
@@ -104,7 +132,7 @@ def load_for_task(cls, path, num_labels=None, id2label=None, reinit_head=False, 
     head_tensors.update(init_params({k: head[k] for k in head if k not in head_tensors},
                                     config, seed + 1))
     _report(cls.__name__, path, unused, reasons, fresh)
-    return config, {**encoder, **head_tensors}
+    return config, read_weights(path, config, {**encoder, **head_tensors})
 
 
 def _drop_other_heads(tensors, expected):
@@ -196,5 +224,17 @@ def load_training_checkpoint(cls, folder):
     folder; a swap a crash interrupted is finished first (fileio.recover_folder)."""
     folder = checkpoint.training_checkpoint_folder(folder)
     config, params = load_pretrained(cls, folder)
-    optimizer_state, trainer_state = checkpoint.read_training_state(folder)
+    moments = {f"{kind}/{name}": shape for name, shape in cls.param_shapes(config).items()
+               for kind in ("m", "v")}
+
+    def check(entries):             # Adam's moments, the parameters' shapes, and a step count
+        entries = dict(entries)
+        step = entries.pop("step", None)
+        if step is None or step.shape != () or step.dtype.kind not in "iu":
+            raise ValueError(f"{os.path.join(folder, checkpoint.OPTIMIZER_NAME)}: no integer "
+                             f"scalar 'step' (found {step})")
+        check_state_dict(moments, entries,
+                         what=f"the optimizer state of {cls.__name__} in {folder}")
+    optimizer_state, trainer_state = checkpoint.read_training_state(
+        folder, check, max_header_bytes=2 * header_bound(config))
     return config, params, optimizer_state, trainer_state

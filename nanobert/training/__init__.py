@@ -17,6 +17,8 @@ classes, no callbacks. Each recipe keeps its own loop and calls these.
                 the collapsed-model report, and --do eval / predict on a fine-tuned folder
     finetuning.py  finetune.py's flags checked against each other, its defaults by model size,
                 the output folder's name, best/ saved, the test set scored
+    folder.py   --out: one run per folder (an OS lock held for the run's life), and a new run
+                refused where it would lose what it did not make (a model, a checkpoint)
     grid.py     the paper's grid: every combination of --lr / --epochs / --batch-size run, the
                 dev-best kept, the table; resumed without repeating a finished run
     compare.py  starts compared over seeds: finetune.py runs as jobs, a record per run, the

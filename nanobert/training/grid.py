@@ -13,6 +13,8 @@ import os
 import shutil
 import time
 
+import numpy
+
 from nanobert.formats.fileio import atomic_folder, atomic_open, read_json
 
 from .run import write_summary
@@ -21,9 +23,10 @@ GRID_FLAGS = ("lr", "epochs", "batch_size")         # the flags that take severa
 
 
 def rate_name(lr):
-    """3e-05, 1e-04, 1.5e-04: a rate as folders and tables write it."""
-    mantissa, exponent = f"{lr:.2e}".split("e")
-    return mantissa.rstrip("0").rstrip(".") + "e" + exponent
+    """3e-05, 1e-04, 1.5e-04, 1.0001e-04: a rate as folders and tables write it, with the
+    fewest digits that tell it from every other float, so that two rates never share a run
+    folder."""
+    return numpy.format_float_scientific(lr, unique=True, trim="-", exp_digits=2)
 
 
 # No --lr: the rate by the model's size (docs/finetuning.md, "the default rate"). The paper's
@@ -84,8 +87,9 @@ def grid_runs(values):
 
 
 def run_name(run):
-    """lr3e-04-epochs3-batch32: a run's folder and row."""
-    return f"lr{rate_name(run['lr'])}-epochs{run['epochs']:g}-batch{run['batch_size']}"
+    """lr3e-04-epochs3-batch32: a run's folder and row, one per distinct combination."""
+    epochs = numpy.format_float_positional(run["epochs"], unique=True, trim="-")
+    return f"lr{rate_name(run['lr'])}-epochs{epochs}-batch{run['batch_size']}"
 
 
 def dev_best(runs, lower_is_better=False):

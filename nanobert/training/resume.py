@@ -33,7 +33,50 @@ def read_trainer_state(checkpoint_dir, keys, writer):
     if missing or not isinstance(state["args"], dict):
         raise ValueError(f"{path}: not a trainer state written by {writer} (missing or bad: "
                          f"{', '.join(missing) or 'args'})")
+    check_state_types(state, path)
     return state
+
+
+def _integer(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# trainer_state.json's keys -> (what each must be, the test); absent keys are not checked
+STATE_TYPES = {
+    "step": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
+    "total_steps": ("an integer >= 1", lambda v: _integer(v) and v >= 1),
+    "tokens": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
+    "train_seconds": ("a number >= 0", lambda v: _number(v) and 0 <= v < float("inf")),
+    "vocab_sha256": ("a string", lambda v: isinstance(v, str)),
+    "best": ("null or an object", lambda v: v is None or isinstance(v, dict)),
+    "dropout_rng": ("null or an object", lambda v: v is None or isinstance(v, dict)),
+    "loss_scaler": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+# ...and inside its objects (finetune.py's best checkpoint, float16's loss scaler)
+INNER_TYPES = {
+    ("best", "score"): ("a number", _number), ("best", "epoch"): ("a number", _number),
+    ("best", "step"): ("an integer", _integer),
+    ("loss_scaler", "loss_scale"): ("a number", _number),
+    ("loss_scaler", "clean_steps"): ("an integer", _integer),
+}
+
+
+def check_state_types(state, path):
+    """ValueError naming the file and the first key of trainer_state.json of the wrong type
+    (a "step": "2" would otherwise fail deep inside the resume)."""
+    for key, (kind, test) in STATE_TYPES.items():
+        if key in state and not test(state[key]):
+            raise ValueError(f"{path}: {key} must be {kind}, got {state[key]!r:.80}")
+    for (outer, key), (kind, test) in INNER_TYPES.items():
+        value = (state.get(outer) or {}).get(key, 0)
+        if not test(value):
+            raise ValueError(f"{path}: {outer}.{key} must be {kind}, got {value!r:.80}")
 
 
 def resume_training(cls, args, checkpoint_dir, metrics_path, check=None):
@@ -87,8 +130,8 @@ def refuse_changed_model(wanted, config, flag, doing="resuming with"):
     than the checkpoint's `config` (the checkpoint's would be used, silently). `doing` names
     what uses the checkpoint: "resuming with", or --init-from's start."""
     for field in dataclasses.fields(config):     # the model's settings, not config.json's extras
-        k = field.name
-        if k != "extra" and getattr(wanted, k) != getattr(config, k):
+        k = field.name                           # nor the task's (problem_type: its head's)
+        if k not in ("extra", "problem_type") and getattr(wanted, k) != getattr(config, k):
             raise SystemExit(f"error: {doing} {flag} ({k} {getattr(wanted, k)}), but the "
                              f"checkpoint's model has {k} {getattr(config, k)}")
 

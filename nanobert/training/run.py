@@ -19,6 +19,8 @@ from nanobert.model.flat import flat_buffer
 from nanobert.model.optim import AdamW, LossScaler, layer_decay_scales
 from nanobert.model.params import decays
 
+from .folder import claim_output_folder
+
 
 def setup_device(args):
     """--device resolved (default $NANOBERT_DEVICE or cpu) and, for the GPU, checked to run
@@ -48,12 +50,29 @@ def cuda_graph_enabled(args):
 
 def start_ranks(args):
     """The process group (one process, or the ranks of an MPI job: rank 0 alone prints) and
-    the output folder --out. -> the group."""
+    the output folder --out: rank 0 holds its lock for the run's life and refuses one that
+    would lose what this run did not make (folder.claim_output_folder). -> the group."""
     group = process_group(args.device)
     if not group.is_main:
         sys.stdout = open(os.devnull, "w")            # rank 0 alone prints
-    output_folder(args.out)
+        output_folder(args.out)
+        return group
+    sources = (getattr(args, "init_from", None), getattr(args, "model", None))
+    claim_output_folder(args.out, sources, resume=args.resume,
+                        overwrite=getattr(args, "overwrite", False))
     return group
+
+
+@contextlib.contextmanager
+def preparing_data(what_is_kept):
+    """Ctrl-C while the data is prepared (before the run has anything to save) ends in one
+    line saying what stays (`what_is_kept`) and how to go on, not a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SystemExit(f"error: interrupted (Ctrl-C) while preparing the data, before any "
+                         f"training: {what_is_kept}; the same command starts again from "
+                         "there") from None
 
 
 def remove_stale(path):
@@ -94,10 +113,14 @@ def restore_dropout(model, saved, seed, step, rank):
     device kind), else a new stream from (seed, step, rank), said so: the run then goes on
     closely, not bit for bit."""
     if saved is not None and (model.xp is numpy) == ("bit_generator" in saved):
-        if model.xp is numpy:
-            model.rng.bit_generator.state = saved
-        else:
-            model.rng.load_state_dict(saved)
+        try:
+            if model.xp is numpy:
+                model.rng.bit_generator.state = saved
+            else:
+                model.rng.load_state_dict(saved)
+        except (TypeError, ValueError, KeyError) as e:   # a trainer_state.json edited by hand
+            raise ValueError(f"trainer_state.json: dropout_rng is not a generator state this run "
+                             f"can restore ({type(e).__name__}: {e})") from None
         return
     model.rng = default_rng(model.xp, int(numpy.random.SeedSequence([seed, step, rank])
                                           .generate_state(1)[0]))
@@ -185,13 +208,21 @@ class StopFlag:
 
 
 def run_command(main):
-    """A command line's __main__: bad input (ValueError, FileNotFoundError) and every other
-    OSError (a full disk, a folder that cannot be written) end with one line on stderr and a
-    non-zero exit status, never a traceback; under mpiexec a failing rank ends every rank."""
+    """A command line's __main__: bad input (ValueError, FileNotFoundError), every other
+    OSError (a full disk, a folder that cannot be written), a MemoryError (a model or batch
+    too large) and Ctrl-C outside the training loop (which saves and stops: StopFlag) end with
+    one line on stderr and a non-zero exit status, never a traceback; under mpiexec a failing
+    rank ends every rank."""
     try:
         code = main()
     except (ValueError, OSError) as e:
         code = f"error: {e}"
+    except MemoryError as e:
+        code = (f"error: out of memory{f' ({e})' if str(e) else ''}: the model, batch or "
+                "sequence length needs more memory than this machine has; a smaller "
+                "--batch-size (or --grad-accum), --max-seq-length or model needs less")
+    except KeyboardInterrupt:
+        code = "error: interrupted (Ctrl-C)"
     except SystemExit as e:
         code = e.code
     end_job(code)

@@ -21,7 +21,8 @@ from nanobert.formats.hub import resolve_model
 from nanobert.model import ops
 from nanobert.model.config import BertConfig, num_labels
 from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswering,
-                                  BertForSequenceClassification, BertForTokenClassification)
+                                  BertForSequenceClassification, BertForTokenClassification,
+                                  problem_type_of)
 from nanobert.model.optim import average_gradients
 
 from .guards import check_loss
@@ -35,7 +36,7 @@ DO_SPLITS = {"train": SPLITS, "eval": ("dev", "test"), "predict": ("test",)}   #
 class Data(NamedTuple):
     """What load_data read: the splits and what reading them found out."""
     splits: dict            # "train" / "dev" / "test" -> (examples, Features)
-    label_list: list        # classify / pair / ner: the label set (None for the others)
+    label_list: list        # classify / pair / multilabel / ner: the label set (else None)
     squad_v2: bool          # squad: the training file has unanswerable questions (v2.0)
 
 
@@ -64,18 +65,21 @@ class Task:
     text_columns: int = 0       # TSV tasks: texts per example (--text-columns); 0: not TSV
     dev_targets: bool = True    # dev features carry targets (squad's dev is scored by text)
     named_labels: bool = False  # predicts one of a label set, saved as the head's id2label
+    multi_label: bool = False   # predicts a set of labels (a sigmoid each), not one of them
 
 # ------------------------------------------------------------------ readers, per task
 
 
-def read_texts(args, path, split, train_stats, regression=False):
-    """classify / pair / regress: a GLUE TSV, or one laid out by --text-columns."""
+def read_texts(args, path, split, train_stats, regression=False, multi_label=False):
+    """classify / pair / regress / multilabel: a GLUE TSV, or one laid out by --text-columns
+    (multilabel: the label column holds comma-separated names)."""
     labeled = split != "test"
     if args.glue_task:
         return tasks.read_glue(path, args.glue_task, require_labels=labeled), {}
     label = tasks.parse_columns(args.label_column)[0] if args.label_column else None
     return tasks.read_tsv(path, tasks.parse_columns(args.text_columns), label, header=args.header,
-                          regression=regression, require_labels=labeled), {}
+                          regression=regression, require_labels=labeled,
+                          multi_label=multi_label), {}
 
 
 def read_conll(args, path, split, train_stats):
@@ -117,9 +121,10 @@ def no_labels(args, examples, dataset_labels):
     return None
 
 
-def featurize_texts(args, tokenizer, examples, label_list, split, regression=False):
+def featurize_texts(args, tokenizer, examples, label_list, split, regression=False,
+                    multi_label=False):
     return tasks.featurize_texts(tokenizer, examples, args.max_seq_length, label_list,
-                                 regression=regression)
+                                 regression=regression, multi_label=multi_label)
 
 
 def featurize_tokens(args, tokenizer, examples, label_list, split):
@@ -133,6 +138,22 @@ def featurize_squad(args, tokenizer, examples, label_list, split):
 
 def featurize_choices(args, tokenizer, examples, label_list, split):
     return tasks.featurize_choices(tokenizer, examples, args.max_seq_length)
+
+
+# what each sequence-classification task declares its head to be (config.problem_type)
+TASK_PROBLEM_TYPES = {"classify": "single_label_classification",
+                      "pair": "single_label_classification", "regress": "regression",
+                      "multilabel": "multi_label_classification"}
+
+
+def head_labels(task_name):
+    """The head_options of a sequence-classification task: its labels (one output for
+    regress) and its problem_type, declared here, where the task is known."""
+    def options(label_list):
+        labels = {"num_labels": 1} if label_list is None else {
+            "id2label": dict(enumerate(label_list))}
+        return {**labels, "problem_type": TASK_PROBLEM_TYPES[task_name]}
+    return options
 
 
 def id2label(label_list):
@@ -163,6 +184,23 @@ def evaluate_classes(args, tokenizer, data, examples, features, outputs):
             predicted, gold, 1)
     scores["matthews"] = metrics.matthews_corrcoef(predicted, gold)
     return scores, names
+
+
+def evaluate_label_sets(args, tokenizer, data, examples, features, outputs):
+    """multilabel: each label whose probability sigmoid(logit) is above 0.5; micro precision,
+    recall and F1 over every (example, label) pair (sklearn's average="micro"), exact match
+    (the whole set right: sklearn's subset accuracy) and the loss; predictions are label sets
+    (tuples of names, in label order)."""
+    logits = numpy.stack(outputs).astype(numpy.float64)     # [N, C]
+    predicted = (logits > 0).astype(numpy.int64)            # sigmoid(x) > 0.5 exactly when x > 0
+    sets = [tuple(data.label_list[j] for j in numpy.flatnonzero(row)) for row in predicted]
+    gold = features.targets.get("labels")                   # [N, C] 0/1
+    if gold is None:
+        return {}, sets
+    precision, recall, f1 = metrics.precision_recall_f1(predicted.ravel(), gold.ravel(), 1)
+    return {"micro_f1": f1, "exact_match": float((predicted == gold).all(axis=1).mean()),
+            "micro_precision": precision, "micro_recall": recall,
+            "loss": float(ops.bce_with_logits_forward(logits, gold)[0])}, sets
 
 
 def evaluate_choices(args, tokenizer, data, examples, features, outputs):
@@ -255,33 +293,52 @@ COLLAPSED_SHARE = 0.95
 
 
 def collapse_report(args, task, data, scores, predictions):
-    """classify / pair / ner: one line when the model has collapsed, else None: it predicts
-    one class (ner: one tag) for nearly all of dev while dev's own commonest class is rarer,
-    or its dev score is not above the majority class's (every row given dev's commonest
-    class, scored by the task's own rules)."""
+    """classify / pair / multilabel / ner: one line when the model has collapsed, else None:
+    it predicts one class (ner: one tag; multilabel: one label set) for nearly all of dev
+    while dev's own commonest class is rarer, or its dev score is not above the majority
+    class's (every row given dev's commonest class, scored by the task's own rules)."""
     examples, features = data.splits["dev"]
     if not task.named_labels or not scores:
         return None
     if task.head is BertForTokenClassification:
         gold = [tag for e in examples for tag in e.tags]
         predicted = [tag for tags in predictions for tag in tags]
+    elif task.multi_label:
+        gold = [tuple(data.label_list[j] for j in numpy.flatnonzero(row))
+                for row in features.targets["labels"]]
+        predicted = predictions
     else:
         gold = [data.label_list[i] for i in features.targets["labels"]]
         predicted = predictions
     majority, majority_count = collections.Counter(gold).most_common(1)[0]
     commonest, count = collections.Counter(predicted).most_common(1)[0]
     metric = task.metric if args.metric in LOWER_IS_BETTER else args.metric
-    hot = numpy.eye(len(data.label_list))[data.label_list.index(majority)]
+    hot = constant_logits(task, data.label_list, majority)
     constant = [numpy.tile(hot, (features.length(r), 1)) if task.head is
                 BertForTokenClassification else hot for r in range(len(features))]
     baseline = task.evaluate(args, None, data, examples, features, constant)[0][metric]
     one_class = count / len(predicted) >= COLLAPSED_SHARE > majority_count / len(gold)
     if not one_class and scores[metric] > baseline:
         return None
-    return (f"warning: the model looks collapsed: it predicts {commonest!r} for "
+    return (f"warning: the model looks collapsed: it predicts {shown(commonest)} for "
             f"{count / len(predicted):.0%} of dev, dev {metric} {scores[metric]:.4f} against "
-            f"{baseline:.4f} for always {majority!r}; try a higher --lr or a grid (--lr 1e-4 "
+            f"{baseline:.4f} for always {shown(majority)}; try a higher --lr or a grid (--lr 1e-4 "
             "3e-4 1e-3), more --epochs (--epochs 3 5), or a longer pretraining")
+
+
+def constant_logits(task, label_list, prediction):
+    """One row of logits that predicts `prediction`: a class (its one-hot row: the argmax), or
+    for multilabel a label set (+1 on its labels, -1 elsewhere: sigmoid above 0.5 on them)."""
+    if task.multi_label:
+        return numpy.array([1.0 if name in prediction else -1.0 for name in label_list])
+    return numpy.eye(len(label_list))[label_list.index(prediction)]
+
+
+def shown(prediction):
+    """A class, tag or label set as the collapse report names it."""
+    if isinstance(prediction, tuple):
+        return repr(",".join(prediction)) if prediction else "no label"
+    return repr(prediction)
 
 
 # ------------------------------------------------------------ prediction files, per task
@@ -315,34 +372,46 @@ def write_conll(folder, split, examples, predictions, data):
 
 
 def write_tsv(folder, split, examples, predictions, data):
-    """index, prediction (and label, when every example has one): GLUE's submission format."""
+    """index, prediction (and label, when every example has one): GLUE's submission format;
+    a label set as its comma-separated names, as the files give them (empty: no label)."""
     path = os.path.join(folder, f"{split}_predictions.tsv")
     labeled = all(getattr(e, "label", None) is not None for e in examples)
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write("index\tprediction" + ("\tlabel" if labeled else "") + "\n")
         for i, (e, p) in enumerate(zip(examples, predictions)):
-            value = f"{p:.6g}" if isinstance(p, float) else str(p)
-            f.write(f"{i}\t{value}" + (f"\t{e.label}" if labeled else "") + "\n")
+            f.write(f"{i}\t{tsv_cell(p)}" + (f"\t{tsv_cell(e.label)}" if labeled else "") + "\n")
     return path
+
+
+def tsv_cell(value):
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 # ---------------------------------------------------------------------------- the tasks
 
 
 TASKS = {
     "classify": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
-                     featurize=featurize_texts, head_options=id2label,
+                     featurize=featurize_texts, head_options=head_labels("classify"),
                      evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
                      text_columns=1, named_labels=True),
     "pair": Task(BertForSequenceClassification, read=read_texts, labels=class_labels,
-                 featurize=featurize_texts, head_options=id2label,
+                 featurize=featurize_texts, head_options=head_labels("pair"),
                  evaluate=evaluate_classes, write=write_tsv, metric="accuracy",
                  text_columns=2, named_labels=True),
     "regress": Task(BertForSequenceClassification,
                     read=functools.partial(read_texts, regression=True), labels=no_labels,
                     featurize=functools.partial(featurize_texts, regression=True),
-                    head_options=lambda _: {"num_labels": 1},
+                    head_options=head_labels("regress"),
                     evaluate=evaluate_regression, write=write_tsv, metric="spearman",
                     text_columns=1),
+    "multilabel": Task(BertForSequenceClassification,
+                       read=functools.partial(read_texts, multi_label=True), labels=class_labels,
+                       featurize=functools.partial(featurize_texts, multi_label=True),
+                       head_options=head_labels("multilabel"), evaluate=evaluate_label_sets,
+                       write=write_tsv, metric="micro_f1", text_columns=1, named_labels=True,
+                       multi_label=True),
     "ner": Task(BertForTokenClassification, read=read_conll, labels=tag_labels,
                 featurize=featurize_tokens, head_options=id2label,
                 evaluate=evaluate_tags, write=write_conll, metric="f1", named_labels=True),
@@ -537,7 +606,8 @@ def evaluate_fine_tuned(args):
 def fine_tuned_task(folder, wanted=None):
     """The task a fine-tuned folder (finetune.py's best/) predicts, and its label names:
     `wanted` (--task), else what best.json says, else its head class (config.json's
-    architectures). SystemExit, one line, if the folder lacks the head the task needs.
+    architectures; a sequence classifier's problem_type tells classify, regress or
+    multilabel). SystemExit, one line, if the folder lacks the head the task needs.
     -> (task name, label list or None)"""
     config = checkpoint.read_config(folder)
     architecture = (config.get("architectures") or ["no architectures"])[0]
@@ -545,8 +615,10 @@ def fine_tuned_task(folder, wanted=None):
     saved = read_json(best, "best.json").get("task") if os.path.isfile(best) else None
     name = wanted or saved or HEAD_TASKS.get(architecture)
     labels = num_labels(BertConfig.from_dict(config))
-    if name == "classify" and labels == 1 and not wanted:
-        name = "regress"                                   # one output: a regression head
+    kind = problem_type_of(BertConfig.from_dict(config)) if name in TASK_PROBLEM_TYPES else None
+    if name == "classify" and not wanted:          # the head's problem_type says which
+        name = {"regression": "regress", "multi_label_classification": "multilabel"}.get(kind,
+                                                                                        name)
     task = TASKS.get(name)
     tensors = safetensors.read_header(os.path.join(folder, "model.safetensors"))
     missing = [k for k in task.head.head_shapes(BertConfig.from_dict(config))
@@ -555,9 +627,9 @@ def fine_tuned_task(folder, wanted=None):
     needs = None
     if task is None or missing or architecture != task.head.__name__:
         needs = f"; --task {name} needs a {task.head.__name__}" if task else ""
-    elif task.head is BertForSequenceClassification and (name == "regress") != (labels == 1):
-        found += f" with {labels} output(s)"
-        needs = f"; --task {name} needs " + ("one output" if name == "regress" else "2 or more")
+    elif kind != TASK_PROBLEM_TYPES.get(name, kind):
+        found += f" with {labels} output(s) of problem_type {kind}"
+        needs = f"; --task {name} needs {TASK_PROBLEM_TYPES[name]}"
     if needs is not None:
         raise SystemExit(f"error: {folder} is {found}{needs}: give a folder that finetune.py "
                          "fine-tuned (its best/)")
@@ -570,7 +642,8 @@ def refuse_unknown_labels(examples, label_list, model):
     the first that is not, where it is, and the model's labels."""
     known = set(label_list)
     for e in examples:
-        tags = e.tags if hasattr(e, "tags") else [getattr(e, "label", None)]
+        label = getattr(e, "label", None)
+        tags = e.tags if hasattr(e, "tags") else label if isinstance(label, tuple) else [label]
         for k, label in enumerate(tags or ()):
             if label is not None and label not in known:
                 where = f"{e.path}:{e.lines[k]}" if hasattr(e, "lines") else e.where
