@@ -83,8 +83,8 @@ def record_run(args, task, start, seed, lr, job):
 def jobs(args):
     """Every (task, seed, start, rate) fine-tuning whose record is missing, in that order (the
     first task's cells finish first). A run killed after an epoch goes on from its checkpoint
-    (--resume: exactly as if never stopped), one killed before starts afresh; a run that
-    finished but was not yet recorded is recorded, not repeated."""
+    (--resume: exactly as if never stopped), one killed before starts afresh (again); a run
+    that finished but was not yet recorded is recorded, not repeated."""
     found = []
     for task in args.tasks:
         for seed in args.seeds:
@@ -96,7 +96,7 @@ def jobs(args):
                     job = compare.Job(
                         [*FINETUNE, "--model", args.model, *extra, "--dataset", task,
                          "--lr", f"{lr:g}", "--seed", str(seed), "--out", out,
-                         *(["--resume"] if resumable(out) else [])], out,
+                         *again(out)], out,
                         done=lambda job, key=(task, start, seed, lr): record_run(args, *key, job))
                     if os.path.isfile(os.path.join(out, "results.json")):
                         job.done(job)
@@ -105,8 +105,12 @@ def jobs(args):
     return found
 
 
-def resumable(out):
-    return os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json"))
+def again(out):
+    """finetune.py's flag for a run folder a killed check left (the check's own): --resume
+    from its last epoch's checkpoint, else --overwrite what it wrote before its first."""
+    if os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.json")):
+        return ["--resume"]
+    return ["--overwrite"] if os.path.isdir(out) else []
 
 
 def estimate(args, config, todo):

@@ -124,7 +124,7 @@ def test_a_killed_check_goes_on_without_repeating_a_finished_run(fake, monkeypat
     assert check_main(tmp_path, "--tasks", "trec", "--seeds", "0", "1") == 0
     again = sorted(calls(tmp_path)[8:], key=lambda c: "--from-scratch" in c)
     assert len(again) == 2, again                         # the killed runs alone
-    assert "--from-scratch" not in again[0] and "--resume" not in again[0]   # afresh
+    assert "--from-scratch" not in again[0] and "--overwrite" in again[0].split()  # afresh
     assert "--from-scratch" in again[1] and "--resume" in again[1].split()    # from its epoch
     assert all("--seed 1" in c and "--lr 0.001" in c for c in again)
     assert len(os.listdir(records)) == 8
