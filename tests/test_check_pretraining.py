@@ -99,9 +99,11 @@ def test_the_verdict_reads_the_test_scores_of_the_rates_dev_chose(fake, capsys):
     assert sum("--from-scratch" in c for c in trec) == len(trec) / 2
     assert all(c[c.index("--model") + 1] == str(tmp_path / "pretrain" / "checkpoint")
                and c[c.index("--lr") + 1] in ("0.0003", "0.001") for c in trec)
-    # a second call finds every record: nothing runs, the same table
+    # a second call finds every record: nothing runs or is recorded again, the same table
     assert check_main(tmp_path) == 0 and len(calls(tmp_path)) == 36
     assert (tmp_path / "check" / "table.md").read_text() == table
+    record = tmp_path / "check" / "records" / "trec" / "pretrained-seed0-lr3e-04.json"
+    assert 0 < json.loads(record.read_text())["cpu_minutes"] < 1     # the run's own, kept
 
 
 def test_a_killed_check_goes_on_without_repeating_a_finished_run(fake, monkeypatch):
