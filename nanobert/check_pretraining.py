@@ -115,8 +115,9 @@ def again(out):
 
 def estimate(args, config, todo):
     """Minutes of wall time for `todo`, up front: each task's CPU minutes per run (README's
-    nano model, measured) scaled by the model's layers x hidden^2, over the runs at a time
-    (at most the cores). After each run Progress says the time left at the pace measured."""
+    nano model, measured) scaled by the model's layers x hidden^2 (at least 1), over the runs
+    at a time (at most the cores). A guess: after each run Progress says the time left at the
+    pace measured."""
     scale = max(1.0, config.num_hidden_layers * config.hidden_size ** 2 / NANO_SIZE)
     cores = min(args.parallel, os.cpu_count() or 1)
     return sum(TASKS[task_of(job)].minutes for job in todo) * scale / cores
@@ -263,9 +264,9 @@ def main(argv=None):
               f"scratch) x {len(args.seeds)} seeds x {len(args.rates)} rates "
               f"({' '.join(map(rate_name, args.rates))}, dev chooses) = {total} fine-tuning "
               f"runs; {total - len(todo)} done, {len(todo)} to go: about "
-              f"{estimate(args, args.config, todo):.0f} min on 2 quiet cores (longer on a busy "
-              f"machine). Runs and records: {args.out}; stop any time, the same command "
-              "goes on.", flush=True)
+              f"{max(1, round(estimate(args, args.config, todo)))} min on 2 quiet cores (longer "
+              f"on a busy machine). Runs and records: {args.out}; stop any time, the same "
+              "command goes on.", flush=True)
         progress = Progress(len(todo))
         for job in todo:
             job.done = progress.counting(job.done)
