@@ -950,8 +950,8 @@ def cross_entropy_backward(dloss, cache):
     return dlogits
 
 # ----------------------------------------------------------------------------- inference
-# The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy
-# allocates from its pool, and the kernels are the same).
+# What fast.py routes x_forward(..., cache=False) to in eval mode: the *_forward, its cache
+# dropped (no in-place trick: CuPy allocates from its pool, and the kernels are the same).
 
 
 def layernorm_inference(x, gamma, beta, eps, residual=None):
@@ -962,10 +962,8 @@ def layernorm_inference(x, gamma, beta, eps, residual=None):
     return dropout_add_layernorm_forward(x, residual, gamma, beta, eps, 0.0, None, False)[0]
 
 
-def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
-    context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None,
-                                            False)
-    return context, cache.probs if output_attentions else None
+def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads):
+    return self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None, False)[0]
 
 # ------------------------------------------------------------------------ composite ops
 # ops.py's composites: the up-projection with its GELU as a product and one map kernel (no
