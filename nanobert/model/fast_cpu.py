@@ -166,7 +166,8 @@ def layernorm_forward(x, gamma, beta, eps):
 def _layernorm_block(x, xhat, rstd, out, gamma, beta, eps):
     """layernorm_forward on a block of rows [n, H], the reference's arithmetic but for the
     order of the row sums (row_mean): into xhat [n, H], rstd [n, 1] and out [n, H]; at
-    inference xhat and out are None (the result goes into x) and rstd is None (not kept)."""
+    inference out is None (the result goes into xhat, or into x, the op's own temporary,
+    where xhat is None too) and rstd is None (not kept)."""
     xhat = numpy.subtract(x, row_mean(x), out=x if xhat is None else xhat)
     var = row_mean(xhat, xhat)                             # [n, 1]
     rstd = numpy.divide(1.0, numpy.sqrt(var + eps), out=rstd)
@@ -619,11 +620,11 @@ def layernorm_inference(x, gamma, beta, eps, residual=None):
 
 
 def _add_layernorm_block(x, out, residual, gamma, beta, eps):
-    """layernorm_inference on a block of rows [n, H]: out = x (+ residual), normalised."""
+    """layernorm_inference on a block of rows [n, H]: LayerNorm of x (+ residual) into out."""
     if residual is None:
-        out[...] = x
-    else:
-        numpy.add(x, residual, out=out)
+        _layernorm_block(x, out, None, None, gamma, beta, eps)     # x - mean made in out
+        return
+    numpy.add(x, residual, out=out)
     _layernorm_block(out, None, None, None, gamma, beta, eps)
 
 
