@@ -66,6 +66,7 @@ from nanobert.distributed import rank_slice
 from nanobert.features import add_features_arguments, extract_features
 from nanobert.formats.fileio import output_folder, read_json
 from nanobert.formats.hub import resolve_model
+from nanobert.model import active
 from nanobert.model.config import with_labels
 from nanobert.model.optim import warmup_steps
 from nanobert.training.budget import Budget
@@ -345,7 +346,8 @@ def train(args, group, task, model, optimizer, scaler, tokenizer, data, state, s
     steps_per_epoch = math.ceil(len(features) / args.batch_size)
     num_train_steps = state["total_steps"]
     warmup = warmup_steps(args.warmup, num_train_steps)
-    print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}; "
+    print(f"model: {model.num_parameters():,} parameters, {args.dtype} on {args.device}, "
+          f"{active.describe()}; "
           f"{len(features):,} training rows, batch {args.batch_size}, {num_train_steps} steps "
           f"({num_train_steps / steps_per_epoch:.2g} epochs), warmup {warmup}, lr {args.lr:g}, "
           f"AdamW {args.optimizer}"

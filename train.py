@@ -30,6 +30,7 @@ from nanobert.data.pretraining_data import sha256_file
 from nanobert.data.pretraining_instances import input_files
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.distributed import rank_slice
+from nanobert.model import active
 from nanobert.model.counter_rng import default_rng
 from nanobert.model.flat import flat_buffer
 from nanobert.model.flops import step_flops
@@ -520,7 +521,7 @@ def main(argv=None):
     print(f"model: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
           f"{config.num_attention_heads} heads, vocab {config.vocab_size}: "
           f"{model.num_parameters() / 1e6:.2f}M parameters, {args.dtype} on {args.device}, "
-          f"{group.describe()}")
+          f"{group.describe()}; {active.describe()}")
     sizes = (f"{len(d):,} instances of length {d.max_seq_length}" for d in data.train_sets)
     print(f"data: {', '.join(sizes)}"
           + (f"; held-out {len(data.heldout):,}" if data.heldout else ""))

@@ -16,7 +16,7 @@ import time
 import numpy
 
 from nanobert.backend import reuse_freed_memory
-from nanobert.model import fast, packing
+from nanobert.model import fast, ops, packing
 from nanobert.model.threads import thread_count
 
 
@@ -35,7 +35,7 @@ def workloads(args):
     """name -> (packed, padded): callables for one run of each, on the same data."""
     x, mask, w_qkv, b_qkv, dcontext = batch(args, numpy.random.default_rng(0))
     pk = packing.packing_of(mask)
-    bias = fast.attention_mask_bias(mask, numpy.float32)
+    bias = ops.attention_mask_bias(mask, numpy.float32)
     x_packed, dcontext_packed = packing.pack(x, pk), packing.pack(dcontext, pk)
     A, p = args.heads, 0.1
 
@@ -51,8 +51,10 @@ def workloads(args):
 
     return {
         "forward+backward": (packed_training, padded_training),
-        "inference": (lambda: packing.self_attention_inference(x_packed, w_qkv, b_qkv, pk, A),
-                      lambda: fast.self_attention_inference(x, w_qkv, b_qkv, bias, A)),
+        "inference": (lambda: packing.self_attention_forward(x_packed, w_qkv, b_qkv, pk, A, 0.0,
+                                                             None, False, cache=False),
+                      lambda: fast.self_attention_forward(x, w_qkv, b_qkv, bias, A, 0.0, None,
+                                                          False, cache=False)),
     }, int(mask.sum())
 
 

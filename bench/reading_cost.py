@@ -7,7 +7,8 @@ file, with their source lines, in both modes: the fast layer and the reference
     python -m bench.reading_cost --functions     # and every function executed, file:line
     python -m bench.reading_cost --walkthrough   # docs/walkthrough.md's list, train.py's step
     python -m bench.reading_cost --walkthrough-update docs/walkthrough.md
-                                                 # its file:line (lines) and figures rewritten
+                                                 # its file:line (lines), figures and diagram
+                                                 # rewritten
 
 A function counts once, with all of its source lines (its def to its last line, docstring and
 comments included: a reader reads them), however often it runs and whichever of its branches
@@ -15,7 +16,12 @@ run; a closure's lines count within its enclosing function's. The step: BERT nan
 (2 layers, H=64, 2 heads), B=8, T=32, one row in three padded, dropout on, MLM and NSP
 labels: the fast layer then runs its packed attention (packing.py) and its thread pool, as
 `python train.py` does. tests/test_reference_mode.py holds the reference figure to its
-target (at most 800 lines, ops.py the largest share).
+target (at most 800 lines). The report ends with the ops ops.py alone defines: they run as
+written there in the fast mode too (active.missing_twins()).
+
+docs/walkthrough.md lists train.py's step math first (the ops, the encoder and heads that
+compose them, the update's math: is_math), the harness after, each in the order first
+called; its diagram of one step's tensors (step_diagram) comes from a trace too.
 """
 import argparse
 import collections
@@ -161,15 +167,126 @@ def train_py_step(reference, seed=0):
             for c in codes]
 
 
+# In the model's files, what is not the math: the skeleton's plumbing (checks, devices, the
+# outputs dict) and the targets' checks.
+MATH_FILES = ("nanobert/model/ops.py", "nanobert/model/special.py", "nanobert/model/bert.py",
+              "nanobert/model/pretraining.py", "nanobert/model/heads.py")
+UPDATE_MATH = ("clip_by_global_norm", "ReferenceAdamW.step")     # in optim.py
+SCATTER_ADD = ("nanobert/backend.py", "scatter_add")             # the lookup's gradient
+
+
+def is_math(path, name):
+    """Whether function `name` of file `path` is the step's math (the walkthrough's first
+    part): the ops, the composition of the encoder and the heads, the update's math."""
+    if path == "nanobert/model/optim.py":
+        return name in UPDATE_MATH
+    if (path, name) == SCATTER_ADD:
+        return True
+    return (path in MATH_FILES and not name.startswith("BertPreTrainedModel.")
+            and not name.endswith("._check_targets") and name not in ("host_scalar",
+                                                                       "host_scalars"))
+
+
 def walkthrough_items(functions):
-    """The lines of docs/walkthrough.md's list: `file:line` qualified name (lines)."""
-    return [f"`{path}:{line}` {name} ({lines})" for path, line, name, lines in functions]
+    """The lines of docs/walkthrough.md's list: `file:line` qualified name (lines), the math
+    first, then the harness, each in the order of `functions`."""
+    ordered = ([f for f in functions if is_math(f[0], f[2])]
+               + [f for f in functions if not is_math(f[0], f[2])])
+    return [f"`{path}:{line}` {name} ({lines})" for path, line, name, lines in ordered]
+
+
+def math_count(functions):
+    """How many of the walkthrough's items are the math (its first part)."""
+    return sum(is_math(f[0], f[2]) for f in functions)
+
+# ------------------------------------------------------------------ the step's diagram
+# The composition's functions, (file, name): each call's first array in and array out become a
+# node of docs/walkthrough.md's flowchart of one step; a run of calls alike, one node.
+
+
+DIAGRAM = (("nanobert/model/bert.py", "embeddings_forward"),
+           ("nanobert/model/bert.py", "encoder_layer_forward"),
+           ("nanobert/model/ops.py", "tanh_forward"),
+           ("nanobert/model/pretraining.py", "mlm_head_forward"),
+           ("nanobert/model/pretraining.py", "nsp_head_forward"),
+           ("nanobert/model/ops.py", "cross_entropy_forward"),
+           ("nanobert/model/ops.py", "cross_entropy_backward"),
+           ("nanobert/model/pretraining.py", "mlm_head_backward"),
+           ("nanobert/model/pretraining.py", "nsp_head_backward"),
+           ("nanobert/model/ops.py", "tanh_backward"),
+           ("nanobert/model/bert.py", "encoder_layer_backward"),
+           ("nanobert/model/bert.py", "embeddings_backward"),
+           ("nanobert/model/ops.py", "clip_by_global_norm"),
+           ("nanobert/model/optim.py", "ReferenceAdamW.step"))
+WHAT = {"embeddings_forward": "input_ids to vectors", "encoder_layer_forward": "the layers",
+        "tanh_forward": "pooler", "mlm_head_forward": "MLM at the masked positions",
+        "nsp_head_forward": "NSP", "cross_entropy_forward": "loss",
+        "cross_entropy_backward": "dloss to dlogits", "encoder_layer_backward": "the layers",
+        "embeddings_backward": "into the tables", "clip_by_global_norm": "global norm to 1.0",
+        "ReferenceAdamW.step": "every parameter"}
+
+
+def shape_of(value):
+    """[a, b, ...] of an array, "0-d" of a scalar array, "" of anything else."""
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return ""
+    return f"[{', '.join(map(str, shape))}]" if shape else "0-d"
+
+
+def step_diagram(seed=0):
+    """The lines of a Mermaid flowchart of one reference step (bench.reading_cost's model
+    and batch): the DIAGRAM functions in the order called, each with the shape of its first
+    array argument and of its (first) result."""
+    was = active.reference_ops()
+    active.use_reference_ops(True)
+    wanted = {(os.path.join(ROOT, path), name) for path, name in DIAGRAM}
+    calls, inputs = [], {}
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if (code.co_filename, code.co_qualname) not in wanted:
+            return
+        if event == "call":
+            names = code.co_varnames[:code.co_argcount]
+            inputs[id(frame)] = next((shape_of(frame.f_locals[n]) for n in names
+                                      if shape_of(frame.f_locals[n])), "")
+        elif event == "return":
+            out = arg[0] if isinstance(arg, tuple) else arg
+            calls.append((code.co_qualname, inputs.pop(id(frame), ""), shape_of(out)))
+    try:
+        model = nano_model(seed)
+        optimizer = AdamW(model.params, lr=1e-3)
+        batch = nano_batch(model.config, seed=seed)
+        sys.setprofile(profile)
+        try:
+            one_step(model, optimizer, batch)
+        finally:
+            sys.setprofile(None)
+    finally:
+        active.use_reference_ops(was)
+    runs = []                                    # [(call, count)]: a run of calls alike
+    for call in calls:
+        if runs and runs[-1][0] == call:
+            runs[-1][1] += 1
+        else:
+            runs.append([call, 1])
+    lines = ["```mermaid", "flowchart TD"]
+    for n, ((name, shape_in, shape_out), count) in enumerate(runs):
+        times = f" × {count}" if count > 1 else ""
+        shapes = " → ".join(s for s in (shape_in, shape_out) if s)
+        label = "<br/>".join(part for part in (f"{name}{times}", WHAT.get(name, ""), shapes)
+                             if part)
+        lines.append(f'    n{n}["{label}"]' + (f" --> n{n + 1}" if n + 1 < len(runs) else ""))
+    return lines + ["```"]
 
 
 # docs/walkthrough.md's list items: "- `file:line` qualified.name (lines) — what it does"
 ITEM = re.compile(r"- (`(?P<path>[^`:]+):(?P<line>\d+)` (?P<name>\S+) \((?P<lines>\d+)\))")
 FIGURES = ("<!-- figures: python -m bench.reading_cost --walkthrough-update -->",
            "<!-- end of figures -->")
+DIAGRAM_MARKS = ("<!-- diagram: python -m bench.reading_cost --walkthrough-update -->",
+                 "<!-- end of diagram -->")
 
 
 def page_items(text):
@@ -191,11 +308,22 @@ def item_key(item):
     return found.group("path"), found.group("name")
 
 
-def update_walkthrough(text, functions, figures=None):
+def between(lines, marks):
+    """(start, end): the indices of the lines `marks` (two markers) in `lines`; ValueError
+    where the page lacks them."""
+    start, end = (next((n for n, line in enumerate(lines) if line.strip() == marker), None)
+                  for marker in marks)
+    if start is None or end is None or end < start:
+        raise ValueError(f"the page has no lines between {marks[0]} and {marks[1]}")
+    return start, end
+
+
+def update_walkthrough(text, functions, figures=None, diagram=None):
     """The page `text` with each list item's `file:line` name (lines) rewritten from
     `functions` (train_py_step's), its description kept, and the figures between the FIGURES
-    markers replaced by `figures` (if given). ValueError, naming them, where the functions
-    are not the page's, in the page's order: a person writes what a new one does."""
+    markers replaced by `figures` (if given), the diagram between DIAGRAM_MARKS by `diagram`
+    (if given). ValueError, naming them, where the functions are not the page's, in the
+    page's order: a person writes what a new one does."""
     lines = text.splitlines()
     page = page_items(text)
     new = walkthrough_items(functions)
@@ -214,13 +342,10 @@ def update_walkthrough(text, functions, figures=None):
         raise ValueError("\n".join(problem))
     for (index, _, description), item in zip(page, new):
         lines[index] = f"- {item}" + (f" — {description}" if description else "")
-    if figures is not None:
-        start, end = (next((n for n, line in enumerate(lines) if line.strip() == marker), None)
-                      for marker in FIGURES)
-        if start is None or end is None or end < start:
-            raise ValueError(f"the page has no figures between the lines {FIGURES[0]} and "
-                             f"{FIGURES[1]}")
-        lines[start + 1:end] = figures
+    for new_lines, marks in ((figures, FIGURES), (diagram, DIAGRAM_MARKS)):
+        if new_lines is not None:
+            start, end = between(lines, marks)
+            lines[start + 1:end] = new_lines
     return "\n".join(lines) + "\n"
 
 
@@ -285,13 +410,14 @@ def main(argv=None):
         walkthrough = train_py_step(reference=True)
         figures = figures_table(executed_functions(True), executed_functions(False), walkthrough)
         try:
-            text = update_walkthrough(text, walkthrough, figures)
+            text = update_walkthrough(text, walkthrough, figures, step_diagram())
         except ValueError as e:
             raise SystemExit(f"{args.walkthrough_update} is not updated:\n{e}\n"
                              f"(python -m bench.reading_cost --walkthrough prints the list)")
         with open(args.walkthrough_update, "w") as f:
             f.write(text)
-        print(f"updated {args.walkthrough_update}: {len(walkthrough)} items and the figures")
+        print(f"updated {args.walkthrough_update}: {len(walkthrough)} items, the figures and "
+              f"the diagram")
         return
     if args.walkthrough:
         for item in walkthrough_items(train_py_step(reference=True)):
@@ -300,6 +426,8 @@ def main(argv=None):
     for name, reference in (("reference mode (--reference-ops)", True), ("fast layer", False)):
         report(name, executed_functions(reference), args.functions)
         print()
+    print(f"ops.py's functions with no fast twin (they run as written there in both modes): "
+          f"{', '.join(active.missing_twins())}")
 
 
 if __name__ == "__main__":

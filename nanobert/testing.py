@@ -54,9 +54,9 @@ alike), nothing can be compared: `if_flat="raise"` (default) raises a ValueError
 `if_flat="skip"` returns an empty dict (a hypothesis test then `assume`s it).
 
 Both forms return {input name: error} and raise AssertionError naming each input over the
-tolerance with its worst entry: its index, the analytic and numerical values there, the scale
-and what set it, and the step. Inputs must be float64: a float32 check measures float32 rounding
-(~1e-7 relative, divided by h), not the backward.
+tolerance with its worst entry: its index, the input's value there, the analytic and numerical
+values there, the scale and what set it, and the step. Inputs must be float64: a float32 check
+measures float32 rounding (~1e-7 relative, divided by h), not the backward.
 
 The strategies (op_inputs, bert_configs, batches) need hypothesis (`pip install hypothesis`);
 the checker itself needs only NumPy.
@@ -119,7 +119,8 @@ def _largest(array):
 class Compared(NamedTuple):
     """One input's side of a check: its whole analytic gradient, the flat indices checked
     (None: all), the analytic and numerical values there, its floor, the step h and the
-    stencil."""
+    stencil, and the input itself (whose value at the worst entry the failure shows: a bug
+    that depends on the sign of x is found from it)."""
     whole: numpy.ndarray
     index: numpy.ndarray
     analytic: numpy.ndarray
@@ -127,6 +128,7 @@ class Compared(NamedTuple):
     floor: float
     h: float
     five_point: bool
+    value: numpy.ndarray
 
 
 def _error(name, c, relative_floor, largest):
@@ -167,7 +169,8 @@ def _worst_entry(name, c, error, tol, scale, why):
     worst = int(numpy.argmax(numpy.where(numpy.isnan(diff), numpy.inf, diff)))
     flat = worst if c.index is None else int(c.index[worst])
     where = ", ".join(str(int(i)) for i in numpy.unravel_index(flat, c.whole.shape))
-    return (f"{name}: error {error:.2e} > {tol:.0e} at {name}[{where}]: analytic "
+    return (f"{name}: error {error:.2e} > {tol:.0e} at {name}[{where}] = "
+            f"{c.value.reshape(-1)[flat]:.6e}: analytic "
             f"{c.analytic[worst]:.6e}, numerical {c.numerical[worst]:.6e}, difference "
             f"{diff[worst]:.2e} over a scale of {scale:.2e} ({why}), h {c.h:.1e}"
             + (" (five-point)" if c.five_point else ""))
@@ -200,8 +203,9 @@ def check_gradients(forward, backward, inputs, *, seed=0, tol=DEFAULT_TOL, h=1e-
 
     def compare(key, step, stencil):
         numerical = numerical_grad(f, arrays[key], h=step, five_point=stencil)
-        return Compared(wholes[key], None, wholes[key].reshape(-1), numerical,
-                        _floor(floor, rounding, step, tol, noise), step, stencil)
+        return Compared(whole=wholes[key], index=None, analytic=wholes[key].reshape(-1),
+                        numerical=numerical, floor=_floor(floor, rounding, step, tol, noise),
+                        h=step, five_point=stencil, value=arrays[key].copy())
 
     def error(key, compared):
         return _error(key, compared, relative_floor, largest)[0]
@@ -254,7 +258,11 @@ def _float64_copies(inputs):
     arrays = {}
     for key, x in inputs.items():
         dtype = getattr(x, "dtype", None)
-        if not isinstance(x, numpy.ndarray) or dtype != numpy.float64:
+        if not isinstance(x, numpy.ndarray):
+            raise ValueError(f"input {key!r} must be a float64 NumPy array, got "
+                             f"{type(x).__name__}: the check perturbs the array in place, "
+                             f"entry by entry; pass numpy.array(..., dtype=numpy.float64)")
+        if dtype != numpy.float64:
             raise ValueError(f"input {key!r} must be a float64 NumPy array, got "
                              f"{type(x).__name__} of dtype {dtype}: a gradient check in lower "
                              "precision measures rounding, not the backward")
@@ -343,8 +351,9 @@ def check_model_gradients(model, batch, *, seed=0, entries=6, tol=DEFAULT_TOL, h
         index = (candidates if candidates.size <= entries
                  else pick.choice(candidates, entries, replace=False))
         numeric = numerical_grad(loss, p, index, h=h, five_point=five_point)
-        compared[key] = Compared(grads[key], index, grads[key].reshape(-1)[index], numeric,
-                                 float(floor), h, five_point)
+        compared[key] = Compared(whole=grads[key], index=index,
+                                 analytic=grads[key].reshape(-1)[index], numerical=numeric,
+                                 floor=float(floor), h=h, five_point=five_point, value=p.copy())
     return _errors(compared, tol, relative_floor, noise, if_flat, f"{type(model).__name__} loss")
 
 

@@ -12,7 +12,7 @@ import cupy_standin
 from conftest import assert_close, record, vanishes
 from counter_reference import dropout_generator, numpy_draws_like_the_gpu
 from nanobert import backend
-from nanobert.model import counter_rng, fast
+from nanobert.model import counter_rng, fast, ops
 from nanobert.model.config import BertConfig, with_labels
 from nanobert.model.heads import TASK_HEADS, BertForMultipleChoice
 from nanobert.model.optim import (AdamW, LossScaler, clip_and_step,
@@ -340,7 +340,7 @@ def attention_on(xp, dtype, dropout, seed=5, B=2, T=5, A=2, D=3):
     mask = numpy.ones((B, T), dtype=numpy.int64)
     mask[1, 3:] = 0
     put = (lambda a: a) if xp is numpy else xp.asarray
-    bias = fast.attention_mask_bias(put(mask), dtype)
+    bias = ops.attention_mask_bias(put(mask), dtype)
     with numpy_draws_like_the_gpu():
         context, cache = fast.self_attention_forward(put(x), put(w), put(b), bias, A, dropout,
                                                      dropout_generator(xp, seed), True)

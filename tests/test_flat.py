@@ -104,7 +104,7 @@ def test_accumulation_of_flat_grads_equals_accumulation_tensor_by_tensor(model):
 
 
 def test_forward_only_loss_returns_the_outputs_of_loss_and_grads(model):
-    """loss() in eval mode runs the inference path (bert_inference), which skips a padded row's
+    """loss() in eval mode runs the forward with cache=False, whose attention skips a padded row's
     padded keys: the same numbers up to the reordered roundings (tests/test_inference.py
     bounds them); the integer outputs (correct counts) are exact."""
     model.eval()

@@ -298,7 +298,7 @@ def attention_inputs(dtype):
 def attention_run(put, dtype, dropout_p, rng):
     """fast.self_attention_forward then backward -> (context, cache, (dx, dw_qkv, db_qkv))."""
     x, w, b, dcontext, mask = attention_inputs(dtype)
-    bias = fast.attention_mask_bias(put(mask), dtype)
+    bias = ops.attention_mask_bias(put(mask), dtype)
     context, cache = fast.self_attention_forward(put(x), put(w), put(b), bias, A, dropout_p,
                                                  rng, True)
     return context, cache, fast.self_attention_backward(put(dcontext), cache)

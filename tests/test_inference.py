@@ -1,6 +1,6 @@
-"""The inference path (bert.bert_inference, the fast layer's *_inference ops), which the
-models' __call__ and loss() run in eval mode, against the forward the backward uses
-(bert_forward, caches kept) in eval mode, for the bare encoder and every head, float32 and
+"""Inference, the one forward with cache=False (bert.bert_forward; each fast op on its no-cache
+path), which the models' __call__ and loss() run, against the same forward keeping the caches
+the backward uses, in eval mode, for the bare encoder and every head, float32 and
 float64, with arrays large enough to be split over the thread pool: bitwise equal outputs
 without trailing padding, within a rounding bound with rows of mixed lengths (the
 attention skips each row's padded keys); the attention probabilities it returns on
@@ -47,13 +47,11 @@ def outputs_of(out):
 
 
 def training_path_call(model, args):
-    """What __call__ returned before the inference path: bert_forward (caches kept) and the
-    head, in eval mode."""
+    """__call__ on the forward that keeps its caches (cache=True), as loss_and_grads runs it."""
     host = model._inputs(*args)
     if isinstance(model, BertModel):
-        sequence, pooled, hidden_states, _ = model._encode(host)
-        return bert.BertModelOutput(sequence, pooled, hidden_states)
-    forward = model._forward(host, for_backward=True)
+        return model._encode(host, cache=True)[0]
+    forward = model._forward(host, cache=True)
     return model._output(forward.logits, forward.hidden_states)
 
 
@@ -87,16 +85,19 @@ def test_inference_equals_the_training_forward_in_eval_mode(cls, dtype, padded):
         assert error <= PADDED_BOUND[dtype], f"{where}: relative error {error:.3e}"
 
 
-def test_loss_in_eval_mode_runs_the_inference_path_and_equals_loss_and_grads(monkeypatch):
+def test_loss_in_eval_mode_keeps_no_cache_and_equals_loss_and_grads(monkeypatch):
     model = BertForSequenceClassification(BertConfig(**CONFIG), seed=2).eval()
     ids, types, mask = inputs()
     batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": numpy.ones_like(mask),
              "labels": numpy.array([0, 1, 1, 0])}
     ref_loss, _, ref_outputs = model.loss_and_grads(batch, return_outputs=True)
 
-    def no_training_forward(*args):
-        raise AssertionError("loss() in eval mode ran bert_forward")
-    monkeypatch.setattr(bert, "bert_forward", no_training_forward)
+    forward = bert.bert_forward
+
+    def no_cache_forward(*args, cache=True, **kwargs):
+        assert not cache, "loss() asked the encoder for a cache"
+        return forward(*args, cache=cache, **kwargs)
+    monkeypatch.setattr(bert, "bert_forward", no_cache_forward)
     loss, outputs = model.loss(batch, return_outputs=True)
     assert loss == ref_loss
     assert numpy.array_equal(outputs["logits"], ref_outputs["logits"])
@@ -113,9 +114,11 @@ def test_training_mode_call_still_draws_dropout():
 def test_attention_probabilities_are_each_layers_masked_softmax(dtype):
     model = BertModel(BertConfig(**CONFIG), seed=4, dtype=dtype).eval()
     ids, types, mask = inputs(seed=5)
-    *_, attentions = bert.bert_inference(model.params, "", ids, types, mask, model.config,
-                                         output_attentions=True)
-    *_, cache = bert.bert_forward(model.params, "", ids, types, mask, model.config, None, False)
+    out, kept = bert.bert_forward(model.params, "", ids, types, mask, model.config, None, False,
+                                  cache=False, output_attentions=True)
+    assert kept is None
+    attentions = out.attentions
+    _, cache = bert.bert_forward(model.params, "", ids, types, mask, model.config, None, False)
     B, T = ids.shape
     assert len(attentions) == CONFIG["num_hidden_layers"]
     for probs, layer in zip(attentions, cache.layers):
@@ -124,7 +127,8 @@ def test_attention_probabilities_are_each_layers_masked_softmax(dtype):
                        numpy.abs(probs - layer.attention.probs).max())
         assert error <= PADDED_BOUND[dtype]
         assert not probs[numpy.broadcast_to(mask[:, None, None, :] == 0, probs.shape)].any()
-    assert bert.bert_inference(model.params, "", ids, types, mask, model.config)[3] is None
+    assert bert.bert_forward(model.params, "", ids, types, mask, model.config, None, False,
+                             cache=False)[0].attentions is None
 
 
 def peak_bytes(function):

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from conftest import record
-from nanobert.model import fast, fast_cpu, packing, threads
+from nanobert.model import fast, fast_cpu, ops, packing, threads
 from nanobert.model.packing import Packing, pack, packing_of, unpack
 from nanobert.testing import check_gradients, rel_error
 
@@ -74,7 +74,7 @@ def test_packed_attention_equals_the_padded_fast_op(case, dtype):
     x = rng.standard_normal((int(pk.lengths.sum()), H)).astype(dtype)     # [N, H]
     w_qkv, b_qkv = layer(rng, H, dtype)
     dcontext = rng.standard_normal(x.shape).astype(dtype)
-    bias = fast.attention_mask_bias(mask, dtype)
+    bias = ops.attention_mask_bias(mask, dtype)
     context, cache = packing.self_attention_forward(x, w_qkv, b_qkv, pk, A, 0.1, None, False)
     padded, padded_cache = fast.self_attention_forward(unpack(x, pk), w_qkv, b_qkv, bias, A,
                                                        0.1, None, False)

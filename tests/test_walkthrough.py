@@ -1,18 +1,25 @@
 """docs/walkthrough.md cannot drift: its list is one traced step of train.py in reference mode.
 
-The page lists every project function one step runs, in the order first called, as items
-"- `file:line` qualified.name (lines) — what it does". A step is traced here
-(bench.reading_cost.train_py_step) and the items must equal the trace's, in order; the page
-must also name every file the fast mode runs. When only line numbers moved,
-`python -m bench.reading_cost --walkthrough-update docs/walkthrough.md` rewrites them."""
+The page lists every project function one step runs as items "- `file:line` qualified.name
+(lines) — what it does": the math first (bench.reading_cost.is_math: the ops, the encoder and
+heads that compose them, the update's math), then the harness, each in the order first called.
+A step is traced here (bench.reading_cost.train_py_step) and the items must equal the trace's,
+in that order; the math must come before the first harness heading; the page's Mermaid diagram
+of one step's tensors must be the one a traced step draws (step_diagram); the page must also
+name every file the fast mode runs. When only line numbers moved,
+`python -m bench.reading_cost --walkthrough-update docs/walkthrough.md` rewrites them (and the
+diagram). In the learner's quick tier (pytest -m learner)."""
 import pathlib
 
 import pytest
 
-from bench.reading_cost import (ROOT, executed_functions, page_items, per_file, train_py_step,
+from bench.reading_cost import (DIAGRAM_MARKS, ROOT, between, executed_functions, is_math,
+                                math_count, page_items, per_file, step_diagram, train_py_step,
                                 update_walkthrough, walkthrough_items)
 
+pytestmark = pytest.mark.learner           # the learner's quick tier (README)
 PAGE = pathlib.Path(ROOT) / "docs" / "walkthrough.md"
+HARNESS = "## The harness"       # the heading the harness's items come after
 REGENERATE = ("regenerate: python -m bench.reading_cost --walkthrough-update docs/walkthrough.md "
               "(line numbers and lengths; descriptions kept), or, where functions were added or "
               "removed, write their items from python -m bench.reading_cost --walkthrough")
@@ -43,6 +50,31 @@ def first_difference(text, trace_items):
 def test_the_page_lists_the_traced_step_function_by_function(reference_step):
     problem = first_difference(PAGE.read_text(), walkthrough_items(reference_step))
     assert problem is None, problem
+
+
+def test_the_math_comes_first_and_the_harness_in_its_own_section(reference_step):
+    text = PAGE.read_text()
+    lines = text.splitlines()
+    harness = next((n for n, line in enumerate(lines) if line.startswith(HARNESS)), None)
+    assert harness is not None, f"docs/walkthrough.md has no heading {HARNESS!r}"
+    items = page_items(text)
+    math = math_count(reference_step)
+    assert math > 40 and all(n < harness for n, _, _ in items[:math]), \
+        "the math's items must all come before the harness's heading"
+    assert all(n > harness for n, _, _ in items[math:]), \
+        "the harness's items must all come after its heading"
+    first_op = next(i for i, (_, item, _) in enumerate(items) if "model/ops.py" in item)
+    assert first_op < 6, f"the first ops.py function is item {first_op + 1}"
+
+
+def test_the_diagram_is_the_traced_steps():
+    lines = PAGE.read_text().splitlines()
+    start, end = between(lines, DIAGRAM_MARKS)
+    drawn = step_diagram()
+    assert lines[start + 1:end] == drawn, (
+        "docs/walkthrough.md's diagram is not the traced step's; regenerate: python -m "
+        "bench.reading_cost --walkthrough-update docs/walkthrough.md\n" + "\n".join(drawn))
+    assert any("encoder_layer_forward × 2" in line for line in drawn), drawn
 
 
 def test_every_item_says_what_its_function_does():
@@ -84,6 +116,7 @@ def test_a_moved_line_or_a_missing_item_is_caught(reference_step):
     problem = first_difference(moved, items)
     assert problem is not None and f"has `{path}:{line + 1}` {name}" in problem \
         and "--walkthrough-update" in problem, problem
+    name = items[40].split()[1]                        # the page's order: math first
     deleted = text.replace(f"- {items[40]} — what {name} does\n", "", 1)
     problem = first_difference(deleted, items)
     assert problem is not None and f"runs {items[40]}" in problem, problem
@@ -110,6 +143,7 @@ def test_the_update_refuses_added_or_removed_functions_naming_them(reference_ste
                                          r"ops.py:999` rms_norm_forward \(9\)"):
         update_walkthrough(text, more)
     swapped = list(reference_step)
-    swapped[1], swapped[2] = swapped[2], swapped[1]
+    first, second = [n for n, f in enumerate(reference_step) if is_math(f[0], f[2])][1:3]
+    swapped[first], swapped[second] = swapped[second], swapped[first]
     with pytest.raises(ValueError, match="another order: item 2"):
         update_walkthrough(text, swapped)

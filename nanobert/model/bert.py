@@ -4,12 +4,14 @@ Parameters are one flat dict keyed by Hugging Face state-dict names
 (`bert.encoder.layer.0.attention.self.query.weight`, ...), so checkpoints convert by identity.
 Every composite layer here follows one calling convention:
 
-    x_forward(params, prefix, inputs..., config, rng, training) -> out, cache
-    x_backward(dout, cache, grads)                               -> d_inputs
+    x_forward(params, prefix, inputs..., config, rng, training, cache=True) -> out, cache
+    x_backward(dout, cache, grads)                                          -> d_inputs
 
 `prefix` is where this layer's names start in the dict ("bert.", "bert.encoder.layer.3.");
-the cache is a NamedTuple that remembers it, so backward reads `cache.attention`, not
-`cache[0]`, and writes the parameter gradients into `grads` (same keys as params).
+the cache is a dataclass of named fields that remembers it (made by keyword, read by name:
+backward reads `cache.attention`; a new field breaks no caller), and backward writes the
+parameter gradients into `grads` (same keys as params). cache=False is inference: the same
+forward, keeping nothing for a backward (each op then takes its no-cache path, fast.py).
 
 Flat buffers, as llm.c: the model's parameters are views of one contiguous array
 (flat.FlatLayout, in params.buffer_order), and each backward gets one zeroed gradient buffer
@@ -28,8 +30,8 @@ from typing import NamedTuple
 import numpy
 
 # `active.x` is the op x of the layer that runs: ops.py's in reference mode, else the fast
-# layer's (active.py, the one switch). The inference twins below are the fast layer's alone.
-from . import active, fast
+# layer's (active.py, the one switch).
+from . import active
 from .ops import IGNORE_INDEX
 from ..backend import PinnedStaging, array_module, get_xp, to_device
 from .counter_rng import default_rng
@@ -54,14 +56,31 @@ def linear_gelu_backward_into(dout, cache, grads, name):
                                        grads[name + ".bias"])[0]
 
 
+# The normalisation: these three functions are the only places the model names it (the
+# embeddings', each layer's two Add & Norms, the MLM transform's), and params.norm_shapes the
+# one place its parameters are declared; a variant such as RMSNorm changes them alone
+# (docs/layout.md, "What a model variant touches").
+
+
+def norm_forward(params, name, x, config, cache=True, residual=None, rng=None, training=False):
+    """LayerNorm(x) [..., H], its gain and shift params[name + ".weight" / ".bias"]; given the
+    residual [..., H], post-LN's Add & Norm: LayerNorm(dropout(x) + residual)."""
+    gamma, beta, eps = params[name + ".weight"], params[name + ".bias"], config.layer_norm_eps
+    if residual is None:
+        return active.layernorm_forward(x, gamma, beta, eps, cache=cache)
+    return active.dropout_add_layernorm_forward(x, residual, gamma, beta, eps,
+                                                config.hidden_dropout_prob, rng, training,
+                                                cache=cache)
+
+
 def layernorm_backward_into(dout, cache, grads, name):
-    """layernorm_backward writing the gain and bias gradients into grads; returns dx."""
+    """norm_forward's backward without a residual, the gradients written by name; -> dx."""
     return active.layernorm_backward(dout, cache, grads[name + ".weight"], grads[name + ".bias"])[0]
 
 
 def add_norm_backward_into(dout, cache, grads, name):
-    """dropout_add_layernorm_backward writing the LayerNorm's gain and bias gradients (name:
-    the LayerNorm's) into grads; returns (dx, dresidual)."""
+    """norm_forward's backward with a residual (dropout_add_layernorm_backward), writing the
+    gain and shift gradients into grads; returns (dx, dresidual)."""
     return active.dropout_add_layernorm_backward(dout, cache, grads[name + ".weight"],
                                                  grads[name + ".bias"])[:2]
 
@@ -81,10 +100,15 @@ def stacked_qkv(tensors, prefix, kind, writable=False):
     return array_module(arrays[0]).concatenate(arrays)
 
 
+# The caches: named fields, made by keyword and read by name (kw_only; a dataclass cannot be
+# unpacked by position), so that a variant adds a field without breaking a caller.
+cache_fields = dataclasses.dataclass(frozen=True, kw_only=True)
+
 # ---------------------------------------------------------------------------- embeddings
 
 
-class EmbeddingsCache(NamedTuple):
+@cache_fields
+class EmbeddingsCache:
     prefix: str
     words: tuple               # embedding caches of the two lookups
     segments: tuple
@@ -93,14 +117,15 @@ class EmbeddingsCache(NamedTuple):
     pad_token_id: int
 
 
-def embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng, training):
+def embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng, training,
+                       cache=True):
     """input_ids, token_type_ids [B, T] -> LayerNorm(word + position + segment) [B, T, H]."""
     e = prefix + "embeddings."
     x, words, segments = embedding_sum(params, e, input_ids, token_type_ids)
-    x, layernorm = active.layernorm_forward(x, params[e + "LayerNorm.weight"],
-                                            params[e + "LayerNorm.bias"], config.layer_norm_eps)
+    x, layernorm = norm_forward(params, e + "LayerNorm", x, config, cache)
     x, dropout = active.dropout_forward(x, config.hidden_dropout_prob, rng, training)
-    return x, EmbeddingsCache(prefix, words, segments, layernorm, dropout, config.pad_token_id)
+    return x, EmbeddingsCache(prefix=prefix, words=words, segments=segments, layernorm=layernorm,
+                              dropout=dropout, pad_token_id=config.pad_token_id) if cache else None
 
 
 def embedding_sum(params, e, input_ids, token_type_ids):
@@ -141,7 +166,8 @@ def embeddings_backward(dx, cache, grads):
 # ------------------------------------------------------------------------- encoder layer
 
 
-class LayerCache(NamedTuple):
+@cache_fields
+class LayerCache:
     prefix: str
     attention: tuple           # AttentionCache (ops.py)
     attention_output: tuple    # linear
@@ -151,12 +177,12 @@ class LayerCache(NamedTuple):
     output_add_norm: tuple     # dropout_add_layernorm
 
 
-def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
+def encoder_layer_forward(params, prefix, x, attend, config, rng, training, cache=True):
     """One post-LN Transformer layer: h = LN(x + drop(attn(x))); out = LN(h + drop(FFN(h))).
 
     x [B, T, H] -> [B, T, H] with attend the mask's bias [B, 1, 1, T]; or packed, x [N, H]
     -> [N, H] with attend a Packing (each row attends to its own tokens). prefix e.g.
-    "bert.encoder.layer.3.".
+    "bert.encoder.layer.3.". x is not modified (it is hidden_states[i]).
     """
     def P(name):
         return params[prefix + name]
@@ -167,21 +193,20 @@ def encoder_layer_forward(params, prefix, x, attend, config, rng, training):
                          else active.self_attention_forward)
     context, attention = attention_forward(
         x, w_qkv, b_qkv, attend, config.num_attention_heads,
-        config.attention_probs_dropout_prob, rng, training)
+        config.attention_probs_dropout_prob, rng, training, cache=cache)
     y, attention_output = active.linear_forward(context, P("attention.output.dense.weight"),
                                                 P("attention.output.dense.bias"))
-    h, attention_add_norm = active.dropout_add_layernorm_forward(     # LN(drop(y) + x)
-        y, x, P("attention.output.LayerNorm.weight"), P("attention.output.LayerNorm.bias"),
-        config.layer_norm_eps, config.hidden_dropout_prob, rng, training)
+    h, attention_add_norm = norm_forward(params, prefix + "attention.output.LayerNorm", y,
+                                         config, cache, x, rng, training)   # LN(drop(y) + x)
     inter, intermediate = active.linear_gelu_forward(h, P("intermediate.dense.weight"),
                                                      P("intermediate.dense.bias"),
-                                                     config.hidden_act)    # [B, T, I]
+                                                     config.hidden_act, cache=cache)  # [B, T, I]
     y, output = active.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    out, output_add_norm = active.dropout_add_layernorm_forward(      # LN(drop(y) + h)
-        y, h, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"), config.layer_norm_eps,
-        config.hidden_dropout_prob, rng, training)
-    return out, LayerCache(prefix, attention, attention_output, attention_add_norm,
-                           intermediate, output, output_add_norm)
+    out, output_add_norm = norm_forward(params, prefix + "output.LayerNorm", y, config, cache,
+                                        h, rng, training)                  # LN(drop(y) + h)
+    return out, LayerCache(prefix=prefix, attention=attention, attention_output=attention_output,
+                           attention_add_norm=attention_add_norm, intermediate=intermediate,
+                           output=output, output_add_norm=output_add_norm) if cache else None
 
 
 def encoder_layer_backward(dout, cache, grads):
@@ -209,7 +234,8 @@ def encoder_layer_backward(dout, cache, grads):
 # ------------------------------------------------------------------------ the whole BERT
 
 
-class BertCache(NamedTuple):
+@cache_fields
+class BertCache:
     prefix: str
     embeddings: EmbeddingsCache
     layers: list               # one LayerCache per layer
@@ -219,26 +245,38 @@ class BertCache(NamedTuple):
     packing: Packing           # the layers ran packed (on the attended tokens), or None
 
 
-def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, config, rng,
-                 training, packing=None):
-    """-> sequence_output [B, T, H], pooled_output [B, H], hidden_states (L+1 arrays), cache.
+@dataclasses.dataclass
+class BertModelOutput:
+    last_hidden_state: object   # [B, T, H]
+    pooler_output: object       # [B, H], None without a pooler
+    hidden_states: list         # L+1 arrays [B, T, H]
+    attentions: tuple = None    # L arrays [B, A, T, T], with output_attentions=True
 
-    hidden_states[0] is the embedding output, hidden_states[i] the output of layer i.
-    The pooler is dense + tanh on the [CLS] (first) position; pooled_output is None for a
-    model without one. packing (packing.py): the layers run on the attended tokens only,
-    and every output is 0 at the padded positions.
-    """
+
+def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, config, rng,
+                 training, packing=None, cache=True, output_attentions=False):
+    """-> BertModelOutput, BertCache (None with cache=False: inference).
+
+    hidden_states[i] is the output of layer i (0: the embeddings'). The pooler is dense + tanh
+    on [CLS]; pooler_output None without one. packing (packing.py): the layers run on the
+    attended tokens only, every output 0 at the padding. output_attentions: each layer's
+    softmax of the masked scores (transformers' layout), from the attention's cache."""
+    if packing is not None and output_attentions:
+        raise ValueError("output_attentions needs the padded batch: packing must be None")
     x, embeddings = embeddings_forward(params, prefix, input_ids, token_type_ids, config, rng,
-                                       training)
-    hidden_states, layers = [x], []
+                                       training, cache=cache)
+    hidden_states, layers, attentions = [x], [], []
     attend = active.attention_mask_bias(attention_mask, x.dtype)        # [B, 1, 1, T]
     if packing is not None:             # the fast layer's: the attended tokens alone, [N, H]
         x, attend = pack(x, packing), packing
     for i in range(config.num_hidden_layers):
         x, layer = encoder_layer_forward(params, f"{prefix}encoder.layer.{i}.", x, attend,
-                                         config, rng, training)
+                                         config, rng, training, cache=cache or output_attentions)
         hidden_states.append(x)
-        layers.append(layer)
+        if output_attentions:
+            attentions.append(layer.attention.probs)                    # [B, A, T, T]
+        if cache:
+            layers.append(layer)
     if packing is not None:             # back to [B, T, H], zeros at the padding
         hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
     x = hidden_states[-1]
@@ -247,8 +285,11 @@ def bert_forward(params, prefix, input_ids, token_type_ids, attention_mask, conf
         pooled, pooler = active.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
                                                params[prefix + "pooler.dense.bias"])
         pooled, pooler_tanh = active.tanh_forward(pooled)
-    cache = BertCache(prefix, embeddings, layers, pooler, pooler_tanh, x, packing)
-    return x, pooled, hidden_states, cache
+    out = BertModelOutput(last_hidden_state=x, pooler_output=pooled, hidden_states=hidden_states,
+                          attentions=tuple(attentions) if output_attentions else None)
+    return out, BertCache(prefix=prefix, embeddings=embeddings, layers=layers, pooler=pooler,
+                          pooler_tanh=pooler_tanh, sequence_output=x,
+                          packing=packing) if cache else None
 
 
 def bert_backward(dsequence, dpooled, cache, grads):
@@ -272,79 +313,6 @@ def bert_backward(dsequence, dpooled, cache, grads):
     embeddings_backward(dx, cache.embeddings, grads)
 
 
-def attention_probabilities(cache):
-    """A BertCache -> each layer's attention probabilities (the softmax, before attention
-    dropout): a tuple of L arrays [B, A, T, T], transformers' `output_attentions` layout.
-    Row t of head a is where position t looks; padded keys get 0."""
-    return tuple(layer.attention.probs for layer in cache.layers)
-
-# ---------------------------------------------------------------------------- inference
-# The same forward for inference only: no caches (each layer's temporaries are freed as the
-# next layer starts), no dropout, and the fast layer's *_inference ops, which write their
-# results into the temporaries they are given. The forward of eval mode, bitwise, except a
-# few ulp where a row ends in padding: the attention skips its padded keys, whose
-# probabilities are exactly 0 (tests/test_inference.py states the bounds).
-
-
-def encoder_layer_inference(params, prefix, x, attend, config, output_attentions=False):
-    """encoder_layer_forward in eval mode -> (out [B, T, H] or packed [N, H], attention
-    probabilities [B, A, T, T] or None; never packed). x is not modified (it is
-    hidden_states[i])."""
-    def P(name):
-        return params[prefix + name]
-
-    w_qkv, b_qkv = stacked_qkv(params, prefix, "weight"), stacked_qkv(params, prefix, "bias")
-    A = config.num_attention_heads
-    if isinstance(attend, Packing):
-        context, probs = packed.self_attention_inference(x, w_qkv, b_qkv, attend, A), None
-    else:
-        context, probs = fast.self_attention_inference(x, w_qkv, b_qkv, attend, A,
-                                                      output_attentions)
-    y, _ = fast.linear_forward(context, P("attention.output.dense.weight"),
-                               P("attention.output.dense.bias"))
-    h = fast.layernorm_inference(y, P("attention.output.LayerNorm.weight"),      # LN(y + x)
-                                P("attention.output.LayerNorm.bias"), config.layer_norm_eps,
-                                residual=x)
-    inter = fast.linear_gelu_inference(h, P("intermediate.dense.weight"),
-                                      P("intermediate.dense.bias"), config.hidden_act)  # [B, T, I]
-    y, _ = fast.linear_forward(inter, P("output.dense.weight"), P("output.dense.bias"))
-    out = fast.layernorm_inference(y, P("output.LayerNorm.weight"), P("output.LayerNorm.bias"),
-                                  config.layer_norm_eps, residual=h)   # LN(y + h)
-    return out, probs
-
-
-def bert_inference(params, prefix, input_ids, token_type_ids, attention_mask, config,
-                   output_attentions=False, packing=None):
-    """bert_forward in eval mode, keeping nothing for a backward -> sequence_output [B, T, H],
-    pooled_output [B, H] (None without a pooler), hidden_states (L+1 arrays [B, T, H]),
-    attentions: with output_attentions a tuple of L arrays [B, A, T, T] (transformers'
-    layout: each layer's softmax of the masked scores), else None. packing: as in
-    bert_forward (not with output_attentions: the maps are of the padded batch)."""
-    if packing is not None and output_attentions:
-        raise ValueError("output_attentions needs the padded batch: packing must be None")
-    e = prefix + "embeddings."
-    x, _, _ = embedding_sum(params, e, input_ids, token_type_ids)
-    x = fast.layernorm_inference(x, params[e + "LayerNorm.weight"], params[e + "LayerNorm.bias"],
-                                config.layer_norm_eps)
-    hidden_states, attentions = [x], []
-    attend = fast.attention_mask_bias(attention_mask, x.dtype)          # [B, 1, 1, T]
-    if packing is not None:
-        x, attend = pack(x, packing), packing
-    for i in range(config.num_hidden_layers):
-        x, probs = encoder_layer_inference(params, f"{prefix}encoder.layer.{i}.", x, attend,
-                                           config, output_attentions)
-        hidden_states.append(x)
-        attentions.append(probs)
-    if packing is not None:
-        hidden_states[1:] = [unpack(h, packing) for h in hidden_states[1:]]
-    x = hidden_states[-1]
-    pooled = None
-    if prefix + "pooler.dense.weight" in params:
-        pooled, _ = fast.linear_forward(x[:, 0], params[prefix + "pooler.dense.weight"],
-                                        params[prefix + "pooler.dense.bias"])
-        pooled, _ = fast.tanh_forward(pooled)
-    return x, pooled, hidden_states, tuple(attentions) if output_attentions else None
-
 # ---------------------------------------------------------------------------- the models
 
 
@@ -358,14 +326,6 @@ def host_scalar(x):
 def host_scalars(outputs):
     """The 0-d values of an outputs dict as Python ints and floats (logits stay arrays)."""
     return {k: host_scalar(v) for k, v in outputs.items()}
-
-
-@dataclasses.dataclass
-class BertModelOutput:
-    last_hidden_state: object   # [B, T, H]
-    pooler_output: object       # [B, H]
-    hidden_states: list         # L+1 arrays [B, T, H]
-    attentions: tuple = None    # L arrays [B, A, T, T], with output_attentions=True
 
 
 class Forward(NamedTuple):
@@ -504,25 +464,13 @@ class BertPreTrainedModel:
             raise ValueError(f"{type(self).__name__} takes no denominators: fine-tuning weighs "
                              "micro-batches by their rows (average_gradients' weights)")
 
-    def _encode(self, host, output_attentions=False):
-        """The encoder on checked inputs -> sequence_output, pooled_output, hidden_states, cache."""
+    def _encode(self, host, cache=True, output_attentions=False):
+        """The encoder on checked inputs -> BertModelOutput, BertCache (None: cache=False)."""
         self._refresh_weights()
         ids, types, mask = (self._device(host, k) for k in INPUT_KEYS)
         return bert_forward(self.weights, self.base_prefix, ids, types, mask, self.config,
-                            self.rng, self.training, self._packing(host, output_attentions))
-
-    def _infer(self, host, output_attentions=False):
-        """The encoder at inference on checked inputs -> sequence_output, pooled_output,
-        hidden_states, attentions (None unless asked): the fast layer's bert_inference (no
-        caches, no dropout); in reference mode the one forward (bert_forward), cache dropped."""
-        if active.reference_ops():
-            sequence, pooled, hidden_states, cache = self._encode(host, output_attentions)
-            attentions = attention_probabilities(cache) if output_attentions else None
-            return sequence, pooled, hidden_states, attentions
-        self._refresh_weights()
-        ids, types, mask = (self._device(host, k) for k in INPUT_KEYS)
-        return bert_inference(self.weights, self.base_prefix, ids, types, mask, self.config,
-                              output_attentions, self._packing(host, output_attentions))
+                            self.rng, self.training, self._packing(host, output_attentions),
+                            cache=cache, output_attentions=output_attentions)
 
     def _packing(self, host, output_attentions=False):
         """The Packing the fast layer runs the encoder on (packing.py), or None for the padded
@@ -545,28 +493,23 @@ class BertPreTrainedModel:
         the first position; a head that reads more says so."""
         return self.uses_pooler and not host["attention_mask"][:, 0].all()
 
-    def _forward(self, host, for_backward=True, output_attentions=False):
+    def _forward(self, host, cache=True, output_attentions=False):
         """Encoder + head -> Forward (with output_attentions each layer's attention maps).
-        for_backward=False in eval mode: the inference path (_infer), no encoder cache
-        (Forward.cache[0] is None); in training mode the forward with dropout either way."""
-        attentions = None
-        if for_backward or self.training:
-            sequence, pooled, hidden_states, encoder = self._encode(host, output_attentions)
-            if output_attentions:
-                attentions = attention_probabilities(encoder)
-        else:
-            sequence, pooled, hidden_states, attentions = self._infer(host, output_attentions)
-            encoder = None
-        logits, head = self._head_forward(sequence, pooled, host)
-        return Forward(logits, hidden_states, pooled, (encoder, head), attentions)
+        cache=False (evaluation, prediction, __call__): the same forward keeping nothing for a
+        backward (Forward.cache[0] is None), with dropout in training mode."""
+        encoded, encoder = self._encode(host, cache, output_attentions)
+        logits, head = self._head_forward(encoded.last_hidden_state, encoded.pooler_output, host)
+        return Forward(logits=logits, hidden_states=encoded.hidden_states,
+                       pooled=encoded.pooler_output, cache=(encoder, head),
+                       attentions=encoded.attentions)
 
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                  output_attentions=False):
         """Inference: the head's output object (logits and hidden_states; with
-        output_attentions also attentions, L arrays [B, A, T, T]); in eval mode by the
-        inference path (bert_inference), in training mode with dropout."""
+        output_attentions also attentions, L arrays [B, A, T, T]): the forward keeping no
+        cache, with dropout in training mode."""
         forward = self._forward(self._inputs(input_ids, token_type_ids, attention_mask),
-                                for_backward=False, output_attentions=output_attentions)
+                                cache=False, output_attentions=output_attentions)
         output = self._output(forward.logits, forward.hidden_states)
         output.attentions = forward.attentions
         return output
@@ -579,7 +522,7 @@ class BertPreTrainedModel:
         output_attentions: the outputs dict gets "attentions" too (L arrays [B, A, T, T])."""
         host = self.check_batch(batch)
         self._check_denominators(denominators)
-        forward = self._forward(host, for_backward=False, output_attentions=output_attentions)
+        forward = self._forward(host, cache=False, output_attentions=output_attentions)
         loss, _, outputs = self._loss_forward(forward.logits, host, denominators)
         if not on_device:
             loss, outputs = host_scalar(loss), host_scalars(outputs)
@@ -721,9 +664,4 @@ class BertModel(BertPreTrainedModel):
     def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                  output_attentions=False):
         host = self._inputs(input_ids, token_type_ids, attention_mask)
-        if self.training:
-            sequence, pooled, hidden_states, cache = self._encode(host, output_attentions)
-            attentions = attention_probabilities(cache) if output_attentions else None
-        else:
-            sequence, pooled, hidden_states, attentions = self._infer(host, output_attentions)
-        return BertModelOutput(sequence, pooled, hidden_states, attentions)
+        return self._encode(host, cache=False, output_attentions=output_attentions)[0]

@@ -6,8 +6,13 @@ equal to it, bitwise or within a stated rounding bound. This file only routes: a
 NumPy arrays runs in fast_cpu.py (in-place passes on a pool of threads), on CuPy arrays in
 fast_gpu.py (CUDA kernels from kernels.cu), as llm.c keeps train_gpt2.c beside its .cu.
 What is the same code on both, the losses (whose results stay on the device: device_loss),
-lives here, but for the cross-entropy's CuPy path (a CUDA row kernel, fast_gpu); ops with no
-trick to add are the reference itself, imported below.
+lives here, but for the cross-entropy's CuPy path (a CUDA row kernel, fast_gpu). An op of
+ops.py with no twin here runs as written there in this mode too (active.py falls back to
+it: active.missing_twins() lists them).
+
+A forward given cache=False (inference: nothing kept for a backward) takes the layer's
+no-cache path in eval mode (the *_inference functions of fast_cpu.py and fast_gpu.py: no
+cache, no dropout, computed in temporaries of its own), and returns None as its cache.
 """
 from typing import NamedTuple
 
@@ -16,9 +21,7 @@ import numpy
 from ..backend import array_module, float32_if_half
 from . import fast_cpu, fast_gpu
 from .fast_cpu import ERF32_CLAMP, ERF32_ULP, erf_float32  # noqa: F401 (bench/erf_ulp.py)
-from .ops import (GELU_KINDS, IGNORE_INDEX, AttentionCache, attention_mask_bias,  # noqa: F401
-                  bce_with_logits_backward, embedding_backward, embedding_forward,
-                  mse_backward, tanh_backward, tanh_forward)
+from .ops import IGNORE_INDEX
 
 
 def _layer(x):
@@ -57,7 +60,9 @@ def _linear_input_and_weight_grads(layer, dout2, cache, dweight=None):
     return dx, layer.matmul(dout2.T, x2, out=dweight)
 
 
-def layernorm_forward(x, gamma, beta, eps):
+def layernorm_forward(x, gamma, beta, eps, cache=True):
+    if not cache:
+        return _layer(x).layernorm_inference(x, gamma, beta, eps), None
     return _layer(x).layernorm_forward(x, gamma, beta, eps)
 
 
@@ -94,9 +99,14 @@ def dropout_backward(dout, mask):
     return _layer(dout).dropout_backward(dout, mask)
 
 
-def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
-    return _layer(x).self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p,
-                                            rng, training)
+def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training,
+                           cache=True):
+    layer = _layer(x)
+    if not cache and not (training and dropout_p != 0.0):
+        return layer.self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads), None
+    context, kept = layer.self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads,
+                                                 dropout_p, rng, training)
+    return context, kept if cache else None
 
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
@@ -104,7 +114,9 @@ def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):
     return linear_backward(dqkv, cache.qkv, dw_qkv, db_qkv)
 
 
-def linear_gelu_forward(x, weight, bias, kind="gelu"):
+def linear_gelu_forward(x, weight, bias, kind="gelu", cache=True):
+    if not cache:
+        return _layer(x).linear_gelu_inference(x, weight, bias, kind), None
     return _layer(x).linear_gelu_forward(x, weight, bias, kind)
 
 
@@ -119,33 +131,17 @@ def linear_gelu_backward(dout, cache, dweight=None, dbias=None):
     return (*_linear_input_and_weight_grads(layer, dlinear2, cache.linear, dweight), dbias)
 
 
-def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
-    return _layer(x).dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng,
-                                                   training)
+def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training, cache=True):
+    layer = _layer(x)
+    if not cache and not (training and p != 0.0):
+        return layer.layernorm_inference(x, gamma, beta, eps, residual), None
+    out, kept = layer.dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng,
+                                                    training)
+    return out, kept if cache else None
 
 
 def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     return _layer(dout).dropout_add_layernorm_backward(dout, cache, dgamma, dbeta)
-
-# ----------------------------------------------------------------------------- inference
-# Forward passes that keep nothing for a backward and draw no dropout: each returns what its
-# *_forward returns first (NumPy: computed in the memory of an input the caller drops).
-
-
-def layernorm_inference(x, gamma, beta, eps, residual=None):
-    """layernorm_forward's output of x, or of x + residual (the Transformer's "Add & Norm")."""
-    return _layer(x).layernorm_inference(x, gamma, beta, eps, residual)
-
-
-def linear_gelu_inference(x, weight, bias, kind="gelu"):
-    return _layer(x).linear_gelu_inference(x, weight, bias, kind)
-
-
-def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
-    """-> (context [B, T, H], the attention probabilities [B, A, T, T] if output_attentions
-    else None)."""
-    return _layer(x).self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads,
-                                              output_attentions)
 
 # ------------------------------------------------------------------------- cross-entropy
 

@@ -23,8 +23,8 @@ tests/test_fast.py proves each equal to it, bitwise or within a stated rounding 
   sum, and the sum of squares with no array of squares: a few ulp off the reference.
 - float32: GELU's erf as one rational function (erf_float32), 7.7 ulp, instead of the
   reference's two-branch erf (special.py, ~1 ulp), which partitions every array.
-- An inference path (the *_inference functions at the end): no caches, no dropout draws,
-  results written into their inputs; the models' __call__ runs it.
+- No-cache paths (the *_inference functions at the end), what x_forward(..., cache=False)
+  runs in eval mode: no caches, no dropout draws, results computed in their own temporaries.
 """
 import functools
 import math
@@ -166,7 +166,8 @@ def layernorm_forward(x, gamma, beta, eps):
 def _layernorm_block(x, xhat, rstd, out, gamma, beta, eps):
     """layernorm_forward on a block of rows [n, H], the reference's arithmetic but for the
     order of the row sums (row_mean): into xhat [n, H], rstd [n, 1] and out [n, H]; at
-    inference xhat and out are None (the result goes into x) and rstd is None (not kept)."""
+    inference out is None (the result goes into xhat, or into x, the op's own temporary,
+    where xhat is None too) and rstd is None (not kept)."""
     xhat = numpy.subtract(x, row_mean(x), out=x if xhat is None else xhat)
     var = row_mean(xhat, xhat)                             # [n, 1]
     rstd = numpy.divide(1.0, numpy.sqrt(var + eps), out=rstd)
@@ -390,13 +391,12 @@ def _dropout_block(x, keep, mask, out, residual, scale):
 
 
 def dropout_add_forward(x, residual, p, rng, training):
-    """ops.dropout_add_forward: the residual added in the dropout's blocks (in place into x
-    in eval mode: x is the sublayer's temporary). `residual` is not modified."""
+    """ops.dropout_add_forward: the residual added in the dropout's blocks. Neither x nor
+    `residual` is modified."""
     if training and p != 0.0 and residual.shape == x.shape:
         return _numpy_dropout(x, p, rng, residual)
     out, mask = dropout_forward(x, p, rng, training)
-    out += residual
-    return out, mask
+    return out + residual, mask
 
 
 def _uniform_dtype(x):
@@ -479,7 +479,8 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     probs_dropped, dropout_cache = dropout_forward(probs, dropout_p, rng, training)
     context = numpy.empty((B, T, H), dtype=x.dtype)
     matmul(probs_dropped, v, out=context.reshape(B, T, A, D).transpose(0, 2, 1, 3))
-    cache = AttentionCache(qkv_cache, q, k, v, softmax_cache, probs_dropped, dropout_cache, A)
+    cache = AttentionCache(qkv=qkv_cache, q=q, k=k, v=v, probs=softmax_cache,
+                           probs_dropped=probs_dropped, dropout_mask=dropout_cache, num_heads=A)
     return context, cache
 
 
@@ -518,13 +519,13 @@ def linear_gelu_forward(x, weight, bias, kind="gelu"):
     if x2.dtype == HALF or kind != "gelu":
         y, linear = linear_forward(x, weight, bias)
         out, gelu = gelu_forward(y, kind)
-        return out, ops.LinearGeluCache(linear, gelu)
+        return out, ops.LinearGeluCache(linear=linear, gelu=gelu)
     y = pooled_matmul(x2, weight.T)                        # [N, out], no bias yet
     cdf, out = numpy.empty(y.shape, y.dtype), numpy.empty(y.shape, y.dtype)
     in_row_blocks(_bias_gelu_block, (y, cdf, out), bias)
     shape = (*x.shape[:-1], weight.shape[0])
     y, cdf, out = y.reshape(shape), cdf.reshape(shape), out.reshape(shape)
-    return out, ops.LinearGeluCache((x2, weight, x.shape), (y, cdf, kind))
+    return out, ops.LinearGeluCache(linear=(x2, weight, x.shape), gelu=(y, cdf, kind))
 
 
 def _bias_gelu_block(y, cdf, out, bias):
@@ -552,7 +553,7 @@ def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, trainin
     if x.dtype == HALF or residual.shape != x.shape:
         y, mask = dropout_add_forward(x, residual, p, rng, training)
         out, layernorm = layernorm_forward(y, gamma, beta, eps)
-        return out, ops.DropoutAddLayerNormCache(mask, layernorm)
+        return out, ops.DropoutAddLayerNormCache(dropout_mask=mask, layernorm=layernorm)
     H = x.shape[-1]
     dropout = training and p != 0.0
     keep = _keep_mask(x.shape, p, rng, _uniform_dtype(x)) if dropout else None
@@ -565,7 +566,7 @@ def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, trainin
                                                  rstd.reshape(-1, 1), out2),
                   x.dtype.type(1.0 / (1.0 - p)) if dropout else None, gamma, beta, eps,
                   block_elements=LAYERNORM_BLOCK)
-    return out, ops.DropoutAddLayerNormCache(mask, (xhat, gamma, rstd))
+    return out, ops.DropoutAddLayerNormCache(dropout_mask=mask, layernorm=(xhat, gamma, rstd))
 
 
 def _dropout_add_layernorm_block(x, residual, keep, mask, xhat, rstd, out, scale, gamma, beta,
@@ -585,7 +586,7 @@ def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     """ops.dropout_add_layernorm_backward: LayerNorm's backward, dropout's multiply made in
     the same blocks of rows (into the buffer LayerNorm's blocks use as scratch). Bitwise
     layernorm_backward then dropout_backward (float16: those two, dropout in float16)."""
-    mask, layernorm = cache
+    mask, layernorm = cache.dropout_mask, cache.layernorm
     if dout.dtype == HALF or mask is None:
         dsum, dgamma, dbeta = layernorm_backward(dout, layernorm, dgamma, dbeta)
         return dropout_backward(dsum, mask), dsum, dgamma, dbeta
@@ -594,10 +595,10 @@ def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
 
 
 # ----------------------------------------------------------------------------- inference
-# Forward passes that keep nothing for a backward and draw no dropout: each returns what
-# its *_forward returns first, bitwise, computed where NumPy allows in the memory of an
-# input the caller hands over (a temporary it drops). float16 and strided inputs take the
-# *_forward and drop the cache.
+# The no-cache paths of the forwards (fast.py routes x_forward(..., cache=False) in eval mode
+# here): each returns what its *_forward returns first, bitwise, keeping nothing for a
+# backward and drawing no dropout, computed in the memory of a temporary it makes itself,
+# never in its inputs. float16 and strided inputs take the *_forward and drop the cache.
 
 
 def _in_place_ok(x):
@@ -606,22 +607,25 @@ def _in_place_ok(x):
 
 def layernorm_inference(x, gamma, beta, eps, residual=None):
     """layernorm_forward's output of x, or of x + residual (the Transformer's "Add & Norm":
-    a sublayer's output x and its input), on NumPy written into x, the sum made block by
-    block as each block is normalised."""
+    a sublayer's output x and its input), into one new array: the sum made there block by
+    block and normalised in place (no xhat, no rstd kept). x and residual are not modified."""
     if not _in_place_ok(x) or (residual is not None and residual.shape != x.shape):
         return layernorm_forward(x if residual is None else x + residual, gamma, beta, eps)[0]
     H = x.shape[-1]
-    in_row_blocks(_add_layernorm_block, (x.reshape(-1, H), None if residual is None
-                                         else residual.reshape(-1, H)), gamma, beta, eps,
-                  block_elements=LAYERNORM_BLOCK)
-    return x
+    out = numpy.empty(x.shape, x.dtype)
+    in_row_blocks(_add_layernorm_block, (x.reshape(-1, H), out.reshape(-1, H),
+                                         None if residual is None else residual.reshape(-1, H)),
+                  gamma, beta, eps, block_elements=LAYERNORM_BLOCK)
+    return out
 
 
-def _add_layernorm_block(x, residual, gamma, beta, eps):
-    """layernorm_inference on a block of rows [n, H]: x += residual (if any), normalised."""
-    if residual is not None:
-        x += residual
-    _layernorm_block(x, None, None, None, gamma, beta, eps)
+def _add_layernorm_block(x, out, residual, gamma, beta, eps):
+    """layernorm_inference on a block of rows [n, H]: LayerNorm of x (+ residual) into out."""
+    if residual is None:
+        _layernorm_block(x, out, None, None, gamma, beta, eps)     # x - mean made in out
+        return
+    numpy.add(x, residual, out=out)
+    _layernorm_block(out, None, None, None, gamma, beta, eps)
 
 
 def linear_gelu_inference(x, weight, bias, kind="gelu"):
@@ -647,9 +651,8 @@ def scaled_heads(x, w_qkv, b_qkv, num_heads):
     return q * (1.0 / math.sqrt(D)), k, v, qkv_cache
 
 
-def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
-    """self_attention_forward in eval mode without its cache -> (context [B, T, H], the
-    attention probabilities [B, A, T, T] if output_attentions else None).
+def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads):
+    """self_attention_forward's context [B, T, H] in eval mode, without its cache.
 
     On NumPy, one batch row at a time from scores to context (_attention_rows: its scores
     [A, T, T] stay in cache), rows spread over the threads; and only over the keys up to
@@ -658,18 +661,16 @@ def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_atten
     and the context's dot products: a few ulp (tests/test_inference.py), bitwise the same
     on rows without trailing padding."""
     if not _in_place_ok(x):
-        context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0,
-                                                None, False)
-        return context, cache.probs if output_attentions else None
+        return self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None,
+                                      False)[0]
     B, T, H = x.shape
     A, D = num_heads, H // num_heads
     q, k, v, _ = scaled_heads(x, w_qkv, b_qkv, A)
     context = numpy.empty((B, T, H), dtype=x.dtype)
-    probs = numpy.zeros((B, A, T, T), dtype=x.dtype) if output_attentions else None
     in_row_blocks(_attention_rows, (q, k, v, mask_bias, key_lengths(mask_bias),
-                                    context.reshape(B, T, A, D).transpose(0, 2, 1, 3), probs),
+                                    context.reshape(B, T, A, D).transpose(0, 2, 1, 3)),
                   uses_blas=True)
-    return context, probs
+    return context
 
 
 def key_lengths(mask_bias):
@@ -681,13 +682,10 @@ def key_lengths(mask_bias):
     return numpy.where(attended.any(axis=1), last, T)
 
 
-def _attention_rows(q, k, v, mask_bias, lengths, context, probs):
+def _attention_rows(q, k, v, mask_bias, lengths, context):
     """Attention for a block of batch rows, each over its first lengths[i] keys:
-    q, k, v and context [n, A, T, D] (context a view of [n, T, H]), probs [n, A, T, T]
-    (zeros) or None."""
+    q, k, v and context [n, A, T, D] (context a view of [n, T, H])."""
     for i, L in enumerate(lengths):
         scores = numpy.matmul(q[i], k[i, :, :L].transpose(0, 2, 1))   # [A, T, L]
         _softmax_block(scores, scores, mask_bias[i, :, :, :L])
         numpy.matmul(scores, v[i, :, :L], out=context[i])
-        if probs is not None:
-            probs[i, :, :, :L] = scores

@@ -698,8 +698,8 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     context = xp.empty((B, T, H), dtype)
     _launch_map("move_heads", dtype, heads.size, heads, numpy.int32(1), *_head_shape(A, T, D),
                 numpy.int64(heads.size), context)
-    cache = AttentionCache((x2, w_qkv, x.shape), q, k, v, probs, probs_dropped,
-                           dropout_cache, A)
+    cache = AttentionCache(qkv=(x2, w_qkv, x.shape), q=q, k=k, v=v, probs=probs,
+                           probs_dropped=probs_dropped, dropout_mask=dropout_cache, num_heads=A)
     return context, cache
 
 
@@ -818,7 +818,8 @@ def _fused_attention_forward(qkv_cache, q, k, v, mask_bias, dropout_p, rng):
                       *_mask_arguments(xp, mask_bias, B, T, dtype), *_head_shape(A, T, D),
                       *_draw_arguments(xp, draw, dtype), numpy.int32(draw is not None),
                       context, lse)
-    return context, FusedAttentionCache(qkv_cache, q, k, v, mask_bias, context, lse, draw, A)
+    return context, FusedAttentionCache(qkv=qkv_cache, q=q, k=k, v=v, mask_bias=mask_bias,
+                                        context=context, lse=lse, dropout_mask=draw, num_heads=A)
 
 
 def _fused_attention_dqkv(dcontext, cache):
@@ -950,8 +951,8 @@ def cross_entropy_backward(dloss, cache):
     return dlogits
 
 # ----------------------------------------------------------------------------- inference
-# The models' eval-mode forward: the *_forward, its cache dropped (no in-place trick: CuPy
-# allocates from its pool, and the kernels are the same).
+# What fast.py routes x_forward(..., cache=False) to in eval mode: the *_forward, its cache
+# dropped (no in-place trick: CuPy allocates from its pool, and the kernels are the same).
 
 
 def layernorm_inference(x, gamma, beta, eps, residual=None):
@@ -962,10 +963,8 @@ def layernorm_inference(x, gamma, beta, eps, residual=None):
     return dropout_add_layernorm_forward(x, residual, gamma, beta, eps, 0.0, None, False)[0]
 
 
-def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads, output_attentions=False):
-    context, cache = self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None,
-                                            False)
-    return context, cache.probs if output_attentions else None
+def self_attention_inference(x, w_qkv, b_qkv, mask_bias, num_heads):
+    return self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, 0.0, None, False)[0]
 
 # ------------------------------------------------------------------------ composite ops
 # ops.py's composites: the up-projection with its GELU as a product and one map kernel (no
@@ -991,7 +990,7 @@ def linear_gelu_forward(x, weight, bias, kind="gelu"):
     if kind != "gelu":
         y, linear = linear_forward(x, weight, bias)
         out, gelu = gelu_forward(y, kind)
-        return out, ops.LinearGeluCache(linear, gelu)
+        return out, ops.LinearGeluCache(linear=linear, gelu=gelu)
     xp = array_module(x)
     x2 = x.reshape(-1, x.shape[-1])                        # [N, in]
     product = matmul(x2, weight.T)                         # [N, out], no bias
@@ -999,8 +998,8 @@ def linear_gelu_forward(x, weight, bias, kind="gelu"):
     _launch_map("bias_gelu_forward", x.dtype, product.size, product, _bias_of(product, bias),
                 numpy.int64(product.shape[-1]), numpy.int64(product.size), out)
     shape = (*x.shape[:-1], weight.shape[0])
-    return out.reshape(shape), ops.LinearGeluCache((x2, weight, x.shape),
-                                                   BiasGeluCache(product, bias, kind))
+    return out.reshape(shape), ops.LinearGeluCache(
+        linear=(x2, weight, x.shape), gelu=BiasGeluCache(product=product, bias=bias, kind=kind))
 
 
 def bias_gelu_backward(dout, cache, dbias=None):
@@ -1071,7 +1070,7 @@ def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, trainin
     _launch_rows("dropout_add_layernorm_forward", dtype, rows, x, residual,
                  *_draw_arguments(xp, draw, dtype), numpy.int32(draw is not None), gamma, beta,
                  stats.type(eps), numpy.int64(rows), numpy.int32(H), xhat, out, rstd)
-    return out, ops.DropoutAddLayerNormCache(draw, (xhat, gamma, rstd))
+    return out, ops.DropoutAddLayerNormCache(dropout_mask=draw, layernorm=(xhat, gamma, rstd))
 
 
 def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
@@ -1081,7 +1080,7 @@ def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
     layernorm_backward's: bitwise layernorm_backward then dropout_backward. Without dropout
     dx is dresidual, one array."""
     xp = array_module(dout)
-    draw, (xhat, gamma, rstd) = cache
+    draw, (xhat, gamma, rstd) = cache.dropout_mask, cache.layernorm
     dout = _contiguous(dout)
     H = xhat.shape[-1]
     rows = xhat.size // H

@@ -5,12 +5,16 @@
 
 The cache holds exactly what the backward needs. Plain array code that runs on NumPy and
 CuPy alike (the namespace `xp` is taken from the inputs): what to read to learn the
-gradients, what the float64 gradient checks and parity tests run. The model runs fast.py:
-the same functions with the same contract, made fast (in-place arithmetic, fused GPU
-passes, half-precision activations), each tested equal to its twin here (tests/test_fast.py).
+gradients, what the float64 gradient checks and parity tests run, and what the model runs in
+reference mode (active.py). In the default (fast) mode the model runs fast.py's twin of an
+op where it has one (the same contract, made fast: in-place arithmetic, fused GPU passes,
+half-precision activations, tested equal to the op here by tests/test_twins.py), and the op
+here where it has none: an op written here alone runs in both modes.
 
-A backward given arrays for its parameter gradients (dweight=..., views of a model's flat
-gradient buffer) writes its result into them and returns them.
+No op writes into what it was given. A forward given cache=False keeps nothing for a
+backward (inference; its cache is None), so that the fast twin may take a path that saves
+nothing; a backward given arrays for its parameter gradients (dweight=..., views of a
+model's flat gradient buffer) writes its result into them and returns them.
 
 Shapes use B (batch), T (sequence length), H (hidden size), A (attention heads),
 D = H / A (head size), I (intermediate size), V (vocabulary), N (rows of a 2-D matmul,
@@ -73,7 +77,7 @@ def linear_backward(dout, cache, dweight=None, dbias=None):
 # ----------------------------------------------------------------------------- layernorm
 
 
-def layernorm_forward(x, gamma, beta, eps):
+def layernorm_forward(x, gamma, beta, eps, cache=True):
     """out = xhat * gamma + beta, xhat = (x - mean) / sqrt(var + eps) over the last axis.
     x [..., H], gamma/beta [H] -> [..., H].
 
@@ -85,7 +89,7 @@ def layernorm_forward(x, gamma, beta, eps):
     rstd = 1.0 / xp.sqrt(var + eps)                        # [..., 1]
     xhat = centered * rstd
     out = xhat * gamma + beta
-    return out, (xhat, gamma, rstd)
+    return out, (xhat, gamma, rstd) if cache else None
 
 
 def layernorm_backward(dout, cache, dgamma=None, dbeta=None):
@@ -225,12 +229,12 @@ class LinearGeluCache(NamedTuple):
     gelu: tuple                # gelu_forward's cache (of the linear's output)
 
 
-def linear_gelu_forward(x, weight, bias, kind="gelu"):
+def linear_gelu_forward(x, weight, bias, kind="gelu", cache=True):
     """gelu(x W^T + b): the feed-forward network's up-projection and its activation.
     x [..., in], weight [out, in], bias [out] -> [..., out]."""
     y, linear = linear_forward(x, weight, bias)
     out, gelu = gelu_forward(y, kind)
-    return out, LinearGeluCache(linear, gelu)
+    return out, LinearGeluCache(linear=linear, gelu=gelu) if cache else None
 
 
 def linear_gelu_backward(dout, cache, dweight=None, dbias=None):
@@ -243,12 +247,13 @@ class DropoutAddLayerNormCache(NamedTuple):
     layernorm: tuple           # layernorm_forward's cache (of the sum)
 
 
-def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training):
+def dropout_add_layernorm_forward(x, residual, gamma, beta, eps, p, rng, training, cache=True):
     """LayerNorm(dropout(x) + residual): how a post-LN sublayer's output x [..., H] meets
     its input, the residual [..., H] ("Add & Norm"). gamma, beta [H] -> [..., H]."""
     y, dropout_mask = dropout_add_forward(x, residual, p, rng, training)
     out, layernorm = layernorm_forward(y, gamma, beta, eps)
-    return out, DropoutAddLayerNormCache(dropout_mask, layernorm)
+    return out, (DropoutAddLayerNormCache(dropout_mask=dropout_mask, layernorm=layernorm)
+                 if cache else None)
 
 
 def dropout_add_layernorm_backward(dout, cache, dgamma=None, dbeta=None):
@@ -283,7 +288,8 @@ class AttentionCache(NamedTuple):
     num_heads: int
 
 
-def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training):
+def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng, training,
+                           cache=True):
     """Multi-head scaled dot-product self-attention, all heads at once:
     softmax(q k^T / sqrt(D) + mask_bias) v for each head.
 
@@ -302,7 +308,9 @@ def self_attention_forward(x, w_qkv, b_qkv, mask_bias, num_heads, dropout_p, rng
     probs_dropped, dropout_mask = dropout_forward(probs, dropout_p, rng, training)
     context = probs_dropped @ v                                         # [B, A, T, D]
     context = context.transpose(0, 2, 1, 3).reshape(B, T, H)            # [B, T, A, D] -> [B, T, H]
-    return context, AttentionCache(qkv_cache, q, k, v, probs, probs_dropped, dropout_mask, A)
+    kept = AttentionCache(qkv=qkv_cache, q=q, k=k, v=v, probs=probs, probs_dropped=probs_dropped,
+                          dropout_mask=dropout_mask, num_heads=A)
+    return context, kept if cache else None
 
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):

@@ -204,6 +204,13 @@ def add_scaled(total, grads, weight):
         t += g
 
 
+# A step refuses a switch of mode (active.use_reference_ops) made after its AdamW(...): the
+# model would run one layer and the update the other.
+SWITCHED = ("active.use_reference_ops() switched the mode after AdamW(...) was made, which "
+            "picked the update of the other: call it before AdamW(...), then make the "
+            "optimiser again")
+
+
 class AdamW:
     """Adam with decoupled weight decay over a flat parameter dict, updated in place.
 
@@ -258,6 +265,7 @@ class AdamW:
         """The constructor's arguments, checked; weight decay and rate scale per parameter.
         decay: name -> whether weight decay applies (params.decays of the model's table);
         None: the original's rule, by name (no_decay's substrings)."""
+        self.reference = active.reference_ops()     # the mode it was made in (step checks)
         if mode not in MODES:
             raise ValueError(f"AdamW mode must be one of {MODES}, got {mode!r}")
         self.params, self.lr, self.mode = params, lr, mode
@@ -328,6 +336,8 @@ class AdamW:
         multiplied by as it is read, in both flavours: the update is that of grads *
         grad_scale, and `grads` is left as it is (clip_and_step hands the loss scaler's
         unscale times the clip factor here)."""
+        if self.reference != active.reference_ops():
+            raise RuntimeError(SWITCHED)
         lr = self.lr if lr is None else lr
         self.step_count += 1
         t = self.step_count
@@ -461,6 +471,8 @@ class ReferenceAdamW(AdamW):
     def step(self, grads, lr=None, skip=None):
         """One update of every parameter from grads (same keys), at lr (default self.lr);
         none when skip (a loss scaler's overflow flag) is true."""
+        if self.reference != active.reference_ops():     # a switch after AdamW(...)
+            raise RuntimeError(SWITCHED)
         lr = self.lr if lr is None else lr
         self.step_count += 1
         if skip is not None and bool(skip):

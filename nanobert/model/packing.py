@@ -105,10 +105,14 @@ def _check_packed(x, packing, num_heads, name):
                          f"num_heads={num_heads}, got shape {x.shape}")
 
 
-def self_attention_forward(x, w_qkv, b_qkv, packing, num_heads, dropout_p, rng, training):
+def self_attention_forward(x, w_qkv, b_qkv, packing, num_heads, dropout_p, rng, training,
+                           cache=True):
     """fast.self_attention_forward on the packed tokens: x [N, H] -> (context [N, H],
-    PackedAttentionCache). The dropout keep mask is drawn here, in the calling thread, for
-    all rows at once in row order: the draws never depend on the threads."""
+    PackedAttentionCache; None with cache=False). The dropout keep mask is drawn here, in the
+    calling thread, for all rows at once in row order: the draws never depend on the
+    threads. cache=False in eval mode: self_attention_inference."""
+    if not cache and not (training and dropout_p != 0.0):
+        return self_attention_inference(x, w_qkv, b_qkv, packing, num_heads), None
     _check_packed(x, packing, num_heads, "self_attention_forward")
     N, H = x.shape
     A = num_heads
@@ -124,9 +128,11 @@ def self_attention_forward(x, w_qkv, b_qkv, packing, num_heads, dropout_p, rng, 
     in_row_blocks(_attention_rows, (packing.starts, packing.lengths, offsets),
                   q, k, v, heads_of(context, A), probs, dropout, uses_blas=True, rows_per_block=1)
     mask, probs_dropped = (None, probs) if dropout is None else dropout[1:3]
-    cache = PackedAttentionCache(qkv_cache, q, k, v, probs, probs_dropped, mask, offsets,
-                                 packing, A)
-    return context, cache
+    if not cache:
+        return context, None
+    return context, PackedAttentionCache(qkv=qkv_cache, q=q, k=k, v=v, probs=probs,
+                                         probs_dropped=probs_dropped, dropout_mask=mask,
+                                         offsets=offsets, packing=packing, num_heads=A)
 
 
 def self_attention_backward(dcontext, cache, dw_qkv=None, db_qkv=None):

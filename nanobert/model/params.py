@@ -31,6 +31,14 @@ def gain(size):
     return Param((size,), "ones", decay=False)
 
 
+def norm_shapes(name, config):
+    """The parameters of the normalisation called `name` ("embeddings.LayerNorm", ...): the one
+    place they are declared, as bert.norm_forward is the one place that names the op; a
+    variant of the norm reads its choice from config here and there."""
+    H = config.hidden_size
+    return {name + ".weight": gain(H), name + ".bias": bias(H)}
+
+
 def bert_param_shapes(config, prefix="", pooler=True):
     """HF names -> Params (shapes) of the encoder (BertModel): embeddings, layers and (unless
     pooler=False, as HF's token-classification and QA models) the pooler."""
@@ -39,8 +47,7 @@ def bert_param_shapes(config, prefix="", pooler=True):
         "embeddings.word_embeddings.weight": weight(config.vocab_size, H),
         "embeddings.position_embeddings.weight": weight(config.max_position_embeddings, H),
         "embeddings.token_type_embeddings.weight": weight(config.type_vocab_size, H),
-        "embeddings.LayerNorm.weight": gain(H),
-        "embeddings.LayerNorm.bias": bias(H),
+        **norm_shapes("embeddings.LayerNorm", config),
     }
     for i in range(config.num_hidden_layers):
         layer = f"encoder.layer.{i}."
@@ -50,14 +57,12 @@ def bert_param_shapes(config, prefix="", pooler=True):
         shapes.update({
             layer + "attention.output.dense.weight": weight(H, H),
             layer + "attention.output.dense.bias": bias(H),
-            layer + "attention.output.LayerNorm.weight": gain(H),
-            layer + "attention.output.LayerNorm.bias": bias(H),
+            **norm_shapes(layer + "attention.output.LayerNorm", config),
             layer + "intermediate.dense.weight": weight(I, H),
             layer + "intermediate.dense.bias": bias(I),
             layer + "output.dense.weight": weight(H, I),
             layer + "output.dense.bias": bias(H),
-            layer + "output.LayerNorm.weight": gain(H),
-            layer + "output.LayerNorm.bias": bias(H),
+            **norm_shapes(layer + "output.LayerNorm", config),
         })
     if pooler:
         shapes["pooler.dense.weight"] = weight(H, H)

@@ -9,7 +9,6 @@ Both heads are op pairs with the encoder's calling convention (bert.py); BertFor
 plugs them into the same skeleton as every fine-tuning head.
 """
 import dataclasses
-from typing import NamedTuple
 
 import numpy
 
@@ -18,10 +17,10 @@ import numpy
 from . import active
 from .ops import IGNORE_INDEX, softmax_forward
 from ..backend import array_module
-from .bert import (BertPreTrainedModel, labels_padding, layernorm_backward_into,
-                   linear_backward_into, linear_gelu_backward_into)
+from .bert import (BertPreTrainedModel, cache_fields, labels_padding, layernorm_backward_into,
+                   linear_backward_into, linear_gelu_backward_into, norm_forward)
 from .inputs import as_int_array, check_range
-from .params import bias, gain, weight
+from .params import bias, norm_shapes, weight
 
 
 def pretraining_head_shapes(config):
@@ -32,8 +31,7 @@ def pretraining_head_shapes(config):
         "cls.predictions.bias": bias(config.vocab_size),
         "cls.predictions.transform.dense.weight": weight(H, H),
         "cls.predictions.transform.dense.bias": bias(H),
-        "cls.predictions.transform.LayerNorm.weight": gain(H),
-        "cls.predictions.transform.LayerNorm.bias": bias(H),
+        **norm_shapes("cls.predictions.transform.LayerNorm", config),
         "cls.seq_relationship.weight": weight(2, H),
         "cls.seq_relationship.bias": bias(2),
     }
@@ -41,7 +39,8 @@ def pretraining_head_shapes(config):
 # ------------------------------------------------------------------------ masked LM head
 
 
-class MLMCache(NamedTuple):
+@cache_fields
+class MLMCache:
     prefix: str                # the encoder's, for the tied word-embedding table
     dense: tuple               # linear_gelu: the transform's dense layer and its GELU
     layernorm: tuple
@@ -63,11 +62,11 @@ def mlm_head_forward(params, prefix, sequence_output, positions, config):
     t = "cls.predictions.transform."
     x, dense = active.linear_gelu_forward(x, params[t + "dense.weight"], params[t + "dense.bias"],
                                           config.hidden_act)
-    x, layernorm = active.layernorm_forward(x, params[t + "LayerNorm.weight"],
-                                            params[t + "LayerNorm.bias"], config.layer_norm_eps)
+    x, layernorm = norm_forward(params, t + "LayerNorm", x, config)
     logits, decoder = active.linear_forward(x, params[prefix + "embeddings.word_embeddings.weight"],
                                             params["cls.predictions.bias"])
-    cache = MLMCache(prefix, dense, layernorm, decoder, positions, sequence_output.shape)
+    cache = MLMCache(prefix=prefix, dense=dense, layernorm=layernorm, decoder=decoder,
+                     positions=positions, sequence_shape=sequence_output.shape)
     return logits, cache
 
 
