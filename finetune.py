@@ -75,6 +75,7 @@ from nanobert.training.grid import (DEFAULT_RATES, GRID_FLAGS, check_grid, grid_
                                     run_grid)
 from nanobert.training.guards import check_weights
 from nanobert.training.metrics import Clock, Window, append_metrics, time_left
+from nanobert.training.reference_runs import place_finetuning, plot_with_reference
 from nanobert.training.resume import (read_trainer_state, refuse_changed_flags,
                                       refuse_changed_model, resume_training, save_checkpoint)
 from nanobert.training.folder import releases_output_folder
@@ -545,6 +546,12 @@ def main(argv=None):
           f"{train_minutes:.1f} min of training); checkpoint {os.path.join(args.out, 'best')}")
     if len(runs) > 1 and best.get("collapsed"):       # the grid's best run, too
         print(best["collapsed"])
+    # the default run: its curves beside README's reference run (a grid: its winner's)
+    metrics_path = os.path.join(args.out, summary.get("winner", ""), "metrics.jsonl")
+    plot_with_reference("finetune", vars(args), metrics_path,
+                        os.path.join(args.out, "loss_curve.png"), ("loss", args.metric),
+                        alone=False)
+    print(place_finetuning(vars(args), summary))
     return 0
 
 

@@ -38,12 +38,12 @@ from nanobert.model.ops import IGNORE_INDEX
 from nanobert.model.optim import warmup_steps
 from nanobert.training.budget import Budget, steps_for_budget
 from nanobert.training.guards import batch_fits, check_loss
-from nanobert.training.metrics import (Window, append_metrics, peak_tflops, percent, plot,
-                                      time_left)
+from nanobert.training.metrics import Window, append_metrics, peak_tflops, percent, time_left
 from nanobert.training.pretraining import (CORPORA, MASKED_INPUTS, GPUStep, corpus_files, evaluate,
                                            fill_mask_example, host_sums, means, prepare_corpus,
                                            prepare_datasets, prepare_vocab, step_sums,
                                            total_loss, trim, unigram_baseline, without_nsp)
+from nanobert.training.reference_runs import place_pretraining, plot_with_reference
 from nanobert.training.resume import (init_from_vocab, init_from_weights, read_trainer_state,
                                       refuse_changed_flags, refuse_changed_model,
                                       resume_training, save_checkpoint)
@@ -545,12 +545,14 @@ def main(argv=None):
     if stopped or step == args.stop_at_step or not group.is_main:
         return 0
 
-    # final evaluation, eval.json and the loss curve
+    # final evaluation, eval.json, the loss curve beside README's run, and where this run stands
     summary = {"step": step, "train_minutes": state["train_seconds"] / 60}
     if data.heldout:
         final_evaluation(args, model, tokenizer, data, metrics_path, summary)
     write_summary(os.path.join(args.out, "eval.json"), summary)
-    plot(metrics_path, os.path.join(args.out, "loss_curve.png"))
+    plot_with_reference("pretrain", vars(args), metrics_path,
+                        os.path.join(args.out, "loss_curve.png"), ("mlm_loss", "nsp_loss"))
+    print(place_pretraining(vars(args), summary))
     return 0
 
 

@@ -47,22 +47,19 @@ interrupted pretraining run is resumed from its last checkpoint.
 """
 import argparse
 import collections
-import concurrent.futures
 import dataclasses
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import time
 
 from nanobert import BertConfig, flags
 from nanobert.data.tokenizer import BertTokenizer
 from nanobert.formats.fileio import atomic_open
-from nanobert.training.grid import dev_best, rate_name
-
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # train.py's folder
+from nanobert.training import compare
+from nanobert.training.compare import REPOSITORY, Job, run_all, select, write_json  # noqa: F401
+from nanobert.training.grid import rate_name
 BROWN_VOCAB = os.path.join("data", "brown", "vocab-uncased-8192.txt")
 CONFIG = os.path.join("bench", "ablation_bert_tiny.json")
 FINETUNE = [sys.executable, "finetune.py"]          # the command a fine-tuning run is
@@ -178,60 +175,6 @@ STARTS = {
 }
 BASELINE = "random-init"
 
-
-def say(line):
-    sys.stdout.write(line + "\n")             # one write: parallel jobs' lines do not mix
-    sys.stdout.flush()
-
-
-@dataclasses.dataclass
-class Job:
-    cmd: list
-    out: str             # its output folder; the command's output goes to <out>/log.txt
-    needs: str = None    # a pretraining folder that must be finished first
-    done: object = None  # called with the job once the command succeeded (writes its record)
-    cpu_seconds: float = None    # the command's CPU time (user + system), once it has run
-
-
-def run_all(jobs, parallel):
-    """Run the jobs from the repository root, `parallel` at a time; a job that needs a
-    pretraining run waits for it (jobs that need none go first, so random init's runs fill
-    the time of the pretraining). With more than one at a time each gets one BLAS thread
-    (models this small gain little from a second). A failure stops the script once the
-    running jobs end; jobs after a failed pretraining are not started."""
-    env = dict(os.environ)
-    if parallel > 1:
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    outs = {job.out for job in jobs}                 # a pretraining run among them: waited for
-    futures = {}                                     # output folder -> its job's future
-
-    def one(job):
-        if job.needs in futures and futures[job.needs].result() != 0:
-            say(f"  skipped (its pretraining failed): {os.path.relpath(job.out)}")
-            return 1
-        os.makedirs(job.out, exist_ok=True)
-        say("$ " + " ".join(job.cmd[1:] if job.cmd[0] == sys.executable else job.cmd))
-        start = time.time()
-        with open(os.path.join(job.out, "log.txt"), "w", encoding="utf-8") as log:
-            process = subprocess.Popen(job.cmd, cwd=REPOSITORY, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT)
-            # wait4: this child's own CPU time (the cost, on a machine others share)
-            _, status, usage = os.wait4(process.pid, 0)
-        code = process.returncode = os.waitstatus_to_exitcode(status)
-        job.cpu_seconds = usage.ru_utime + usage.ru_stime
-        if code == 0 and job.done:
-            job.done(job)
-        say(f"  {'done' if code == 0 else f'FAILED (exit {code})'} in "
-            f"{(time.time() - start) / 60:.1f} min: {os.path.relpath(job.out)}/log.txt")
-        return code
-
-    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        # those that wait go last, so that what they wait for has started before them
-        for job in sorted(jobs, key=lambda job: job.needs in outs):
-            futures[job.out] = pool.submit(one, job)
-        codes = [f.result() for f in futures.values()]
-    if any(codes):
-        raise SystemExit("some runs failed: see their log.txt")
 
 # ---------------------------------------------------------------------------- the starts
 
@@ -400,42 +343,16 @@ def finetune_jobs(args):
 
 
 def percent(task, score):
-    return score if TASKS[task].metric == "f1" else 100 * score     # conlleval: a percent
+    return compare.percent(TASKS[task].metric, score)
 
 
 def record_run(args, task, start, seed, lr, job):
-    """The run's record from its results.json and metrics.jsonl: the best dev score (what
-    chooses), its epoch, the dev curve (one score per epoch), the last training loss, the
-    test score of the best dev epoch (what the table reports), scores in percent; and the
-    CPU minutes it took (None for a run recorded after the fact)."""
-    out, cmd = job.out, job.cmd
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-        results = json.load(f)
-    metric, curve, loss = TASKS[task].metric, [], None
-    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["kind"] == "eval" and row["split"] == "dev":
-                curve.append(round(percent(task, row[metric]), 4))
-            elif row["kind"] == "train":
-                loss = row["loss"]
-    best = results["best"]
-    record = {"task": task, "start": start, "seed": seed, "lr": lr, "metric": metric,
-              "dev": percent(task, best["score"]), "best_epoch": best["epoch"],
-              "epochs": TASKS[task].epochs, "dev_curve": curve,
-              "test": percent(task, results["test"][metric]), "last_train_loss": loss,
-              "train_minutes": results["train_minutes"],
-              "cpu_minutes": job.cpu_seconds and job.cpu_seconds / 60,
-              "command": " ".join(os.path.relpath(c, REPOSITORY) if os.path.isabs(c) else c
-                                  for c in cmd[1:])}
+    """The run's record (compare.finished_run: scores in percent, the dev curve, the CPU
+    minutes) with its task, start, seed, rate and epochs."""
+    record = {"task": task, "start": start, "seed": seed, "lr": lr,
+              "epochs": TASKS[task].epochs, **compare.finished_run(job, TASKS[task].metric)}
     write_json(record_path(args, task, start, seed, lr), record)
 
-
-def write_json(path, value):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with atomic_open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
-        f.write("\n")
 
 # ------------------------------------------------------------------------------ the table
 
@@ -443,44 +360,12 @@ def write_json(path, value):
 def read_records(args, task, start):
     """{seed: {lr: record}} of every recorded run of this task and start (any seed, any
     rate: also those of an earlier --seeds or --lr-grid)."""
-    folder, prefix = os.path.join(args.results, task), f"{start}-seed"
-    runs = {}
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.startswith(prefix) and name.endswith(".json") and \
-                name[len(prefix):].split("-lr")[0].isdigit():
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                record = json.load(f)
-            runs.setdefault(record["seed"], {})[record["lr"]] = record
-    return runs
-
-
-def select(runs, grid):
-    """The paper's choice for one (task, start, seed): of the runs at the grid's rates, the
-    one best on dev (finetune.py's grid's choice, training/grid.dev_best: a tie goes to the
-    lower rate); None until every rate has run. Only dev scores are read: the test score
-    rides along with the run chosen."""
-    if any(lr not in runs for lr in grid):
-        return None
-    return dev_best([runs[lr] for lr in grid])
+    return compare.read_records(os.path.join(args.results, task), start)
 
 
 def chosen_runs(args, task, start):
     """-> ({seed: the dev-chosen run}, [seeds whose grid is incomplete])."""
-    chosen, pending = {}, []
-    for seed, runs in sorted(read_records(args, task, start).items()):
-        run = select(runs, rate_grid(args, start))
-        if run is None:
-            pending.append(seed)
-        else:
-            chosen[seed] = run
-    return chosen, pending
-
-
-def mean_std(scores):
-    """-> (mean, sample standard deviation; 0 for one seed), or None for no seed."""
-    if not scores:
-        return None
-    return statistics.mean(scores), statistics.stdev(scores) if len(scores) > 1 else 0.0
+    return compare.chosen(read_records(args, task, start), rate_grid(args, start))
 
 
 def table(args):
@@ -494,8 +379,7 @@ def table(args):
     for task in args.tasks:
         numbers[task] = {}
         chosen = {start: chosen_runs(args, task, start) for start in table_starts(args)}
-        base_runs = chosen.get(BASELINE, ({}, []))[0]
-        base = mean_std([run["test"] for run in base_runs.values()])
+        base = [run["test"] for run in chosen.get(BASELINE, ({}, []))[0].values()]
         pretrained = {s: statistics.mean(run["dev"] for run in runs.values())
                       for s, (runs, _) in chosen.items() if s != BASELINE and runs}
         best_start = max(pretrained, key=pretrained.get) if pretrained else None
@@ -508,7 +392,7 @@ def table(args):
                 lines.append(f"| {TASKS[task].about} | {row_name} | not run{waiting} | 0 "
                              "| | | |")
                 continue
-            mean, std = mean_std([run["test"] for run in runs.values()])
+            mean, std = compare.mean_std([run["test"] for run in runs.values()])
             dev = statistics.mean(run["dev"] for run in runs.values())
             rates = {seed: run["lr"] for seed, run in runs.items()}
             row = numbers[task][start] = {"mean": mean, "std": std, "seeds": len(runs),
@@ -516,16 +400,12 @@ def table(args):
                                           "pending_seeds": pending,
                                           "best_on_dev": start == best_start}
             versus = ""
-            if start != BASELINE and base is not None:
-                difference = mean - base[0]
-                pooled = math.sqrt((std ** 2 + base[1] ** 2) / 2)
-                if len(runs) > 1 and len(base_runs) > 1 and pooled > 0:
-                    spreads = difference / pooled
-                    versus = f"{difference:+.1f} ({spreads:+.1f} std)"
-                else:        # a side of one seed has no spread to measure the gap in
-                    pooled = spreads = math.nan
-                    versus = f"{difference:+.1f} (one seed on a side: no spread yet)"
-                row.update(difference=difference, pooled_std=pooled, in_stds=spreads)
+            if start != BASELINE and base:
+                gap, pooled, spreads = compare.difference([run["test"] for run in runs.values()],
+                                                          base)
+                versus = f"{gap:+.1f} " + ("(one seed on a side: no spread yet)"
+                                           if math.isnan(spreads) else f"({spreads:+.1f} std)")
+                row.update(difference=gap, pooled_std=pooled, in_stds=spreads)
             lines.append(f"| {TASKS[task].about} | {row_name} | {mean:.1f} +- {std:.1f} | "
                          f"{len(runs)}{waiting} | "
                          f"{', '.join(rate_name(lr) for lr in rates.values())} | {dev:.1f} | "

@@ -35,6 +35,7 @@ LAYERS = {
                      "training/"},                    # python -m nanobert.attention
     "fill_mask.py": {"__init__.py", "backend.py", "flags.py", "formats/", "model/", "data/",
                      "training/"},                    # python -m nanobert.fill_mask
+    "check_pretraining.py": {"__init__.py", "flags.py", "formats/", "training/"},
 }
 # Single names a layer may take from a module of a layer it may not import otherwise.
 ALSO_ALLOWED = {

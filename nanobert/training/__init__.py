@@ -21,4 +21,8 @@ classes, no callbacks. Each recipe keeps its own loop and calls these.
                 refused where it would lose what it did not make (a model, a checkpoint)
     grid.py     the paper's grid: every combination of --lr / --epochs / --batch-size run, the
                 dev-best kept, the table; resumed without repeating a finished run
+    compare.py  starts compared over seeds: finetune.py runs as jobs, a record per run, the
+                rate chosen on dev, the difference in pooled seed stds (the ablation, the check)
+    reference_runs.py  README's default runs, shipped: drawn behind a run's loss_curve.png,
+                and the line placing a run against them
 """

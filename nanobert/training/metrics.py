@@ -110,8 +110,9 @@ def peak_tflops(device, dtype):
     return gpu_peak_tflops(gpu_name(), matmul_precision(dtype, device))
 
 
-def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss")):
-    """The train (and held-out) curves of `keys` from metrics.jsonl, side by side in a PNG."""
+def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss"), behind=None):
+    """The train (and held-out or dev) curves of `keys` from metrics.jsonl, side by side in a
+    PNG; `behind`: a reference run's rows (training/reference_runs.py), drawn grey behind."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -121,18 +122,35 @@ def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss")):
         return
     with open(metrics_path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    train = [r for r in rows if r["kind"] == "train"]
-    held = [r for r in rows if r["kind"] == "eval"]
-    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4))
-    for ax, key in zip(axes, keys):
-        logged = [r for r in train if key in r]        # --no-nsp logs no train NSP loss
-        ax.plot([r["step"] for r in logged], [r[key] for r in logged], label="train", lw=1)
-        if held:
-            ax.plot([r["step"] for r in held], [r[key] for r in held], "o-", label="held-out")
+    fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        if behind:
+            draw(ax, behind, key, "reference ", color="0.7")
+        draw(ax, rows, key, "")
         ax.set_xlabel("step")
-        ax.set_title(key.replace("_", " ").upper().replace("LOSS", "loss"))
+        ax.set_title(key.replace("_", " ").replace("mlm", "MLM").replace("nsp", "NSP"))
+        ax.ticklabel_format(axis="y", useOffset=False)
+        low, high = ax.get_ylim()
+        middle = (low + high) / 2         # one dev point (a 1-epoch run): a readable scale
+        if high - low < 0.1 * abs(middle):
+            ax.set_ylim(0.95 * middle, 1.05 * middle)
         ax.legend()
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)                  # pyplot keeps every open figure alive until closed
     print(f"wrote {png_path}")
+
+
+def draw(ax, rows, key, label, **style):
+    """One run's curves of `key`: its train rows as a line, its held-out (train.py) or dev
+    (finetune.py) evaluations as points joined; a test row is not drawn."""
+    train = [r for r in rows if r["kind"] == "train" and key in r]   # --no-nsp: no NSP loss
+    held = [r for r in rows if r["kind"] == "eval" and r.get("split", "dev") == "dev"
+            and key in r]
+    if train:
+        ax.plot([r["step"] for r in train], [r[key] for r in train], label=label + "train",
+                lw=1, **style)
+    if held:
+        name = "dev" if "split" in held[0] else "held-out"
+        ax.plot([r["step"] for r in held], [r[key] for r in held], "o--" if style else "o-",
+                label=label + name, **style)
