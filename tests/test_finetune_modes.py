@@ -73,6 +73,18 @@ def test_predict_reads_a_plain_text_file(classifier, tmp_path):
     assert read(tmp_path / "test_predictions.tsv") == read(classifier / "test_predictions.tsv")
 
 
+def best_evaluation_and_bare_copy(trained, tmp_path):
+    """A fine-tuning run's folder -> (the metrics record of its best evaluation, a copy of
+    <run>/best without best.json: a folder from elsewhere, which names its task by config.json
+    alone)."""
+    best_step = json.loads(read(trained / "best" / "best.json"))["step"]
+    logged = [r for r in records(trained, "eval") if r["step"] == best_step][0]
+    copy = tmp_path / "copy"
+    shutil.copytree(trained / "best", copy)
+    os.remove(copy / "best.json")
+    return logged, copy
+
+
 def test_the_task_comes_from_the_head_without_best_json(tiny_bert, tmp_path):
     """A ner folder evaluated with no --task: best.json names the task; without best.json
     (a folder from elsewhere) the head class in config.json does."""
@@ -80,11 +92,7 @@ def test_the_task_comes_from_the_head_without_best_json(tiny_bert, tmp_path):
     run("--task", "ner", "--train", data("conll_train.txt"), "--dev", data("conll_dev.txt"),
         "--model", tiny_bert, "--out", trained, "--epochs", 2, "--batch-size", 5,
         "--max-seq-length", 64, "--lr", 1e-3)           # one rate: one run, no grid
-    best_step = json.loads(read(trained / "best" / "best.json"))["step"]
-    logged = [r for r in records(trained, "eval") if r["step"] == best_step][0]
-    copy = tmp_path / "copy"
-    shutil.copytree(trained / "best", copy)
-    os.remove(copy / "best.json")
+    logged, copy = best_evaluation_and_bare_copy(trained, tmp_path)
     for folder in (trained / "best", copy):
         args = finetune.resolve_task(finetune.parse_args(
             ["--do", "eval", "--model", str(folder), "--dev", data("conll_dev.txt")]))

@@ -5,7 +5,6 @@ predictions (each label above 0.5), --do eval / predict on the folder, --resume,
 report, the refusals; and every sequence task declaring its problem_type in best/config.json."""
 import json
 import os
-import shutil
 import types
 
 import numpy
@@ -17,7 +16,7 @@ from nanobert.data.tokenizer import BertTokenizer
 from nanobert.model.heads import BertForSequenceClassification
 from nanobert.training import tasks as training_tasks
 from test_finetune import assert_loss_falls, data, make_tiny_bert, records, run
-from test_finetune_modes import assert_same_run, read
+from test_finetune_modes import assert_same_run, best_evaluation_and_bare_copy, read
 
 # a sentence of three words, one slot per topic: the topic's word when the sentence has the
 # topic, else a word of no topic (every sentence as long: the words alone tell the labels)
@@ -107,11 +106,7 @@ def test_multilabel_trains_scores_and_predicts_the_labels_above_one_half(trained
 def test_eval_and_predict_on_a_multilabel_folder(trained, files, tmp_path):
     """--do eval scores the folder as training did (the task from best.json, or without it from
     config.json's problem_type); --do predict labels a plain text file as the test set was."""
-    best_step = json.loads(read(trained / "best" / "best.json"))["step"]
-    logged = [r for r in records(trained, "eval") if r["step"] == best_step][0]
-    copy = tmp_path / "copy"
-    shutil.copytree(trained / "best", copy)
-    os.remove(copy / "best.json")
+    logged, copy = best_evaluation_and_bare_copy(trained, tmp_path)
     for folder in (trained / "best", copy):
         args = finetune.resolve_task(finetune.parse_args(
             ["--do", "eval", "--model", str(folder), "--dev", str(files["dev"])]))
