@@ -157,13 +157,20 @@ def case_layers(count):
     return case
 
 
-def case_fifo(folder, root=HERE):
-    """model.safetensors is a FIFO (named pipe) that nothing writes."""
-    model = tiny_model(os.path.join(folder, "m"))
-    path = os.path.join(model, "model.safetensors")
-    os.remove(path)
-    os.mkfifo(path)
-    return fill_mask(model), None
+def case_special_file(name, device=None):
+    """The model folder's file `name` replaced by a FIFO (named pipe) that nothing writes, or
+    by a link to a device (/dev/zero: endless zeros)."""
+    def case(folder, root=HERE):
+        model = tiny_model(os.path.join(folder, "m"))
+        path = os.path.join(model, name)
+        os.remove(path)
+        if device:
+            os.symlink(device, path)
+        else:
+            os.mkfifo(path)
+        return fill_mask(model), None
+    case.__doc__ = f"{name} is {f'a link to {device}' if device else 'a FIFO nothing writes'}."
+    return case
 
 
 def case_config_value(**changes):
@@ -339,7 +346,9 @@ CASES = {
     "layers-1024": case_layers(1024),
     "layers-100000": case_layers(100_000),
     "layers-1000000": case_layers(1_000_000),
-    "fifo": case_fifo,
+    "fifo": case_special_file("model.safetensors"),
+    "config-fifo": case_special_file("config.json"),
+    "model-dev-zero": case_special_file("model.safetensors", "/dev/zero"),
     "dropout-string": case_config_value(hidden_dropout_prob="0.1"),
     "eps-string": case_config_value(layer_norm_eps="1e-12"),
     "init-range-null": case_config_value(initializer_range=None),
@@ -353,6 +362,7 @@ CASES = {
     "optimizer-header-1gib": case_optimizer_header,
     "tokenizer-config-array": case_tokenizer_config("[1, 2]"),
     "tokenizer-config-torn": case_tokenizer_config('{"do_lower_case": tr'),
+    "tokenizer-config-types": case_tokenizer_config('{"do_lower_case": "no"}'),
     "trainer-state-step-string": case_trainer_state_step,
     "finetune-out-on-source": case_finetune_out_on_source,
     "init-from-out": case_init_from_out,

@@ -56,6 +56,8 @@ LOADER_CASES = {
     "layers-100000": ("config.json", "num_hidden_layers"),
     "layers-1000000": ("config.json", "num_hidden_layers"),
     "fifo": ("model.safetensors", "FIFO"),
+    "config-fifo": ("config.json", "FIFO"),
+    "model-dev-zero": ("model.safetensors", "character device"),
     "dropout-string": ("config.json", "hidden_dropout_prob", "'0.1'"),
     "eps-string": ("config.json", "layer_norm_eps"),
     "init-range-null": ("config.json", "initializer_range", "None"),
@@ -65,6 +67,7 @@ LOADER_CASES = {
     "config-nested": ("config.json", "nested too deeply"),
     "tokenizer-config-array": ("tokenizer_config.json", "list"),
     "tokenizer-config-torn": ("tokenizer_config.json", "not valid JSON"),
+    "tokenizer-config-types": ("tokenizer_config.json", "do_lower_case", "'no'"),
 }
 
 

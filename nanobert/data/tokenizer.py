@@ -888,11 +888,34 @@ class BertTokenizer:
         return vocab_path, config_path
 
 
+# tokenizer_config.json's options that from_pretrained reads: (key, the JSON types it may
+# have, in words); null is always allowed (transformers' default). A value of another type
+# ("do_lower_case": "no" would lower-case) is refused, never skipped or taken as truthy.
+TOKENIZER_CONFIG_TYPES = (
+    *((key, (bool,), "true or false") for key in (
+        "do_lower_case", "strip_accents", "tokenize_chinese_chars", "do_basic_tokenize",
+        "clean_up_tokenization_spaces")),
+    ("model_max_length", (int, float), "a number"),
+    ("never_split", (list,), "a list of strings"),
+    *((key, (str, dict), "a string (or transformers' AddedToken object)") for key in (
+        "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")),
+)
+
+
 def read_tokenizer_config(path):
     """tokenizer_config.json as a dict, its added_tokens_decoder checked to be what
     transformers writes ({"id": {"content": token, "special": bool, ...}}): a torn file, a
     JSON array or a wrong type is a ValueError naming the file and the key."""
     config = read_json(path, TOKENIZER_CONFIG_NAME)
+    for key, allowed, kinds in TOKENIZER_CONFIG_TYPES:
+        value = config.get(key)
+        if value is not None and (type(value) not in allowed or (
+                type(value) is list and not all(isinstance(v, str) for v in value))):
+            raise ValueError(f"{path}: {key} must be {kinds}, got {value!r:.80}")
+    for key in ("padding_side", "truncation_side"):
+        if config.get(key) not in (None, "left", "right"):
+            raise ValueError(f"{path}: {key} must be \"left\" or \"right\", got "
+                             f"{config[key]!r:.80}")
     added = config.get("added_tokens_decoder") or {}
     if not isinstance(added, dict):
         raise ValueError(f"{path}: added_tokens_decoder must be an object, got "

