@@ -12,6 +12,7 @@ import pytest
 import finetune
 from nanobert.formats import safetensors
 from nanobert.training import tasks as training_tasks
+from nanobert.training.folder import LOCK_NAME
 from test_docs import ROOT, run_blocks
 from test_finetune import data, make_tiny_bert, records, run
 
@@ -59,7 +60,8 @@ def test_predict_writes_the_test_predictions_of_training(classifier, tmp_path):
     out = tmp_path / "predict"
     run("--do", "predict", "--model", classifier / "best", "--glue-task", "sst-2",
         "--test", data("sst2_test.tsv"), "--out", out)
-    assert sorted(os.listdir(out)) == ["test_predictions.tsv"]
+    # the predictions and the lock that kept the folder this run's while it wrote them
+    assert sorted(os.listdir(out)) == [LOCK_NAME, "test_predictions.tsv"]
     assert read(out / "test_predictions.tsv") == read(classifier / "test_predictions.tsv")
 
 

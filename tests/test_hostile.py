@@ -187,6 +187,38 @@ def test_the_lock_is_released_when_main_returns_and_reentrant_in_one_process(tmp
     assert probe.stdout.strip() == "free", probe.stdout + probe.stderr
 
 
+def test_eval_into_a_folder_a_run_holds_is_refused_naming_the_holder(tmp_path):
+    """finetune.py --do eval writes eval_results.json and predictions into --out: not while
+    another process holds that folder."""
+    out = str(tmp_path / "busy")
+    os.makedirs(out)
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, out], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": hostile.HERE})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        trained = str(tmp_path / "ft")
+        argv = hostile.finetune_args(str(tmp_path), hostile.tiny_model(str(tmp_path / "m")),
+                                     trained, "--lr", "1e-3")
+        assert hostile.run_case(argv, timeout=120)["exit"] == 0
+        result = hostile.run_case(["finetune.py", "--do", "eval", "--model", trained + "/best",
+                                   "--dev", argv[argv.index("--dev") + 1], "--out", out],
+                                  timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert_one_line_refusal(result, "is in use by another run", f"pid {holder.pid}")
+    assert not os.path.exists(os.path.join(out, "eval_results.json"))
+
+
+LOCK_HOLDER = """
+import sys, time
+from nanobert.training import folder
+folder.lock_folder(sys.argv[1])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
 LOCK_PROBE = """
 import sys
 from nanobert.training import folder

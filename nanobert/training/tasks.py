@@ -25,6 +25,7 @@ from nanobert.model.heads import (BertForMultipleChoice, BertForQuestionAnswerin
                                   problem_type_of)
 from nanobert.model.optim import average_gradients
 
+from .folder import lock_folder
 from .guards import check_loss
 from .run import eval_mode, write_summary
 from .step import update
@@ -579,7 +580,7 @@ def evaluate_fine_tuned(args):
     split's predictions file written and its scores printed (eval: labels required) and, for
     eval, saved in eval_results.json."""
     folder, task = resolve_model(args.model), TASKS[args.task]
-    output_folder(args.out)
+    lock_folder(output_folder(args.out))   # one run per folder: not into a run still writing it
     tokenizer = BertTokenizer.from_pretrained(folder)
     print(f"task {args.task}: {args.do} with {args.model} ({folder})")
     data = load_data(args, tokenizer, label_list=args.model_labels)
