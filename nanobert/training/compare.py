@@ -20,6 +20,7 @@ import time
 from nanobert.formats.fileio import atomic_open
 
 from .grid import dev_best
+from .metrics import read_metrics
 
 # the folder of train.py and finetune.py, which the jobs run in
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,13 +103,11 @@ def finished_run(job, metric):
     with open(os.path.join(job.out, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     curve, loss = [], None
-    with open(os.path.join(job.out, "metrics.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if row["kind"] == "eval" and row["split"] == "dev":
-                curve.append(round(percent(metric, row[metric]), 4))
-            elif row["kind"] == "train":
-                loss = row["loss"]
+    for row in read_metrics(os.path.join(job.out, "metrics.jsonl")):
+        if row["kind"] == "eval" and row["split"] == "dev":
+            curve.append(round(percent(metric, row[metric]), 4))
+        elif row["kind"] == "train":
+            loss = row["loss"]
     best = results["best"]
     return {"metric": metric, "dev": percent(metric, best["score"]), "best_epoch": best["epoch"],
             "dev_curve": curve, "test": percent(metric, results["test"][metric]),

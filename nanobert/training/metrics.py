@@ -16,6 +16,12 @@ def append_metrics(metrics_path, record):
         f.write(json.dumps(record) + "\n")
 
 
+def read_metrics(metrics_path):
+    """metrics.jsonl's records, in order (a list of dicts)."""
+    with open(metrics_path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
 def keep_metrics_until(metrics_path, step):
     """Rewrite metrics.jsonl with the records up to `step` (those logged after the checkpoint
     will be logged again). A crash mid-write leaves a torn last line: it is dropped, and said
@@ -120,8 +126,7 @@ def plot(metrics_path, png_path, keys=("mlm_loss", "nsp_loss"), behind=None):
     except ImportError:
         print("matplotlib is not installed: no loss_curve.png (pip install matplotlib)")
         return
-    with open(metrics_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+    rows = read_metrics(metrics_path)
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 4), squeeze=False)
     for ax, key in zip(axes[0], keys):
         if behind:

@@ -23,7 +23,7 @@ import numpy
 from nanobert import flags
 from nanobert.formats.fileio import atomic_open, read_json
 
-from .metrics import plot
+from .metrics import plot, read_metrics
 
 FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
                       "reference_runs")
@@ -189,8 +189,7 @@ def curve(metrics_path, every):
     """The rows of metrics.jsonl a reference keeps: the train rows of every `every` steps
     (and the last), every evaluation; their losses and scores, the step, rate and time, rounded
     to 4 significant digits (the pace and counts left out)."""
-    with open(metrics_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+    rows = read_metrics(metrics_path)
     last = max(r["step"] for r in rows if r["kind"] == "train")
     kept = [r for r in rows if r["kind"] == "eval" or r["step"] % every == 0
             or r["step"] == last]
