@@ -151,8 +151,7 @@ def head_labels(task_name):
     """The head_options of a sequence-classification task: its labels (one output for
     regress) and its problem_type, declared here, where the task is known."""
     def options(label_list):
-        labels = {"num_labels": 1} if label_list is None else {
-            "id2label": dict(enumerate(label_list))}
+        labels = {"num_labels": 1} if label_list is None else id2label(label_list)
         return {**labels, "problem_type": TASK_PROBLEM_TYPES[task_name]}
     return options
 
