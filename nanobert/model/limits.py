@@ -27,13 +27,18 @@ PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 POSITIVE_REALS = ("layer_norm_eps", "initializer_range")
 
 
-def _is_integer(value):
+# JSON's true / false are Python ints: a count or a size given `true` is refused, not taken as 1.
+def is_integer(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_real(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_real(value):
+    """A number, and finite (not NaN, not infinite)."""
+    return is_number(value) and math.isfinite(value)
 
 
 def check_config_values(d):
@@ -44,7 +49,7 @@ def check_config_values(d):
     by num_attention_heads, pad_token_id inside the vocab. Keys absent keep their defaults."""
     for key, (low, high) in INTEGER_RANGES.items():
         value = d.get(key, low)
-        if not _is_integer(value):
+        if not is_integer(value):
             raise ValueError(f"{key} must be an integer, got {value!r} ({type(value).__name__})")
         if not low <= value <= high:
             raise ValueError(f"{key} {value} is outside [{low}, {high:,}]")
@@ -52,11 +57,11 @@ def check_config_values(d):
         value = d.get(key, 0.0)
         if key == "classifier_dropout" and value is None:
             continue
-        if not (_is_real(value) and 0.0 <= value < 1.0):
+        if not (is_real(value) and 0.0 <= value < 1.0):
             raise ValueError(f"{key} must be a probability, a number in [0, 1), got {value!r}")
     for key in POSITIVE_REALS:
         value = d.get(key, 1.0)
-        if not (_is_real(value) and 0.0 < value < 1e3):
+        if not (is_real(value) and 0.0 < value < 1e3):
             raise ValueError(f"{key} must be a positive number, got {value!r}")
     if not isinstance(d.get("hidden_act", "gelu"), str):
         raise ValueError(f"hidden_act must be a string, got {d['hidden_act']!r}")

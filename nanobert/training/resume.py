@@ -12,6 +12,7 @@ import numpy
 from nanobert.formats.checkpoint import NonFiniteError, first_non_finite
 from nanobert.formats.fileio import read_json, recover_folder
 from nanobert.data.pretraining_data import sha256_file
+from nanobert.model.limits import is_integer, is_number
 from nanobert.model.pretrained import (load_pretrained, load_training_checkpoint,
                                        save_training_checkpoint)
 
@@ -37,20 +38,12 @@ def read_trainer_state(checkpoint_dir, keys, writer):
     return state
 
 
-def _integer(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 # trainer_state.json's keys -> (what each must be, the test); absent keys are not checked
 STATE_TYPES = {
-    "step": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
-    "total_steps": ("an integer >= 1", lambda v: _integer(v) and v >= 1),
-    "tokens": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
-    "train_seconds": ("a number >= 0", lambda v: _number(v) and 0 <= v < float("inf")),
+    "step": ("an integer >= 0", lambda v: is_integer(v) and v >= 0),
+    "total_steps": ("an integer >= 1", lambda v: is_integer(v) and v >= 1),
+    "tokens": ("an integer >= 0", lambda v: is_integer(v) and v >= 0),
+    "train_seconds": ("a number >= 0", lambda v: is_number(v) and 0 <= v < float("inf")),
     "vocab_sha256": ("a string", lambda v: isinstance(v, str)),
     "best": ("null or an object", lambda v: v is None or isinstance(v, dict)),
     "dropout_rng": ("null or an object", lambda v: v is None or isinstance(v, dict)),
@@ -60,10 +53,10 @@ STATE_TYPES = {
 
 # ...and inside its objects (finetune.py's best checkpoint, float16's loss scaler)
 INNER_TYPES = {
-    ("best", "score"): ("a number", _number), ("best", "epoch"): ("a number", _number),
-    ("best", "step"): ("an integer", _integer),
-    ("loss_scaler", "loss_scale"): ("a number", _number),
-    ("loss_scaler", "clean_steps"): ("an integer", _integer),
+    ("best", "score"): ("a number", is_number), ("best", "epoch"): ("a number", is_number),
+    ("best", "step"): ("an integer", is_integer),
+    ("loss_scaler", "loss_scale"): ("a number", is_number),
+    ("loss_scaler", "clean_steps"): ("an integer", is_integer),
 }
 
 
